@@ -1,0 +1,29 @@
+# The two commands the README starts with: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-unit lint bench-decode clean
+
+setup:
+	@bash tools/setup.sh
+
+demo: setup
+	$(VENV)/bin/slotlake demo
+
+test: setup
+	$(PY) -m ruff check lib jobs tests bench airflow_dags
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check lib jobs tests bench airflow_dags
+	$(PY) -m ruff format --check lib jobs tests bench airflow_dags
+
+bench-decode: setup
+	$(PY) bench/decode_bench.py
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

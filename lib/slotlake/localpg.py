@@ -1,0 +1,251 @@
+"""Throwaway local PostgreSQL clusters with ``wal_level=logical``.
+
+Used by the test fixtures, the demo and the benchmarks. Two sources of binaries
+are known: Debian's ``postgresql-NN`` packages (``/usr/lib/postgresql/NN/bin``) and
+the PyPI wheel ``pgserver`` (PostgreSQL 16). ``initdb`` refuses to run as root, so
+when this process is root the server runs as an unprivileged user (``postgres`` if
+it exists, else a system user ``slotlake`` created on first use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEBIAN_BIN = "/usr/lib/postgresql/{version}/bin"
+SERVER_SETTINGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_replication_slots": "40",
+    "max_wal_senders": "40",
+    "max_prepared_transactions": "20",
+    "max_connections": "100",
+    # A throwaway cluster: durability buys nothing and costs test time.
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "listen_addresses": "'127.0.0.1'",
+    "shared_buffers": "128MB",
+    "max_wal_size": "4GB",
+    "log_min_messages": "warning",
+    "logging_collector": "off",
+}
+
+
+class LocalPostgresError(RuntimeError):
+    pass
+
+
+def _pgserver_bin() -> Path | None:
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    candidate = Path(pgserver.__file__).parent / "pginstall" / "bin"
+    return candidate if (candidate / "initdb").exists() else None
+
+
+def _binary_version(bin_dir: Path) -> int:
+    out = subprocess.run(
+        [str(bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    # "postgres (PostgreSQL) 16.2"
+    return int(out.split()[-1].split(".")[0])
+
+
+def available_versions() -> dict[int, Path]:
+    """Major version → bin directory, for every PostgreSQL this machine can start."""
+    found: dict[int, Path] = {}
+    pgs = _pgserver_bin()
+    if pgs is not None:
+        found[_binary_version(pgs)] = pgs
+    debian_root = Path("/usr/lib/postgresql")
+    if debian_root.is_dir():
+        for entry in sorted(debian_root.iterdir()):
+            bin_dir = entry / "bin"
+            if (bin_dir / "initdb").exists() and entry.name.isdigit():
+                found.setdefault(int(entry.name), bin_dir)
+    return found
+
+
+def find_bin_dir(version: int | None = None) -> tuple[int, Path]:
+    versions = available_versions()
+    if not versions:
+        raise LocalPostgresError(
+            "no PostgreSQL server binaries found: install Debian's postgresql-15 "
+            "(apt-get install -y postgresql-15) or the PyPI wheel pgserver"
+        )
+    if version is None:
+        version = max(versions)
+    if version not in versions:
+        raise LocalPostgresError(
+            f"PostgreSQL {version} binaries not found (have {sorted(versions)}); "
+            + (
+                "pip install pgserver"
+                if version == 16
+                else f"apt-get install -y postgresql-{version}"
+            )
+        )
+    return version, versions[version]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _server_user() -> str | None:
+    """The unprivileged account to run the server as, or None when we are not root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "slotlake"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "slotlake"],
+        check=True,
+        capture_output=True,
+    )
+    return "slotlake"
+
+
+@dataclass
+class LocalPostgres:
+    """One throwaway cluster. Use as a context manager, or call start()/stop()."""
+
+    version: int | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+    base_dir: Path | None = None
+    port: int = 0
+    superuser: str = "postgres"
+    bin_dir: Path = field(init=False)
+    data_dir: Path = field(init=False)
+    _tmp: Path | None = field(init=False, default=None)
+    _run_as: str | None = field(init=False, default=None)
+    _started: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.version, self.bin_dir = find_bin_dir(self.version)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> LocalPostgres:
+        self._run_as = _server_user()
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"slotlake-pg{self.version}-", dir=self.base_dir))
+        self.data_dir = self._tmp / "data"
+        if self._run_as is not None:
+            info = pwd.getpwnam(self._run_as)
+            os.chown(self._tmp, info.pw_uid, info.pw_gid)
+            # The server user must be able to reach the directory through its parents.
+            os.chmod(self._tmp, 0o755)
+        self._run(
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                self.superuser,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
+        conf = dict(SERVER_SETTINGS)
+        conf.update(self.settings)
+        self.port = self.port or free_port()
+        conf["port"] = str(self.port)
+        conf["unix_socket_directories"] = f"'{self._tmp}'"
+        with open(self.data_dir / "postgresql.conf", "a") as fh:
+            fh.write("\n# slotlake throwaway cluster\n")
+            for key, value in conf.items():
+                fh.write(f"{key} = {value}\n")
+        with open(self.data_dir / "pg_hba.conf", "a") as fh:
+            fh.write("host replication all 127.0.0.1/32 trust\n")
+        self._run(
+            [
+                str(self.bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self._tmp / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        )
+        self._started = True
+        log.info("PostgreSQL %s started on 127.0.0.1:%s (%s)", self.version, self.port, self._tmp)
+        return self
+
+    def stop(self) -> None:
+        if self._started:
+            with contextlib.suppress(subprocess.CalledProcessError, LocalPostgresError):
+                self._run(
+                    [
+                        str(self.bin_dir / "pg_ctl"),
+                        "-D",
+                        str(self.data_dir),
+                        "-m",
+                        "immediate",
+                        "-w",
+                        "stop",
+                    ]
+                )
+            self._started = False
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- access ----------------------------------------------------------------------------
+    def dsn(self, dbname: str = "postgres", **extra: str) -> str:
+        parts = {
+            "host": "127.0.0.1",
+            "port": str(self.port),
+            "user": self.superuser,
+            "dbname": dbname,
+        }
+        parts.update(extra)
+        return " ".join(f"{k}={v}" for k, v in parts.items())
+
+    def server_log(self) -> str:
+        if self._tmp is None:
+            return ""
+        path = self._tmp / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def create_database(self, name: str) -> str:
+        """CREATE DATABASE name; returns its DSN."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def _run(self, argv: list[str]) -> None:
+        if self._run_as is not None:
+            argv = ["runuser", "-u", self._run_as, "--", *argv]
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd="/")
+        if proc.returncode != 0:
+            raise LocalPostgresError(
+                f"{Path(argv[-1] if argv[-1] in ('start', 'stop') else argv[0]).name} failed "
+                f"(exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}\n"
+                f"{self.server_log()[-2000:]}"
+            )

@@ -1,0 +1,60 @@
+"""Shared fixtures: real throwaway PostgreSQL clusters (15 and 16) and a local SparkSession."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from slotlake.localpg import LocalPostgres, available_versions
+
+# Integration tests run on every version listed here; a missing one is an error,
+# not a skip, because CI installs both (Debian's 15, pgserver's 16).
+PG_VERSIONS = [int(v) for v in os.environ.get("SLOTLAKE_PG_VERSIONS", "15,16").split(",")]
+
+_db_counter = itertools.count()
+
+
+@pytest.fixture(scope="session", params=PG_VERSIONS, ids=lambda v: f"pg{v}")
+def pg_cluster(request: pytest.FixtureRequest) -> Iterator[LocalPostgres]:
+    version = request.param
+    if version not in available_versions():
+        pytest.fail(
+            f"PostgreSQL {version} is not installed here; run `make test` (it installs "
+            "postgresql-15 and pgserver) or set SLOTLAKE_PG_VERSIONS"
+        )
+    cluster = LocalPostgres(version=version).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> str:
+    """A fresh database per test: slots and publications are per database, so tests never meet."""
+    name = f"t{next(_db_counter)}_{request.node.name}"[:50]
+    name = "".join(c if c.isalnum() else "_" for c in name).lower()
+    return pg_cluster.create_database(name)
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    from slotlake.spark import build_session
+
+    session = build_session("slotlake-tests")
+    yield session
+    session.stop()
+
+
+_INTEGRATION_FIXTURES = {"pg_cluster", "pg_dsn", "spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Anything that starts a server or a JVM is an integration test, marked or not,
+    # so that `pytest -m "not integration"` stays a seconds-long loop.
+    for item in items:
+        if _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

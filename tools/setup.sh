@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-shot set-up on a fresh machine: system packages (when root), then the venv.
+# Idempotent: a second run only checks. Used by `make demo`, `make test` and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
+# psycopg2 (pulled in by pypgoutput, the benchmark's baseline) builds against libpq.
+[ -f /usr/include/postgresql/libpq-fe.h ] || need_apt+=(libpq-dev)
+command -v pg_config >/dev/null 2>&1 || need_apt+=(libpq-dev)
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing system packages: ${need_apt[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "setup: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Debian starts a default cluster on install; slotlake runs its own throwaway ones.
+  if command -v pg_ctlcluster >/dev/null 2>&1; then pg_ctlcluster 15 main stop 2>/dev/null || true; fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.slotlake-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing slotlake[dev] into $VENV (first run downloads pyspark, ~450 MB)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
