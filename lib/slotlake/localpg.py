@@ -31,7 +31,8 @@ SERVER_SETTINGS: dict[str, str] = {
     "max_connections": "100",
     # A throwaway cluster: durability buys nothing and costs test time.
     "fsync": "off",
-    "synchronous_commit": "off",
+    # on: the sync job targets pg_current_wal_flush_lsn(), which lags async commits.
+    "synchronous_commit": "on",
     "full_page_writes": "off",
     "listen_addresses": "'127.0.0.1'",
     "shared_buffers": "128MB",

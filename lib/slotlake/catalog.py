@@ -1,0 +1,232 @@
+"""Relation versions of one batch: which schema shapes which row, and how tables evolve.
+
+pgoutput re-sends a Relation message before the first change of each relation in every
+peek and again after an ALTER, so a batch's raw payloads describe themselves. The driver
+collects the Relation and Type messages (a handful per table) and hands the executors a
+:class:`TableCatalog` per table; a DML row is shaped by the latest Relation message of its
+table that precedes it in peek order (``seq``).
+
+Schema evolution rule (documented in the README):
+
+* Columns are matched by name. A column whose name disappears between two consecutive
+  versions while a new name appears *at the same position with the same type* is a
+  RENAME: older values are carried under the new name.
+* ADD COLUMN appends a column; rows written before it have NULL there in the change log.
+* DROP COLUMN: the change log keeps the column (NULL from the drop on); the state keeps
+  only the columns of the latest version.
+* ALTER COLUMN TYPE: the column takes the latest type when every earlier type widens to
+  it losslessly (smallint→int→bigint, float→double, decimal(p,s)→decimal(p',s') with
+  p'-s' ≥ p-s and s' ≥ s, anything→string); otherwise the column becomes string and
+  older values are written as their text.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from slotlake.pgoutput import Relation, Type
+from slotlake.pgtypes import resolve_type
+
+_INT_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
+
+
+def table_name(rel: Relation) -> str:
+    return f"{rel.namespace or 'pg_catalog'}.{rel.name}"
+
+
+def widens_to(old: str, new: str) -> bool:
+    """Whether every value of Spark type ``old`` is exactly representable in ``new``."""
+    if old == new or new == "string":
+        return True
+    if old in _INT_RANK and new in _INT_RANK:
+        return _INT_RANK[old] <= _INT_RANK[new]
+    if old in _INT_RANK and (m := _DECIMAL.match(new)):
+        digits = {"tinyint": 3, "smallint": 5, "int": 10, "bigint": 19}[old]
+        return int(m.group(1)) - int(m.group(2)) >= digits
+    if old == "float" and new == "double":
+        return True
+    mo, mn = _DECIMAL.match(old), _DECIMAL.match(new)
+    if mo and mn:
+        po, so, pn, sn = (int(x) for x in (*mo.groups(), *mn.groups()))
+        return pn - sn >= po - so and sn >= so
+    if old.startswith("array<") and new.startswith("array<"):
+        return widens_to(old[6:-1], new[6:-1])
+    return False
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str  # name in the output (latest name after renames)
+    type_oid: int
+    typmod: int
+    spark_ddl: str  # this version's own Spark type
+
+
+@dataclass(frozen=True)
+class RelationVersion:
+    """One Relation message and the output names of its columns."""
+
+    seq: int
+    oid: int
+    replica_identity: str
+    columns: tuple[ColumnSpec, ...]
+    key_columns: tuple[str, ...]
+    type_names: tuple[
+        tuple[int, str, str], ...
+    ]  # (oid, namespace, name) of Type messages before it
+
+
+@dataclass
+class TableCatalog:
+    """Everything the executors need to shape one table's rows of one batch."""
+
+    name: str  # "schema.table"
+    versions: list[RelationVersion] = field(default_factory=list)
+    # Output columns: latest version's order, then columns dropped during the batch.
+    columns: list[tuple[str, str]] = field(default_factory=list)  # (name, spark ddl)
+    state_columns: list[str] = field(default_factory=list)  # columns of the latest version
+    key_columns: list[str] = field(default_factory=list)
+    replica_identity: str = "d"
+    renames: dict[str, str] = field(default_factory=dict)  # old name → latest name
+    text_columns: set[str] = field(default_factory=set)  # forced to string by a type change
+
+    @property
+    def oids(self) -> set[int]:
+        return {v.oid for v in self.versions}
+
+    @property
+    def is_multiset(self) -> bool:
+        """FULL identity or no key: rows are matched by their whole value."""
+        return self.replica_identity == "f" or not self.key_columns
+
+    def version_at(self, oid: int, seq: int) -> RelationVersion:
+        candidates = [v for v in self.versions if v.oid == oid]
+        seqs = [v.seq for v in candidates]
+        i = bisect.bisect_left(seqs, seq) - 1
+        if i < 0:
+            raise LookupError(
+                f"no Relation message for table {self.name} (oid {oid}) before seq {seq}"
+            )
+        return candidates[i]
+
+
+def _renamed_positions(
+    prev: Sequence[tuple[str, str]], new: Sequence[tuple[str, str]]
+) -> dict[int, str]:
+    """Positions of ``new`` whose column renames the column of ``prev`` at that position.
+
+    Both are (name, spark ddl) lists in attnum order. A rename keeps the position and the
+    type; ADD appends and DROP removes, so any other difference is not a rename.
+    """
+    if len(prev) != len(new):
+        return {}
+    new_names = {n for n, _ in new}
+    renamed: dict[int, str] = {}
+    for i, ((old_name, old_ddl), (new_name, new_ddl)) in enumerate(zip(prev, new, strict=True)):
+        if old_name == new_name:
+            continue
+        if old_ddl != new_ddl or old_name in new_names:
+            return {}
+        renamed[i] = old_name
+    return renamed
+
+
+def build_catalogs(
+    relations: Iterable[tuple[int, Relation]],
+    types: Iterable[tuple[int, Type]],
+    prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
+) -> dict[str, TableCatalog]:
+    """Table catalogs from the (seq, message) pairs of a batch, in peek order.
+
+    ``prior_schemas`` are the state columns (name, ddl) of each table in the lake before
+    this batch: a rename or type change between two batches follows the same rules as one
+    inside a batch.
+    """
+    type_list = sorted(types, key=lambda p: p[0])
+    prior_schemas = prior_schemas or {}
+    catalogs: dict[str, TableCatalog] = {}
+    previous: dict[str, list[tuple[str, str]]] = {k: list(v) for k, v in prior_schemas.items()}
+    for seq, rel in sorted(relations, key=lambda p: p[0]):
+        tname = table_name(rel)
+        cat = catalogs.setdefault(tname, TableCatalog(name=tname))
+        type_names = {t.oid: (t.namespace, t.name) for s, t in type_list if s < seq}
+        ddls = [resolve_type(c.type_oid, c.typmod, type_names).spark_ddl for c in rel.columns]
+        shape = [(c.name, ddl) for c, ddl in zip(rel.columns, ddls, strict=True)]
+        if tname in previous:
+            for pos, old_name in _renamed_positions(previous[tname], shape).items():
+                cat.renames[old_name] = rel.columns[pos].name
+        previous[tname] = shape
+        cat.versions.append(
+            RelationVersion(
+                seq=seq,
+                oid=rel.oid,
+                replica_identity=rel.replica_identity,
+                columns=tuple(
+                    ColumnSpec(c.name, c.type_oid, c.typmod, ddl)
+                    for c, ddl in zip(rel.columns, ddls, strict=True)
+                ),
+                key_columns=tuple(c.name for c in rel.columns if c.is_key),
+                type_names=tuple(sorted((o, ns, nm) for o, (ns, nm) in type_names.items())),
+            )
+        )
+    for cat in catalogs.values():
+        _resolve_columns(cat, prior_schemas.get(cat.name, []))
+    return catalogs
+
+
+def _latest_name(cat: TableCatalog, name: str) -> str:
+    seen = set()
+    while name in cat.renames and name not in seen:
+        seen.add(name)
+        name = cat.renames[name]
+    return name
+
+
+def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]]) -> None:
+    latest = cat.versions[-1]
+    cat.replica_identity = latest.replica_identity
+    cat.key_columns = list(latest.key_columns)
+    cat.state_columns = [c.name for c in latest.columns]
+    # Every type each output column has had, in order: prior lake schema first.
+    history: dict[str, list[str]] = {}
+    order: list[str] = []
+    for name, ddl in prior:
+        out = _latest_name(cat, name)
+        history.setdefault(out, []).append(ddl)
+    for v in cat.versions:
+        for c in v.columns:
+            out = _latest_name(cat, c.name)
+            history.setdefault(out, []).append(c.spark_ddl)
+    for c in latest.columns:
+        order.append(c.name)
+    for name in history:
+        if name not in order:
+            order.append(name)
+    # Versions shape rows with output names, so renames resolve at decode time.
+    cat.versions = [
+        RelationVersion(
+            seq=v.seq,
+            oid=v.oid,
+            replica_identity=v.replica_identity,
+            columns=tuple(
+                ColumnSpec(_latest_name(cat, c.name), c.type_oid, c.typmod, c.spark_ddl)
+                for c in v.columns
+            ),
+            key_columns=tuple(_latest_name(cat, k) for k in v.key_columns),
+            type_names=v.type_names,
+        )
+        for v in cat.versions
+    ]
+    columns = []
+    for name in order:
+        types = history[name]
+        final = types[-1]
+        if not all(widens_to(t, final) for t in types):
+            final = "string"
+            cat.text_columns.add(name)
+        columns.append((name, final))
+    cat.columns = columns

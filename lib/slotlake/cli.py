@@ -1,0 +1,226 @@
+"""The ``slotlake`` command: sync, status, inspect, demo.
+
+Each subcommand parses its arguments, builds what it needs and calls the library; the
+spark-submit entry points in jobs/ call the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from slotlake import __version__
+from slotlake.config import Config, ConfigError, load_config, parse_overrides
+from slotlake.lsn import Lsn
+from slotlake.redact import redact_dsn
+
+log = logging.getLogger("slotlake")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # py4j and Spark's Python side are chatty at INFO.
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="TOML configuration file (see conf/example.toml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a configuration key, e.g. --set source.slot=other (repeatable)",
+    )
+
+
+def load(args: argparse.Namespace) -> Config:
+    return load_config(args.config, parse_overrides(args.overrides))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slotlake", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"slotlake {__version__}")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sync", help="pull the slot up to a target LSN into the lake (one batch)")
+    _config_args(p)
+    p.add_argument(
+        "--target-lsn", type=Lsn.parse, help="upto_lsn of the peek (default: current flush LSN)"
+    )
+    p.add_argument(
+        "--accept-slot-ahead",
+        action="store_true",
+        help="continue when the slot is ahead of the lake (accepts the loss of the changes in between)",
+    )
+
+    p = sub.add_parser("status", help="slot state, last committed batch, per-table row counts")
+    _config_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("inspect", help="print decoded messages of a raw batch or of a live peek")
+    _config_args(p)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--raw", help="a raw batch directory or Parquet file")
+    where.add_argument("--batch", type=int, help="the raw batch of committed batch N in the lake")
+    where.add_argument("--live", action="store_true", help="peek the slot (never consumes)")
+    p.add_argument("--limit", type=int, default=0, help="stop after N messages (0 = all)")
+
+    p = sub.add_parser("demo", help="throwaway PostgreSQL + workload + several sync batches")
+    p.add_argument("--lake", default=None, help="lake directory (default: a temporary one)")
+    p.add_argument("--pg-version", type=int, default=None, help="15 or 16 (default: newest found)")
+    p.add_argument("--rows", type=int, default=2000, help="rows per sample table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        if args.command == "sync":
+            return cmd_sync(args)
+        if args.command == "status":
+            return cmd_status(args)
+        if args.command == "inspect":
+            return cmd_inspect(args)
+        if args.command == "demo":
+            from slotlake.demo import run_demo
+
+            return run_demo(lake=args.lake, pg_version=args.pg_version, rows=args.rows)
+    except ConfigError as exc:
+        print(f"slotlake: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("slotlake: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.verbose:
+            log.exception("failed")
+        print(f"slotlake {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from slotlake.sync import run_sync
+
+    cfg = load(args)
+    log.info("sync: %s", cfg.describe())
+    result = run_sync(
+        cfg, target_lsn=args.target_lsn, accept_slot_ahead=args.accept_slot_ahead or None
+    )
+    for name, (changes, rows) in sorted(result.tables.items()):
+        print(f"{name}: {changes} changes, {rows} rows")
+    print(
+        f"status: {result.status}"
+        + (f", batch {result.batch}, slot at {result.end_lsn}" if result.batch else "")
+    )
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from slotlake.lake import Lake
+    from slotlake.sync import open_source
+
+    cfg = load(args)
+    out: dict[str, object] = {
+        "slot": cfg.source.slot,
+        "source": redact_dsn(cfg.source.dsn),
+        "lake": cfg.lake.path,
+    }
+    with open_source(cfg) as source:
+        info = source.slot_info()
+    if info is None:
+        out["slot_state"] = None
+    else:
+        out["slot_state"] = {
+            "confirmed_flush_lsn": str(info.confirmed_flush_lsn)
+            if info.confirmed_flush_lsn is not None
+            else None,
+            "restart_lsn": str(info.restart_lsn) if info.restart_lsn is not None else None,
+            "retained_wal_bytes": info.retained_bytes,
+            "wal_status": info.wal_status,
+            "active": info.active,
+        }
+    last = Lake(cfg.lake.path).last_commit()
+    if last is None:
+        out["last_batch"] = None
+    else:
+        out["last_batch"] = {
+            "batch": last.batch,
+            "kind": last.kind,
+            "created_at": last.created_at,
+            "start_lsn": last.start_lsn,
+            "end_lsn": last.end_lsn,
+            "raw_messages": last.raw_messages,
+            "transactions": last.transaction_count,
+            "timings": last.timings,
+        }
+        out["tables"] = {
+            name: {"state_rows": t.state_rows, "changes_in_last_batch": t.change_rows}
+            for name, t in sorted(last.tables.items())
+        }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return EXIT_OK
+    print(f"slot {cfg.source.slot} on {out['source']}")
+    st = out["slot_state"]
+    if st is None:
+        print("  slot: does not exist")
+    else:
+        assert isinstance(st, dict)
+        print(
+            f"  confirmed_flush {st['confirmed_flush_lsn']}  restart {st['restart_lsn']}  "
+            f"wal retained {st['retained_wal_bytes']} bytes  wal_status {st['wal_status']}"
+        )
+    if last is None:
+        print(f"lake {cfg.lake.path}: no committed batch")
+    else:
+        print(
+            f"lake {cfg.lake.path}: batch {last.batch} ({last.kind}) committed {last.created_at}, "
+            f"{last.start_lsn}..{last.end_lsn}, {last.raw_messages} messages, {last.transaction_count} transactions"
+        )
+        for name, t in sorted(last.tables.items()):
+            print(f"  {name}: {t.state_rows} rows ({t.change_rows} changes in the last batch)")
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from slotlake.inspect import inspect_live, inspect_raw
+
+    if args.live:
+        cfg = load(args)
+        for line in inspect_live(cfg, limit=args.limit):
+            print(line)
+        return EXIT_OK
+    if args.raw:
+        path = args.raw
+    else:
+        from slotlake.lake import Lake
+
+        cfg = load(args)
+        lake = Lake(cfg.lake.path)
+        path = lake.path(lake.read_commit(args.batch).raw or "")
+    for line in inspect_raw(path, limit=args.limit):
+        print(line)
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Job configuration: TOML files in conf/, overridden by ``--set key=value``.
+
+Secrets never live here: the DSN follows libpq conventions and takes its password from
+PGPASSWORD, ~/.pgpass or a service file. A DSN that carries a password is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from slotlake.redact import redact_dsn
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class SourceConfig:
+    dsn: str = ""
+    slot: str = "slotlake"
+    publications: list[str] = field(default_factory=lambda: ["slotlake"])
+    proto_version: int = 1
+    binary: bool = False
+    messages: bool = False
+    streaming: bool = False
+    # Session settings for the peek (e.g. logical_decoding_work_mem); never secrets.
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LakeConfig:
+    path: str = "lake"
+    # Raw batches kept for reprocessing: the newest N committed batches (-1 = all).
+    raw_retention_batches: int = -1
+    # State versions kept per table beyond the one in force (reprocessing starts from them).
+    state_versions: int = 3
+
+
+@dataclass
+class Config:
+    source: SourceConfig = field(default_factory=SourceConfig)
+    lake: LakeConfig = field(default_factory=LakeConfig)
+    spark: dict[str, str] = field(default_factory=dict)
+    accept_slot_ahead: bool = False
+
+    def describe(self) -> str:
+        return (
+            f"slot {self.source.slot} on {redact_dsn(self.source.dsn)} "
+            f"(publications {', '.join(self.source.publications)}) → {self.lake.path}"
+        )
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = _parse_value(value.strip())
+    return out
+
+
+def _apply(target: Any, section: str, values: Mapping[str, Any]) -> None:
+    for key, value in values.items():
+        if not hasattr(target, key):
+            raise ConfigError(f"unknown configuration key {section}.{key}")
+        current = getattr(target, key)
+        if isinstance(current, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{section}.{key} must be true or false, got {value!r}")
+        elif isinstance(current, int) and not isinstance(value, int):
+            raise ConfigError(f"{section}.{key} must be an integer, got {value!r}")
+        elif isinstance(current, list):
+            value = [value] if isinstance(value, str) else list(value)
+        elif isinstance(current, dict):
+            value = {str(k): str(v) for k, v in dict(value).items()}
+        setattr(target, key, value)
+
+
+def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> Config:
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"configuration file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if not key:
+            raise ConfigError(f"override {dotted!r} must be section.key")
+        raw.setdefault(section, {})[key] = value
+    cfg = Config()
+    for section, values in raw.items():
+        if section == "source":
+            _apply(cfg.source, "source", values)
+        elif section == "lake":
+            _apply(cfg.lake, "lake", values)
+        elif section == "spark":
+            cfg.spark.update({str(k): str(v) for k, v in values.items()})
+        elif section == "sync":
+            _apply(cfg, "sync", values)
+        else:
+            raise ConfigError(f"unknown configuration section [{section}]")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    src = cfg.source
+    if "password" in src.dsn.lower() or _uri_has_password(src.dsn):
+        raise ConfigError(
+            "source.dsn must not carry a password: use PGPASSWORD, ~/.pgpass or a service file "
+            f"(got {redact_dsn(src.dsn)})"
+        )
+    if src.proto_version not in (1, 2, 3, 4):
+        raise ConfigError(f"source.proto_version must be 1 to 4, got {src.proto_version}")
+    if src.streaming and src.proto_version < 2:
+        raise ConfigError("source.streaming needs source.proto_version >= 2")
+    if not src.publications:
+        raise ConfigError("source.publications must name at least one publication")
+    if not src.slot:
+        raise ConfigError("source.slot must be set")
+
+
+def _uri_has_password(dsn: str) -> bool:
+    if "://" not in dsn:
+        return False
+    netloc = dsn.split("://", 1)[1].split("/", 1)[0]
+    return "@" in netloc and ":" in netloc.split("@", 1)[0]

@@ -1,0 +1,344 @@
+"""The lake's layout, its commit records, and reading committed data without Spark.
+
+Layout under the lake root::
+
+    _commits/00000000000000000007.json       one record per committed batch (the commit point)
+    _raw/b00000000000000000007-<attempt>/     raw payloads of batch 7 (part-*.parquet)
+    changes/<schema>.<table>/b…-<attempt>/    change log rows written by batch 7
+    state/<schema>.<table>/b…-<attempt>/      a full version of the table's state as of batch 7
+    transactions/b…-<attempt>/, messages/b…-<attempt>/
+
+Every batch writes into directories named by its batch number *and* a random attempt id,
+so a crashed attempt can never mix its files with a later one. Nothing a batch writes is
+part of the lake until its commit record exists; the record names every directory the
+batch made visible, and for each table the state version in force. Readers therefore
+start from the newest commit record, never from a directory listing. The record is
+written to a temporary name and renamed, which is atomic on POSIX file systems and HDFS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from slotlake import __version__
+from slotlake.lsn import Lsn
+
+COMMITS = "_commits"
+RAW = "_raw"
+CHANGES = "changes"
+STATE = "state"
+TRANSACTIONS = "transactions"
+MESSAGES = "messages"
+_COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+
+
+class LakeError(RuntimeError):
+    pass
+
+
+@dataclass
+class TableCommit:
+    """What one batch did to one table."""
+
+    changes: str | None  # directory of this batch's change log rows (relative to the root)
+    state: str | None  # directory of the table's state version in force after the batch
+    change_rows: int = 0
+    state_rows: int = 0
+    columns: list[list[str]] = field(default_factory=list)  # [name, spark ddl type]
+    key_columns: list[str] = field(default_factory=list)
+    replica_identity: str = ""
+
+
+@dataclass
+class CommitRecord:
+    batch: int
+    attempt: str
+    slot: str
+    start_lsn: str  # W0: where the slot stood when the batch started
+    end_lsn: str  # W: where the slot is advanced to after this commit
+    target_lsn: str  # L: the upto_lsn of the peek
+    created_at: str
+    code_version: str
+    raw: str | None
+    raw_messages: int = 0
+    raw_bytes: int = 0
+    transactions: str | None = None
+    messages: str | None = None
+    transaction_count: int = 0
+    tables: dict[str, TableCommit] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    kind: str = "sync"  # sync | bootstrap | reprocess
+
+    @property
+    def end(self) -> Lsn:
+        return Lsn.parse(self.end_lsn)
+
+    @property
+    def start(self) -> Lsn:
+        return Lsn.parse(self.start_lsn)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CommitRecord:
+        raw = json.loads(text)
+        raw["tables"] = {k: TableCommit(**v) for k, v in raw.get("tables", {}).items()}
+        return cls(**raw)
+
+
+def batch_dir_name(batch: int, attempt: str) -> str:
+    return f"b{batch:020d}-{attempt}"
+
+
+def new_attempt() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def is_local(root: str) -> bool:
+    return "://" not in root or root.startswith("file://")
+
+
+def local_path(root: str) -> Path:
+    return Path(root[len("file://") :] if root.startswith("file://") else root)
+
+
+class Lake:
+    """A lake root on the local file system.
+
+    Hadoop file systems (hdfs://, s3a://, …) go through :class:`slotlake.hadoopfs.HadoopLake`,
+    which keeps this interface; the readers for pandas/pyarrow/DuckDB work on local roots
+    and on any file system pyarrow can open.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.uri = str(root)
+        self.root = local_path(self.uri)
+
+    # -- paths -----------------------------------------------------------------------------
+    def path(self, relative: str) -> str:
+        return str(self.root / relative)
+
+    def batch_path(self, kind: str, batch: int, attempt: str, table: str | None = None) -> str:
+        """Relative path of a directory that batch/attempt writes."""
+        parts = [kind] + ([table] if table else []) + [batch_dir_name(batch, attempt)]
+        return "/".join(parts)
+
+    # -- commit records --------------------------------------------------------------------
+    def _commit_dir(self) -> Path:
+        return self.root / COMMITS
+
+    def commit_batches(self) -> list[int]:
+        d = self._commit_dir()
+        if not d.is_dir():
+            return []
+        return sorted(int(m.group(1)) for n in os.listdir(d) if (m := _COMMIT_NAME.match(n)))
+
+    def read_commit(self, batch: int) -> CommitRecord:
+        path = self._commit_dir() / f"{batch:020d}.json"
+        try:
+            return CommitRecord.from_json(path.read_text())
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise LakeError(f"commit record {path} is unreadable: {exc}") from exc
+
+    def last_commit(self) -> CommitRecord | None:
+        batches = self.commit_batches()
+        return self.read_commit(batches[-1]) if batches else None
+
+    def commits(self) -> Iterator[CommitRecord]:
+        for b in self.commit_batches():
+            yield self.read_commit(b)
+
+    def write_commit(self, record: CommitRecord) -> None:
+        """Make a batch visible: write the record beside its final name, fsync, rename.
+
+        A record for an existing batch number is never overwritten: two writers racing
+        for the same batch (which the advisory lock prevents) would fail here instead.
+        """
+        d = self._commit_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        final = d / f"{record.batch:020d}.json"
+        if final.exists():
+            raise LakeError(f"batch {record.batch} is already committed ({final})")
+        tmp = d / f".{record.batch:020d}.json.{record.attempt}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(record.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        # os.link fails if the final name appeared meanwhile, where rename would replace it.
+        os.link(tmp, final)
+        os.unlink(tmp)
+        _fsync_dir(d)
+
+    # -- housekeeping ----------------------------------------------------------------------
+    def referenced_dirs(self) -> set[str]:
+        """Every directory some commit record names (raw, changes, state versions, …)."""
+        out: set[str] = set()
+        for rec in self.commits():
+            for p in (rec.raw, rec.transactions, rec.messages):
+                if p:
+                    out.add(p)
+            for t in rec.tables.values():
+                for p in (t.changes, t.state):
+                    if p:
+                        out.add(p)
+        return out
+
+    def remove_uncommitted(self, keep_attempt: str | None = None) -> list[str]:
+        """Delete directories left by attempts that never committed (crashed runs).
+
+        Only directories that follow the batch naming and that no commit names are
+        removed; the caller holds the slot's advisory lock, so no attempt is in flight.
+        """
+        referenced = self.referenced_dirs()
+        removed = []
+        for kind in (RAW, CHANGES, STATE, TRANSACTIONS, MESSAGES):
+            base = self.root / kind
+            if not base.is_dir():
+                continue
+            parents = (
+                [base]
+                if kind in (RAW, TRANSACTIONS, MESSAGES)
+                else [p for p in base.iterdir() if p.is_dir()]
+            )
+            for parent in parents:
+                for child in parent.iterdir():
+                    if not re.match(r"^b\d{20}-[0-9a-f]+$", child.name):
+                        continue
+                    rel = child.relative_to(self.root).as_posix()
+                    if rel in referenced or (keep_attempt and child.name.endswith(keep_attempt)):
+                        continue
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(rel)
+        return removed
+
+    def expire_raw(self, keep_batches: int) -> list[str]:
+        """Delete raw directories of all but the newest ``keep_batches`` commits.
+
+        The commit records keep naming them (so the history stays readable); reprocessing
+        reports a missing raw directory by batch number.
+        """
+        if keep_batches < 0:
+            return []
+        records = list(self.commits())
+        removed = []
+        for rec in records[: max(0, len(records) - keep_batches)]:
+            if rec.raw and (self.root / rec.raw).exists():
+                shutil.rmtree(self.root / rec.raw, ignore_errors=True)
+                removed.append(rec.raw)
+        return removed
+
+    def expire_states(self, keep_versions: int) -> list[str]:
+        """Delete state versions older than the newest ``keep_versions`` per table."""
+        records = list(self.commits())
+        removed = []
+        in_force: dict[str, list[str]] = {}
+        for rec in records:
+            for table, t in rec.tables.items():
+                versions = in_force.setdefault(table, [])
+                if t.state and (not versions or versions[-1] != t.state):
+                    versions.append(t.state)
+        for versions in in_force.values():
+            for old in versions[: max(0, len(versions) - max(1, keep_versions))]:
+                if (self.root / old).exists():
+                    shutil.rmtree(self.root / old, ignore_errors=True)
+                    removed.append(old)
+        return removed
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def utcnow_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def make_record(**kwargs: Any) -> CommitRecord:
+    kwargs.setdefault("created_at", utcnow_iso())
+    kwargs.setdefault("code_version", __version__)
+    return CommitRecord(**kwargs)
+
+
+# -- reading committed data without Spark --------------------------------------------------
+
+
+def _parquet_files(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        raise LakeError(f"committed directory {directory} is missing")
+    return sorted(str(p) for p in directory.glob("*.parquet"))
+
+
+def table_names(root: str | Path) -> list[str]:
+    rec = Lake(root).last_commit()
+    return sorted(rec.tables) if rec else []
+
+
+def committed_change_files(root: str | Path, table: str) -> list[str]:
+    """Parquet files of the committed change log of ``table``, oldest batch first."""
+    lake = Lake(root)
+    files: list[str] = []
+    for rec in lake.commits():
+        t = rec.tables.get(table)
+        if t is not None and t.changes:
+            files.extend(_parquet_files(lake.root / t.changes))
+    return files
+
+
+def committed_state_files(root: str | Path, table: str) -> list[str]:
+    """Parquet files of the state version of ``table`` in force at the newest commit."""
+    lake = Lake(root)
+    rec = lake.last_commit()
+    if rec is None or table not in rec.tables or not rec.tables[table].state:
+        raise LakeError(f"no committed state for table {table!r} in {root}")
+    return _parquet_files(lake.root / rec.tables[table].state)
+
+
+def _read_files(files: list[str]):  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not files:
+        return None
+    tables = [pq.read_table(f) for f in files]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def read_changes(root: str | Path, table: str):  # type: ignore[no-untyped-def]
+    """The committed change log of ``table`` as a ``pyarrow.Table``, in commit order.
+
+    Batches written before a schema change keep their columns; ``concat_tables`` with
+    permissive promotion fills columns a batch did not have with nulls.
+    """
+    import pyarrow as pa
+
+    rec = Lake(root).last_commit()
+    if rec is None or table not in rec.tables:
+        raise LakeError(f"table {table!r} is not in the lake at {root}")
+    t = _read_files(committed_change_files(root, table))
+    if t is None:
+        return pa.table({})
+    return t.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
+
+
+def read_state(root: str | Path, table: str):  # type: ignore[no-untyped-def]
+    """The committed state (mirror) of ``table`` as a ``pyarrow.Table``."""
+    import pyarrow.parquet as pq
+
+    files = committed_state_files(root, table)
+    if not files:
+        raise LakeError(f"state of {table!r} has no files")
+    return _read_files(files) if len(files) > 1 else pq.read_table(files[0])

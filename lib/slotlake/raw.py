@@ -1,0 +1,415 @@
+"""The raw batch store: every peeked payload byte-for-byte, plus a cheap envelope.
+
+Raw Parquet is the batch's source of truth (DESIGN.md §3): reprocessing rebuilds
+every output from it alone. The driver adds only what it can read from the first
+bytes of each payload without decoding tuples — message type, relation OID, the
+enclosing transaction's commit LSN/time and the message's ordinal in it — so Spark
+can partition and order the work before the real decoder runs on executors.
+
+The envelope code never raises on odd input: unknown or truncated messages get
+null envelope columns and the decoder reports them later with a proper offset.
+
+Envelope rules (pinned by tests/unit/test_raw.py):
+
+* ``B``..``C`` (non-streamed transaction): every row, Begin and Commit included,
+  carries the Begin's ``final_lsn`` (= the commit LSN) as ``commit_lsn``, its commit
+  time, and ``tx_ordinal`` 0, 1, 2, … with Begin = 0.
+* ``S``..``E`` (a streamed segment): every row, S and E included, carries
+  ``stream_xid`` = the top-level xid from the Stream Start. ``tx_ordinal`` counts per
+  top-level xid across segments (first segment's S = 0) and continues onto the
+  Stream Commit ``c`` / Stream Abort ``A`` rows, which also carry ``stream_xid``.
+  In-stream rows have null ``commit_lsn``/``commit_ts`` — the commit is not known
+  when they are read; the ``c`` row itself carries its own commit LSN and time so a
+  reader can fill them per ``stream_xid`` without decoding.
+* Anything else (non-transactional logical messages, unknown types): nulls.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from slotlake.lsn import Lsn
+
+RAW_SCHEMA: pa.Schema = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("lsn", pa.int64(), nullable=False),
+        pa.field("xid", pa.int64(), nullable=False),
+        pa.field("data", pa.binary(), nullable=False),
+        pa.field("msg_type", pa.string(), nullable=False),
+        pa.field("rel_oid", pa.int64()),
+        pa.field("commit_lsn", pa.int64()),
+        pa.field("commit_ts", pa.timestamp("us", tz="UTC")),
+        pa.field("tx_ordinal", pa.int64()),
+        pa.field("stream_xid", pa.int64()),
+    ]
+)
+
+PART_GLOB = "part-*.parquet"
+# Unix epoch µs of 2000-01-01T00:00:00Z, PostgreSQL's timestamp epoch.
+PG_EPOCH_UNIX_US = 946_684_800_000_000
+
+# Precompiled, read with unpack_from on the payload itself: no slicing, no copies.
+_BEGIN = struct.Struct(">QqI")  # final_lsn, commit_ts, xid            (at 1)
+_COMMIT_END = struct.Struct(">Q")  # C: end_lsn at 10; c: end_lsn at 14
+_STREAM_START = struct.Struct(">IB")  # xid, first_segment            (at 1)
+_STREAM_COMMIT = struct.Struct(">IBQQq")  # xid, flags, commit_lsn, end_lsn, ts (at 1)
+_XID = struct.Struct(">I")  # A: xid at 1, subxid at 5
+_OID = struct.Struct(">I")  # R/I/U/D: oid at 1, or at 5 inside a stream
+
+_SIGN = 1 << 63
+_WRAP = 1 << 64
+
+
+def _signed(v: int) -> int:
+    return v - _WRAP if v >= _SIGN else v
+
+
+@dataclass
+class RawSummary:
+    """What one RawWriter wrote, and the transaction bookkeeping the slot advance needs."""
+
+    directory: str
+    files: list[str] = field(default_factory=list)
+    messages: int = 0
+    payload_bytes: int = 0
+    row_groups: int = 0
+    first_lsn: Lsn | None = None
+    last_lsn: Lsn | None = None
+    # end_lsn of the last complete transaction ('C' or 'c'): the safe advance target W.
+    last_complete_end_lsn: Lsn | None = None
+    last_commit_lsn: Lsn | None = None
+    transactions: int = 0  # complete non-streamed (B..C)
+    streamed_committed: int = 0  # Stream Commit 'c'
+    streamed_aborted: int = 0  # Stream Abort 'A' with xid == subxid
+    open_transaction: bool = False  # a B without its C at the end: must not happen in a peek
+    open_streams: list[int] = field(default_factory=list)  # top-level xids never committed/aborted
+    malformed: int = 0  # payloads too short for their envelope (the decoder will say more)
+
+
+class RawWriter:
+    """Writes peek rows to ``directory/part-NNNNN.parquet`` with bounded memory.
+
+    Rows are buffered column-wise up to ``row_group_rows`` and flushed as one Parquet
+    row group; a file is closed after ``rows_per_file`` rows. Each file is written
+    under a dot-prefixed temporary name and renamed when complete, so a crash never
+    leaves a truncated part that looks finished.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        rows_per_file: int = 1_000_000,
+        row_group_rows: int = 64_000,
+        compression_level: int | None = None,
+    ) -> None:
+        if rows_per_file < 1 or row_group_rows < 1:
+            raise ValueError("rows_per_file and row_group_rows must be positive")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if any(self.directory.glob(PART_GLOB)):
+            # Mixing two peeks in one directory would corrupt seq and the envelope.
+            raise FileExistsError(f"raw directory already holds part files: {self.directory}")
+        self.rows_per_file = rows_per_file
+        self.row_group_rows = min(row_group_rows, rows_per_file)
+        self._compression_level = compression_level
+        self._summary = RawSummary(directory=str(self.directory))
+        self._closed = False
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp_path: Path | None = None
+        self._final_path: Path | None = None
+        self._file_rows = 0
+        self._reset_buffer()
+        # Envelope state carried across append() calls.
+        self._seq = 0
+        self._tx_commit_lsn: int | None = None  # signed
+        self._tx_commit_ts: int | None = None  # unix µs
+        self._tx_ordinal = 0
+        self._stream_xid: int | None = None  # inside S..E
+        self._stream_ordinals: dict[int, int] = {}  # top-level xid → next ordinal
+
+    # -- buffer ----------------------------------------------------------------------------
+    def _reset_buffer(self) -> None:
+        self._b_seq: list[int] = []
+        self._b_lsn: list[int] = []
+        self._b_xid: list[int] = []
+        self._b_data: list[bytes] = []
+        self._b_type: list[str] = []
+        self._b_oid: list[int | None] = []
+        self._b_clsn: list[int | None] = []
+        self._b_cts: list[int | None] = []
+        self._b_ord: list[int | None] = []
+        self._b_sxid: list[int | None] = []
+
+    def append(self, lsn: Sequence[int], xid: Sequence[int], data: Sequence[bytes]) -> None:
+        """Add a chunk of peek rows, in peek order (columnar: three equal-length sequences)."""
+        if self._closed:
+            raise RuntimeError("RawWriter is closed")
+        n = len(data)
+        if len(lsn) != n or len(xid) != n:
+            raise ValueError(f"column lengths differ: lsn={len(lsn)} xid={len(xid)} data={n}")
+        start = 0
+        while start < n:
+            # A row group never straddles two files, so every file holds rows_per_file.
+            target = min(self.row_group_rows, self.rows_per_file - self._file_rows)
+            stop = min(n, start + target - len(self._b_data))
+            self._envelope(lsn, xid, data, start, stop)
+            if len(self._b_data) >= target:
+                self._flush_row_group()
+            start = stop
+
+    def _envelope(
+        self, lsn: Sequence[int], xid: Sequence[int], data: Sequence[bytes], start: int, stop: int
+    ) -> None:
+        s = self._summary
+        b_type, b_oid, b_clsn = self._b_type, self._b_oid, self._b_clsn
+        b_cts, b_ord, b_sxid = self._b_cts, self._b_ord, self._b_sxid
+        oid_unpack = _OID.unpack_from
+        payload_bytes = 0
+        for i in range(start, stop):
+            d = data[i]
+            size = len(d)
+            payload_bytes += size
+            t = chr(d[0]) if size else ""
+            oid: int | None = None
+            sxid = self._stream_xid
+            # Hot path first: DML and relations, inside or outside a stream.
+            if t and t in "IUDR":
+                off = 5 if sxid is not None else 1
+                if size >= off + 4:
+                    oid = oid_unpack(d, off)[0]
+                else:
+                    s.malformed += 1
+                if sxid is not None:
+                    ordinal = self._next_stream_ordinal(sxid)
+                    b_clsn.append(None)
+                    b_cts.append(None)
+                elif self._tx_commit_lsn is not None:
+                    ordinal = self._tx_ordinal
+                    self._tx_ordinal += 1
+                    b_clsn.append(self._tx_commit_lsn)
+                    b_cts.append(self._tx_commit_ts)
+                else:
+                    ordinal = None
+                    b_clsn.append(None)
+                    b_cts.append(None)
+                b_oid.append(oid)
+                b_ord.append(ordinal)
+                b_sxid.append(sxid)
+                b_type.append(t)
+                continue
+            clsn: int | None = None
+            cts: int | None = None
+            ordinal = None
+            if t == "B" and size >= 1 + _BEGIN.size:
+                if self._tx_commit_lsn is not None:
+                    # A Begin inside an open transaction: the previous one never committed.
+                    s.open_transaction = True
+                final_lsn, ts, _ = _BEGIN.unpack_from(d, 1)
+                self._tx_commit_lsn = clsn = _signed(final_lsn)
+                self._tx_commit_ts = cts = ts + PG_EPOCH_UNIX_US
+                ordinal = 0
+                self._tx_ordinal = 1
+            elif t == "C" and self._tx_commit_lsn is not None:
+                clsn, cts = self._tx_commit_lsn, self._tx_commit_ts
+                ordinal = self._tx_ordinal
+                self._tx_commit_lsn = self._tx_commit_ts = None
+                if size >= 18:
+                    self._complete(_COMMIT_END.unpack_from(d, 10)[0], Lsn.from_signed(clsn))
+                    s.transactions += 1
+                else:
+                    s.malformed += 1
+            elif t == "S" and size >= 1 + _STREAM_START.size:
+                top, first = _STREAM_START.unpack_from(d, 1)
+                if first:
+                    self._stream_ordinals[top] = 0
+                self._stream_xid = sxid = top
+                ordinal = self._next_stream_ordinal(top)
+            elif t == "E" and sxid is not None:
+                ordinal = self._next_stream_ordinal(sxid)
+                self._stream_xid = None
+            elif t == "c" and size >= 1 + _STREAM_COMMIT.size:
+                top, _, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(d, 1)
+                sxid = top
+                ordinal = self._stream_ordinals.pop(top, 0)
+                clsn, cts = _signed(commit_lsn), ts + PG_EPOCH_UNIX_US
+                self._complete(end_lsn, Lsn(commit_lsn))
+                s.streamed_committed += 1
+            elif t == "A" and size >= 9:
+                top = _XID.unpack_from(d, 1)[0]
+                sub = _XID.unpack_from(d, 5)[0]
+                sxid = top
+                if top == sub:
+                    ordinal = self._stream_ordinals.pop(top, 0)
+                    s.streamed_aborted += 1
+                else:
+                    ordinal = self._next_stream_ordinal(top)
+            elif sxid is not None:
+                # Y, T, M, O, … inside a streamed segment.
+                ordinal = self._next_stream_ordinal(sxid)
+            elif self._tx_commit_lsn is not None:
+                # Y, T, M, O, … inside B..C; also truncated B/S/c/A land here or below.
+                clsn, cts = self._tx_commit_lsn, self._tx_commit_ts
+                ordinal = self._tx_ordinal
+                self._tx_ordinal += 1
+            else:
+                sxid = None
+            if t in "BCScA" and t and ordinal is None:
+                s.malformed += 1
+            b_type.append(t)
+            b_oid.append(None)
+            b_clsn.append(clsn)
+            b_cts.append(cts)
+            b_ord.append(ordinal)
+            b_sxid.append(sxid)
+
+        self._b_seq.extend(range(self._seq, self._seq + stop - start))
+        self._seq += stop - start
+        self._b_lsn.extend(_signed(v) for v in lsn[start:stop])
+        self._b_xid.extend(xid[start:stop])
+        self._b_data.extend(data[start:stop])
+        if stop > start:
+            # Inputs may be unsigned (COPY) or already signed (the cursor's int8 loader).
+            if s.first_lsn is None:
+                s.first_lsn = Lsn(lsn[start] % _WRAP)
+            s.last_lsn = Lsn(lsn[stop - 1] % _WRAP)
+        s.messages += stop - start
+        s.payload_bytes += payload_bytes
+
+    def _next_stream_ordinal(self, top_xid: int) -> int:
+        ordinal = self._stream_ordinals.get(top_xid, 0)
+        self._stream_ordinals[top_xid] = ordinal + 1
+        return ordinal
+
+    def _complete(self, end_lsn: int, commit_lsn: Lsn) -> None:
+        s = self._summary
+        end = Lsn(end_lsn)
+        # Commits arrive in commit order, so the last one is the highest; max() only
+        # guards against a malformed payload moving W backwards.
+        if s.last_complete_end_lsn is None or end > s.last_complete_end_lsn:
+            s.last_complete_end_lsn = end
+            s.last_commit_lsn = commit_lsn
+
+    # -- files -----------------------------------------------------------------------------
+    def _flush_row_group(self) -> None:
+        if not self._b_data:
+            return
+        table = pa.Table.from_arrays(
+            [
+                pa.array(self._b_seq, pa.int64()),
+                pa.array(self._b_lsn, pa.int64()),
+                pa.array(self._b_xid, pa.int64()),
+                pa.array(self._b_data, pa.binary()),
+                pa.array(self._b_type, pa.string()),
+                pa.array(self._b_oid, pa.int64()),
+                pa.array(self._b_clsn, pa.int64()),
+                pa.array(self._b_cts, pa.timestamp("us", tz="UTC")),
+                pa.array(self._b_ord, pa.int64()),
+                pa.array(self._b_sxid, pa.int64()),
+            ],
+            schema=RAW_SCHEMA,
+        )
+        self._reset_buffer()
+        self._write(table)
+
+    def _write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._open_file()
+        assert self._writer is not None
+        self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self._summary.row_groups += 1
+        self._file_rows += table.num_rows
+        if self._file_rows >= self.rows_per_file:
+            self._close_file()
+
+    def _open_file(self) -> None:
+        name = f"part-{len(self._summary.files):05d}.parquet"
+        self._final_path = self.directory / name
+        self._tmp_path = self.directory / f".{name}.inprogress"
+        self._writer = pq.ParquetWriter(
+            self._tmp_path,
+            RAW_SCHEMA,
+            compression="zstd",
+            compression_level=self._compression_level,
+            # Payloads are opaque bytes: dictionary pages only cost time.
+            use_dictionary=["msg_type"],
+            write_statistics=["seq", "lsn", "commit_lsn", "rel_oid"],
+        )
+        self._file_rows = 0
+
+    def _close_file(self) -> None:
+        assert self._writer is not None and self._tmp_path and self._final_path
+        self._writer.close()
+        self._tmp_path.replace(self._final_path)
+        self._summary.files.append(str(self._final_path))
+        self._writer = None
+        self._file_rows = 0
+
+    def close(self) -> RawSummary:
+        """Flush, close the last file and return the summary. Idempotent."""
+        if self._closed:
+            return self._summary
+        self._flush_row_group()
+        if self._writer is None and not self._summary.files:
+            # An empty peek still leaves one (empty) part, so readers find the schema.
+            self._open_file()
+        if self._writer is not None:
+            self._close_file()
+        self._closed = True
+        s = self._summary
+        if self._tx_commit_lsn is not None:
+            s.open_transaction = True
+        s.open_streams = sorted(self._stream_ordinals)
+        return s
+
+    def abort(self) -> None:
+        """Drop the file being written (after a failed pull); finished parts stay."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            if self._tmp_path is not None:
+                self._tmp_path.unlink(missing_ok=True)
+        self._reset_buffer()
+        self._closed = True
+
+    @property
+    def summary(self) -> RawSummary:
+        return self._summary
+
+    def __enter__(self) -> RawWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def raw_files(path: str | Path) -> list[Path]:
+    """The part files of a raw directory in write order (or ``[path]`` for a single file)."""
+    p = Path(path)
+    if p.is_dir():
+        return sorted(p.glob(PART_GLOB))
+    return [p]
+
+
+def read_raw(path: str | Path) -> pa.Table:
+    """The whole raw batch as one table, rows in peek order."""
+    files = raw_files(path)
+    if not files:
+        return RAW_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(f, schema=RAW_SCHEMA) for f in files])
+
+
+def iter_raw(path: str | Path, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Record batches in peek order, one file and row group at a time (bounded memory)."""
+    for f in raw_files(path):
+        with pq.ParquetFile(f) as pf:
+            yield from pf.iter_batches(batch_size=batch_size)

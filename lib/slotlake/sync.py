@@ -1,0 +1,229 @@
+"""One sync run: lock → reconcile → target → pull → decode/write → commit → advance.
+
+The order is the contract (DESIGN.md §1, §3): the slot is advanced only after the commit
+record is durable, so a run killed at any instant leaves either an uncommitted attempt
+(invisible, removed by the next run, which pulls the same changes again) or a commit
+ahead of the slot (the next run advances the slot first). Either way every change lands
+exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from slotlake.batch import process_batch
+from slotlake.config import Config
+from slotlake.lake import RAW, Lake, make_record, new_attempt
+from slotlake.lsn import Lsn
+from slotlake.raw import RawWriter
+from slotlake.redact import redact_text
+from slotlake.source import SlotSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "SLOTLAKE_FAULT"
+FAULT_STEPS = ("after_pull", "decode", "changes_written", "before_commit", "after_commit")
+
+
+class SyncError(RuntimeError):
+    """A run that stopped on purpose, with a message saying what to do."""
+
+
+class SlotAheadError(SyncError):
+    pass
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def fault_point(step: str) -> None:
+    """Die here when SLOTLAKE_FAULT names this step (tests of the exactly-once contract).
+
+    ``step`` raises; ``step:exit`` ends the process at once, like a SIGKILL would.
+    """
+    spec = os.environ.get(FAULT_ENV, "")
+    name, _, mode = spec.partition(":")
+    if name != step:
+        return
+    if mode == "exit":
+        os._exit(137)
+    raise InjectedFault(f"injected fault at step {step}")
+
+
+@dataclass
+class SyncResult:
+    status: str  # committed | locked | up_to_date
+    batch: int | None = None
+    start_lsn: Lsn | None = None
+    end_lsn: Lsn | None = None
+    target_lsn: Lsn | None = None
+    messages: int = 0
+    raw_bytes: int = 0
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (changes, state rows)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def open_source(cfg: Config) -> SlotSource:
+    src = cfg.source
+    return SlotSource(
+        src.dsn,
+        src.slot,
+        src.publications,
+        proto_version=src.proto_version,
+        binary=src.binary,
+        messages=src.messages,
+        streaming=src.streaming,
+        session_settings=src.settings,
+    )
+
+
+def reconcile(source: SlotSource, lake: Lake, cfg: Config, accept_slot_ahead: bool) -> Lsn:
+    """Bring the slot and the lake's last commit into agreement; returns the batch start W₀."""
+    info = source.check()
+    confirmed = info.confirmed_flush_lsn
+    assert confirmed is not None  # check() refuses invalidated slots
+    last = lake.last_commit()
+    if last is None:
+        log.info(
+            "lake %s is empty: starting at the slot's confirmed_flush_lsn %s", lake.uri, confirmed
+        )
+        return confirmed
+    if last.slot != cfg.source.slot:
+        raise SyncError(
+            f"lake {lake.uri} was written from slot {last.slot!r}, not {cfg.source.slot!r}: "
+            "use a separate lake.path per slot"
+        )
+    end = last.end
+    if end > confirmed:
+        # The previous run committed but died before advancing: finish its job.
+        log.info(
+            "batch %s is committed up to %s but the slot is at %s: advancing the slot",
+            last.batch,
+            end,
+            confirmed,
+        )
+        return max(source.advance(end), end)
+    if confirmed > end:
+        if not accept_slot_ahead:
+            raise SlotAheadError(
+                f"slot {cfg.source.slot} is at {confirmed} but the lake's last commit (batch {last.batch}) "
+                f"ends at {end}: changes between them were consumed without being written (data loss). "
+                "Re-bootstrap the lake, or rerun with --accept-slot-ahead to continue from the slot"
+            )
+        log.warning("accepting slot ahead of the lake: changes in %s..%s are lost", end, confirmed)
+        return confirmed
+    return end
+
+
+def run_sync(
+    cfg: Config,
+    target_lsn: Lsn | None = None,
+    spark: SparkSession | None = None,
+    accept_slot_ahead: bool | None = None,
+    progress: Callable[[str], None] = log.info,
+) -> SyncResult:
+    lake = Lake(cfg.lake.path)
+    accept = cfg.accept_slot_ahead if accept_slot_ahead is None else accept_slot_ahead
+    timings: dict[str, float] = {}
+    t_start = time.monotonic()
+    with open_source(cfg) as source:
+        if not source.try_lock():
+            progress(
+                f"another slotlake run holds the lock for slot {cfg.source.slot}; nothing done"
+            )
+            return SyncResult(status="locked")
+        try:
+            start = reconcile(source, lake, cfg, accept)
+            for removed in lake.remove_uncommitted():
+                log.info("removed %s left by an attempt that never committed", removed)
+            target = target_lsn if target_lsn is not None else source.current_flush_lsn()
+            if target <= start:
+                progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
+                return SyncResult(
+                    status="up_to_date", start_lsn=start, end_lsn=start, target_lsn=target
+                )
+            last = lake.last_commit()
+            batch = last.batch + 1 if last else 1
+            attempt = new_attempt()
+            raw_rel = lake.batch_path(RAW, batch, attempt)
+            progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
+            t0 = time.monotonic()
+            writer = RawWriter(lake.path(raw_rel))
+            pulled = source.pull(
+                target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
+            )
+            summary = pulled.summary
+            timings["pull"] = time.monotonic() - t0
+            fault_point("after_pull")
+            # The peek ran to the target uncut, so everything before it is in this batch.
+            end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
+            if spark is None:
+                from slotlake.spark import build_session
+
+                spark = build_session("slotlake-sync", cfg.spark)
+            t1 = time.monotonic()
+            out = process_batch(
+                spark, lake, raw_rel, batch, attempt, last, progress=progress, fault=fault_point
+            )
+            timings["decode_write"] = time.monotonic() - t1
+            timings.update({f"batch.{k}": v for k, v in out.timings.items()})
+            fault_point("before_commit")
+            record = make_record(
+                batch=batch,
+                attempt=attempt,
+                slot=cfg.source.slot,
+                start_lsn=str(start),
+                end_lsn=str(end),
+                target_lsn=str(target),
+                raw=raw_rel,
+                raw_messages=summary.messages,
+                raw_bytes=summary.payload_bytes,
+                transactions=out.transactions,
+                messages=out.messages,
+                transaction_count=out.transaction_count,
+                tables=out.tables,
+                timings={k: round(v, 3) for k, v in timings.items()},
+            )
+            t2 = time.monotonic()
+            lake.write_commit(record)
+            fault_point("after_commit")
+            source.advance(end)
+            timings["commit_advance"] = time.monotonic() - t2
+            lake.expire_raw(cfg.lake.raw_retention_batches)
+            lake.expire_states(cfg.lake.state_versions)
+            timings["total"] = time.monotonic() - t_start
+            result = SyncResult(
+                status="committed",
+                batch=batch,
+                start_lsn=start,
+                end_lsn=end,
+                target_lsn=target,
+                messages=summary.messages,
+                raw_bytes=summary.payload_bytes,
+                tables={
+                    n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.changes
+                },
+                timings=timings,
+            )
+            progress(
+                f"batch {batch} committed: {summary.messages} messages, {out.transaction_count} transactions, "
+                f"slot advanced to {end} ({timings['total']:.1f}s: pull {timings['pull']:.1f}s, "
+                f"decode+write {timings['decode_write']:.1f}s)"
+            )
+            return result
+        except Exception as exc:
+            # Errors can quote the DSN (psycopg does): never let a password through.
+            if cfg.source.dsn and cfg.source.dsn in str(exc):
+                raise SyncError(redact_text(str(exc), [cfg.source.dsn])) from None
+            raise
+        finally:
+            source.unlock()
