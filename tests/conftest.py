@@ -33,11 +33,34 @@ def pg_cluster(request: pytest.FixtureRequest) -> Iterator[LocalPostgres]:
 
 
 @pytest.fixture
-def pg_dsn(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> str:
-    """A fresh database per test: slots and publications are per database, so tests never meet."""
+def pg_dsn(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database per test, so publications and tables never meet.
+
+    Replication slot names are cluster-wide: use the ``slot`` fixture for a unique one.
+    At teardown the database's slots are dropped, or they would pin WAL for the session.
+    """
+    import psycopg
+
     name = f"t{next(_db_counter)}_{request.node.name}"[:50]
     name = "".join(c if c.isalnum() else "_" for c in name).lower()
-    return pg_cluster.create_database(name)
+    dsn = pg_cluster.create_database(name)
+    yield dsn
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL",
+            (name,),
+        )
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+            (name,),
+        )
+
+
+@pytest.fixture
+def slot(pg_dsn: str) -> str:
+    """A replication slot name unique in the cluster (derived from the test's database)."""
+    return "s_" + pg_dsn.rsplit("dbname=", 1)[1].split()[0]
 
 
 @pytest.fixture(scope="session")

@@ -176,6 +176,7 @@ def process_table(
         columns=[[n, t, "state" if n in state_set else "log"] for n, t in cat.columns],
         key_columns=list(cat.key_columns),
         replica_identity=cat.replica_identity,
+        renames=dict(cat.renames),
     )
 
 

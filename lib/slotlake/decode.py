@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from slotlake.catalog import RelationVersion, TableCatalog, build_catalogs
@@ -374,37 +374,13 @@ def arrow_schema_for(spark_schema) -> pa.Schema:  # type: ignore[no-untyped-def]
 def decode_table(
     raw_dml: DataFrame, cat: TableCatalog, bcat: BatchCatalog, batch: int
 ) -> DataFrame:
-    """Typed change rows (I/U/D, plus T markers) of one table, with unchanged TOAST still open."""
+    """Typed change rows (I/U/D) of one table, with unchanged TOAST still open."""
     from pyspark.sql import functions as F
 
     schema = change_schema(cat)
     arrow_schema = arrow_schema_for(schema)
     fn = make_decoder(cat, bcat.streams, bcat.origins, batch, arrow_schema)
     rows = raw_dml.filter(F.col("rel_oid").isin(sorted(cat.oids))).mapInArrow(fn, schema)
-    truncs = [t for t in bcat.truncates if cat.name in t.tables]
-    if truncs:
-        spark = raw_dml.sparkSession
-        markers = [
-            {
-                "_op": "T",
-                "_commit_lsn": t.commit_lsn,
-                "_lsn": None,
-                "_tx_ordinal": t.tx_ordinal,
-                "_xid": t.xid,
-                "_commit_ts": t.commit_ts,
-                "_origin": bcat.origins.get(t.commit_lsn),
-                "_batch": batch,
-                "_old_kind": None,
-                "_missing_toast": [],
-                "_fallback": {},
-                "_truncate_options": t.options,
-                "_seq": t.seq,
-                "_unchanged": [],
-                "_old": None,
-            }
-            for t in truncs
-        ]
-        rows = rows.unionByName(spark.createDataFrame(markers, schema))
     return rows
 
 
@@ -412,7 +388,3 @@ def raw_dml(raw: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     return raw.filter(F.col("msg_type").isin(*DML_TYPES))
-
-
-def utc(dt: datetime | None) -> datetime | None:
-    return dt.astimezone(timezone.utc) if dt is not None else None

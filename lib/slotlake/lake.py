@@ -56,6 +56,9 @@ class TableCommit:
     columns: list[list[str]] = field(default_factory=list)  # [name, spark ddl type]
     key_columns: list[str] = field(default_factory=list)
     replica_identity: str = ""
+    renames: dict[str, str] = field(
+        default_factory=dict
+    )  # columns renamed by this batch: old → new
 
 
 @dataclass
@@ -289,13 +292,26 @@ def table_names(root: str | Path) -> list[str]:
 
 def committed_change_files(root: str | Path, table: str) -> list[str]:
     """Parquet files of the committed change log of ``table``, oldest batch first."""
+    return [f for files, _ in _change_files_by_batch(root, table) for f in files]
+
+
+def _change_files_by_batch(root: str | Path, table: str) -> list[tuple[list[str], dict[str, str]]]:
+    """(files, renames made by later batches) per committed batch that logged ``table``."""
     lake = Lake(root)
-    files: list[str] = []
+    out: list[tuple[list[str], dict[str, str]]] = []
     for rec in lake.commits():
         t = rec.tables.get(table)
-        if t is not None and t.changes:
-            files.extend(_parquet_files(lake.root / t.changes))
-    return files
+        if t is None:
+            continue
+        for _, later in out:
+            # Compose renames: a column renamed a→b then b→c maps a→c.
+            for old, new in list(later.items()):
+                later[old] = t.renames.get(new, new)
+            for old, new in t.renames.items():
+                later.setdefault(old, new)
+        if t.changes:
+            out.append((_parquet_files(lake.root / t.changes), {}))
+    return out
 
 
 def committed_state_files(root: str | Path, table: str) -> list[str]:
@@ -320,17 +336,25 @@ def _read_files(files: list[str]):  # type: ignore[no-untyped-def]
 def read_changes(root: str | Path, table: str):  # type: ignore[no-untyped-def]
     """The committed change log of ``table`` as a ``pyarrow.Table``, in commit order.
 
-    Batches written before a schema change keep their columns; ``concat_tables`` with
-    permissive promotion fills columns a batch did not have with nulls.
+    Columns renamed by a later batch are read under their new name; columns a batch did
+    not have are null there (``concat_tables`` with permissive promotion, which also
+    widens types that a later batch widened).
     """
     import pyarrow as pa
 
     rec = Lake(root).last_commit()
     if rec is None or table not in rec.tables:
         raise LakeError(f"table {table!r} is not in the lake at {root}")
-    t = _read_files(committed_change_files(root, table))
-    if t is None:
+    parts = []
+    for files, renames in _change_files_by_batch(root, table):
+        part = _read_files(files)
+        if part is not None:
+            if renames:
+                part = part.rename_columns([renames.get(n, n) for n in part.column_names])
+            parts.append(part)
+    if not parts:
         return pa.table({})
+    t = pa.concat_tables(parts, promote_options="permissive")
     return t.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 DEBIAN_BIN = "/usr/lib/postgresql/{version}/bin"
 SERVER_SETTINGS: dict[str, str] = {
     "wal_level": "logical",
-    "max_replication_slots": "40",
+    "max_replication_slots": "400",
     "max_wal_senders": "40",
     "max_prepared_transactions": "20",
     "max_connections": "100",

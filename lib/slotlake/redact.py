@@ -22,7 +22,9 @@ _URI_USERINFO = re.compile(r"(postgres(?:ql)?://[^\s:/?#@]*):([^\s@/?#]*)@", re.
 _URI_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#\s]*", re.IGNORECASE)
 # password=secret / password = 'sec ret' in a key=value conninfo. A quoted value may
 # hold spaces and backslash escapes (libpq rules); an unquoted one ends at whitespace.
-_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s']\S*|(?=\s|$))", re.IGNORECASE)
+_KV_PASSWORD = re.compile(
+    r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s']\S*|(?=\s|$))", re.IGNORECASE
+)
 
 
 def redact_dsn(dsn: str) -> str:

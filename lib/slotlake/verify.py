@@ -96,16 +96,58 @@ def source_counter(conn: Any, table: str) -> tuple[list[str], Counter]:
     ).fetchall()
     names = {oid: tn for oid, tn in _type_names(conn).items()}
     converters = [resolve_type(oid, typmod, names).from_text for _, oid, typmod in cols]
-    select = ", ".join(f'"{c}"::text' for c, _, _ in cols)
+    select = ", ".join(f'"{c}"' for c, _, _ in cols)
     counter: Counter = Counter()
-    for row in conn.execute(f'SELECT {select} FROM "{schema}"."{name}"'):
+    # COPY's text format runs each type's output function, exactly as pgoutput's text
+    # tuples do (a cast to text would not: bool::text is 'true', the output is 't').
+    buf = bytearray()
+    with conn.cursor().copy(f'COPY (SELECT {select} FROM "{schema}"."{name}") TO STDOUT') as copy:
+        for chunk in copy:
+            buf += chunk
+    for line in buf.decode("utf-8").split("\n"):
+        if not line:
+            continue
+        fields = [_copy_unescape(f) for f in line.split("\t")]
         counter[
             tuple(
                 _norm(None if v is None else conv(v))
-                for v, conv in zip(row, converters, strict=True)
+                for v, conv in zip(fields, converters, strict=True)
             )
         ] += 1
     return [c for c, _, _ in cols], counter
+
+
+_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+
+
+def _copy_unescape(field: str) -> str | None:
+    """One field of COPY text format → its text (None for the NULL marker)."""
+    if field == "\\N":
+        return None
+    if "\\" not in field:
+        return field
+    out: list[str] = []
+    i = 0
+    while i < len(field):
+        ch = field[i]
+        if ch != "\\" or i + 1 == len(field):
+            out.append(ch)
+            i += 1
+            continue
+        nxt = field[i + 1]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt in "01234567":
+            j = i + 1
+            while j < min(i + 4, len(field)) and field[j] in "01234567":
+                j += 1
+            out.append(chr(int(field[i + 1 : j], 8)))
+            i = j
+        else:
+            out.append(nxt)
+            i += 2
+    return "".join(out)
 
 
 def lake_counter(root: str, table: str, columns: list[str]) -> Counter:

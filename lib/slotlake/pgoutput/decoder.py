@@ -28,6 +28,7 @@ from typing import Any
 from slotlake.lsn import Lsn
 from slotlake.pgoutput.checked import decode_checked
 from slotlake.pgoutput.messages import (
+    MESSAGE_TYPES_BY_CODE,
     UNCHANGED_TOAST,
     Begin,
     BeginPrepare,
@@ -468,4 +469,7 @@ def decode(payload: bytes | bytearray | memoryview, in_stream: bool = False) -> 
     # Outside the except block, so the DecodeError does not chain the fast
     # parser's uninformative exception.
     decode_checked(payload, in_stream)
-    raise DecodeError(None, None, 0, "internal error: fast and checked decoders disagree")
+    cls = MESSAGE_TYPES_BY_CODE.get(payload[:1])
+    raise DecodeError(
+        cls and cls.__name__, None, 0, "internal error: the fast and checked decoders disagree"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import struct
 from collections.abc import Callable
 from decimal import Decimal
 
@@ -34,8 +35,8 @@ def _bool_binary_text(value: bytes) -> str:
 BOOL = Codec("boolean", _BOOL_TEXT.__getitem__, _BOOL_BINARY.__getitem__, _bool_binary_text, False)
 
 
-def _int_codec(ddl: str, unpack: object) -> Codec:
-    unpack_from = unpack.unpack  # type: ignore[attr-defined]
+def _int_codec(ddl: str, layout: struct.Struct) -> Codec:
+    unpack_from = layout.unpack
 
     def from_binary(value: bytes) -> int:
         return unpack_from(value)[0]
@@ -319,7 +320,7 @@ def _jsonb_binary_text(value: bytes) -> str:
 JSONB = string_codec(_jsonb_binary_text)
 
 
-def _mac_binary_text(size: int):  # type: ignore[no-untyped-def]
+def _mac_binary_text(size: int) -> Callable[[bytes], str]:
     def binary_text(value: bytes) -> str:
         if len(value) != size:
             raise ValueError(f"mac address is {size} bytes")

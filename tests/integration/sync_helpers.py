@@ -1,0 +1,93 @@
+"""Shared pieces of the sync integration tests: an audit-trigger oracle and checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from slotlake.config import Config, LakeConfig, SourceConfig
+from slotlake.lake import read_changes
+from slotlake.verify import compare_table
+
+# Every published table gets BEFORE triggers that log (table, op, key) into an unpublished
+# audit table, in execution order: an oracle of what happened that is independent of
+# logical decoding. Rolled-back work rolls back its audit rows too.
+AUDIT_SQL = """
+CREATE TABLE audit (id bigserial PRIMARY KEY, tbl text, op text, k text);
+CREATE FUNCTION audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    INSERT INTO audit (tbl, op, k) VALUES (TG_TABLE_NAME, 'T', NULL);
+    RETURN NULL;
+  END IF;
+  INSERT INTO audit (tbl, op, k) VALUES (
+    TG_TABLE_NAME, left(TG_OP, 1),
+    CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ->> TG_ARGV[0] ELSE to_jsonb(NEW) ->> TG_ARGV[0] END);
+  IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+  RETURN NEW;
+END $$;
+"""
+
+
+def audit(conn: psycopg.Connection, table: str, key: str) -> None:
+    conn.execute(
+        f"CREATE TRIGGER audit_row BEFORE INSERT OR UPDATE OR DELETE ON {table} "
+        f"FOR EACH ROW EXECUTE FUNCTION audit_fn('{key}')"
+    )
+    conn.execute(
+        f"CREATE TRIGGER audit_trunc BEFORE TRUNCATE ON {table} FOR EACH STATEMENT EXECUTE FUNCTION audit_fn('{key}')"
+    )
+
+
+def audited_ops(conn: psycopg.Connection, table: str) -> list[tuple[str, str | None]]:
+    return [
+        (op, k)
+        for op, k in conn.execute("SELECT op, k FROM audit WHERE tbl = %s ORDER BY id", (table,))
+    ]
+
+
+def logged_ops(root: str, qualified: str, key: str) -> list[tuple[str, str | None]]:
+    """(op, key as text) of the committed change log, in (commit_lsn, tx_ordinal) order."""
+    out: list[tuple[str, str | None]] = []
+    for row in read_changes(root, qualified).to_pylist():
+        op = row["_op"]
+        if op == "T":
+            out.append(("T", None))
+            continue
+        value: Any = (row["_old"] or {}).get(key) if op == "D" else row.get(key)
+        out.append((op, None if value is None else str(value)))
+    return out
+
+
+def make_config(
+    dsn: str, lake: str, slot: str, publications: tuple[str, ...] = ("pub",), **source: Any
+) -> Config:
+    return Config(
+        source=SourceConfig(dsn=dsn, slot=slot, publications=list(publications), **source),
+        lake=LakeConfig(path=lake),
+    )
+
+
+def assert_mirror(conn: psycopg.Connection, root: str, tables: list[str]) -> None:
+    for table in tables:
+        cmp = compare_table(conn, root, table)
+        assert cmp.equal, cmp.describe()
+
+
+def assert_log_matches_audit(conn: psycopg.Connection, root: str, tables: dict[str, str]) -> None:
+    """tables: qualified name → key column."""
+    for qualified, key in tables.items():
+        expected = audited_ops(conn, qualified.split(".", 1)[1])
+        got = logged_ops(root, qualified, key)
+        assert got == expected, (
+            f"{qualified}: change log differs from the audit trail\nlog:   {got}\naudit: {expected}"
+        )
+
+
+def slot_confirmed(conn: psycopg.Connection, slot: str) -> str:
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    assert row is not None
+    return row[0]

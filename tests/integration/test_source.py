@@ -1,0 +1,488 @@
+"""SlotSource against real PostgreSQL 15 and 16: pull → raw, envelope, advance, checks."""
+
+from __future__ import annotations
+
+import struct
+import time
+import traceback
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from slotlake.lsn import Lsn
+from slotlake.raw import RawWriter, read_raw
+from slotlake.source import PullProgress, SlotSource, SourceError, lock_key
+
+
+def slot_of(dsn: str, suffix: str = "") -> str:
+    # Slots are cluster-wide and the cluster is shared by the session: name them per database.
+    return f"s_{dsn.rsplit('dbname=', 1)[1]}{suffix}"[:63]
+
+
+PUB = "lake_pub"
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def slot(pg_dsn: str) -> str:
+    return slot_of(pg_dsn)
+
+
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    # The throwaway cluster runs synchronous_commit=off; a peek only decodes flushed
+    # WAL, so the workload flushes at commit to make "everything so far" deterministic.
+    return psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on")
+
+
+def setup_source(dsn: str) -> None:
+    with connect(dsn) as c:
+        c.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text, n numeric)")
+        c.execute("CREATE TABLE t2 (id int, v text)")
+        c.execute("ALTER TABLE t2 REPLICA IDENTITY FULL")
+        c.execute(f"CREATE PUBLICATION {PUB} FOR TABLE t1, t2")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_of(dsn),))
+
+
+def workload(dsn: str, start: int = 0) -> None:
+    with connect(dsn) as c:
+        with c.transaction():
+            c.execute(
+                "INSERT INTO t1 SELECT g, 'v' || g, g / 3.0 FROM generate_series(%s::int, %s::int) g",
+                (start, start + 199),
+            )
+        c.execute("UPDATE t1 SET v = v || '!' WHERE id %% 7 = 0 AND id >= %s", (start,))
+        c.execute("DELETE FROM t1 WHERE id %% 11 = 0 AND id >= %s", (start,))
+        with c.cursor().copy("COPY t2 (id, v) FROM STDIN") as cp:  # multi-insert: shared LSNs
+            for i in range(50):
+                cp.write_row((start + i, f"copy {i}"))
+        with c.transaction():  # a savepoint rolled back inside a committed transaction
+            c.execute("INSERT INTO t2 VALUES (%s, 'kept')", (start + 1000,))
+            with pytest.raises(psycopg.errors.DivisionByZero), c.transaction():
+                c.execute("INSERT INTO t2 VALUES (%s, 'gone')", (start + 1001,))
+                c.execute("SELECT 1/0")
+        c.execute("BEGIN")
+        c.execute("INSERT INTO t2 VALUES (-1, 'rolled back')")
+        c.execute("ROLLBACK")
+
+
+def peek_rows(dsn: str, src: SlotSource, upto: Lsn) -> list[tuple[Lsn, int, bytes]]:
+    """The peek as psycopg returns it, independently of SlotSource's transports."""
+    with connect(dsn) as c:
+        rows = c.execute(
+            "SELECT lsn::text, xid::text::bigint, data"
+            " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s)",
+            (src.slot, str(upto), src.peek_options()),
+        ).fetchall()
+    return [(Lsn.parse(lsn), xid, bytes(data)) for lsn, xid, data in rows]
+
+
+def pull(src: SlotSource, upto: Lsn, directory: Path, **kwargs: Any) -> tuple[list[dict], Any]:
+    result = src.pull(upto, RawWriter(directory, row_group_rows=100, rows_per_file=250), **kwargs)
+    return read_raw(directory).to_pylist(), result
+
+
+def check_transactions(rows: list[dict]) -> list[list[dict]]:
+    """Every B..C block: commit_lsn, commit_ts, tx_ordinal as the payloads say."""
+    txs: list[list[dict]] = []
+    current: list[dict] | None = None
+    for r in rows:
+        if r["msg_type"] == "B":
+            assert current is None
+            current = [r]
+        elif current is not None:
+            current.append(r)
+            if r["msg_type"] == "C":
+                txs.append(current)
+                current = None
+    assert current is None
+    for tx in txs:
+        final_lsn, ts, _ = struct.unpack_from(">QqI", tx[0]["data"], 1)
+        (commit_lsn,) = struct.unpack_from(">Q", tx[-1]["data"], 2)
+        assert final_lsn == commit_lsn
+        assert {r["commit_lsn"] for r in tx} == {Lsn(final_lsn).to_signed()}
+        assert {r["commit_ts"] for r in tx} == {PG_EPOCH + timedelta(microseconds=ts)}
+        assert [r["tx_ordinal"] for r in tx] == list(range(len(tx)))
+        assert all(r["stream_xid"] is None for r in tx)
+        for r in tx:
+            if r["msg_type"] in "RIUD":
+                assert r["rel_oid"] == struct.unpack_from(">I", r["data"], 1)[0]
+    return txs
+
+
+@pytest.mark.parametrize("transport", ["cursor", "copy"])
+def test_pull_matches_the_peek_byte_for_byte(
+    pg_dsn: str, slot: str, tmp_path: Path, transport: str
+) -> None:
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    seen: list[PullProgress] = []
+    with SlotSource(pg_dsn, slot, [PUB], transport=transport) as src:  # type: ignore[arg-type]
+        assert src.try_lock()
+        src.check()
+        upto = src.current_flush_lsn()
+        rows, result = pull(src, upto, tmp_path / "raw", progress=seen.append, fetch_rows=37)
+        floor = src.count_floor(upto)
+        expected = peek_rows(pg_dsn, src, upto)
+
+    assert result.messages == floor == len(expected) == len(rows) > 300
+    assert result.transport == transport
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+    assert [r["data"] for r in rows] == [d for _, _, d in expected]
+    assert [Lsn.from_signed(r["lsn"]) for r in rows] == [lsn for lsn, _, _ in expected]
+    assert [r["xid"] for r in rows] == [xid for _, xid, _ in expected]
+    assert result.bytes == sum(len(d) for _, _, d in expected) == result.summary.payload_bytes
+    assert len(result.summary.files) == -(-len(rows) // 250)
+    assert seen and seen[-1].messages == len(rows)
+
+    txs = check_transactions(rows)
+    # 5 committed transactions: insert, update, delete, COPY, savepoint; no rollback.
+    assert len(txs) == result.summary.transactions == 5
+    assert "rolled back" not in str([r["data"] for r in rows])
+    assert b"gone" not in b"".join(r["data"] for r in rows)
+    last_commit = txs[-1][-1]
+    (end_lsn,) = struct.unpack_from(">Q", last_commit["data"], 10)
+    # W = the last Commit's end_lsn = the peek's lsn column on that Commit row.
+    assert result.summary.last_complete_end_lsn == Lsn(end_lsn)
+    assert Lsn.from_signed(last_commit["lsn"]) == Lsn(end_lsn)
+    assert result.summary.open_transaction is False
+
+
+def test_peek_does_not_consume_and_advance_moves_forward_only(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    with SlotSource(pg_dsn, slot, [PUB]) as src:
+        upto = src.current_flush_lsn()
+        first, r1 = pull(src, upto, tmp_path / "a")
+        second, _ = pull(src, upto, tmp_path / "b")
+        assert first == second and first
+
+        before = src.check().confirmed_flush_lsn
+        assert before is not None
+        w = r1.summary.last_complete_end_lsn
+        assert w is not None and w > before
+        assert src.advance(w) == w
+        assert src.slot_info().confirmed_flush_lsn == w  # type: ignore[union-attr]
+        assert src.count_floor(src.current_flush_lsn()) == 0
+
+        # Backwards (or to the same place) is a no-op, not an error.
+        assert src.advance(before) == w
+        assert src.advance(w) == w
+
+        workload(pg_dsn, start=10_000)
+        rows, r2 = pull(src, src.current_flush_lsn(), tmp_path / "c")
+        old_xids = {r["xid"] for r in first}
+        assert rows and not old_xids & {r["xid"] for r in rows}
+        assert len(check_transactions(rows)) == 5
+        assert r2.summary.last_complete_end_lsn > w
+
+
+def test_peek_rows_for_inspect(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    with SlotSource(pg_dsn, slot, [PUB]) as src:
+        upto = src.current_flush_lsn()
+        everything, _ = pull(src, upto, tmp_path / "raw")
+        rows = list(src.peek_rows(upto, fetch_rows=50))
+        assert [(Lsn.from_signed(r["lsn"]), r["xid"], r["data"]) for r in everything] == rows
+        assert list(src.peek_rows(upto, limit=3)) == rows[:3]
+        assert list(src.peek_rows(None, limit=3)) == rows[:3]
+
+
+def test_upto_stops_at_a_transaction_boundary(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    with SlotSource(pg_dsn, slot, [PUB]) as src:
+        everything, _ = pull(src, src.current_flush_lsn(), tmp_path / "all")
+        first_commit = next(r for r in everything if r["msg_type"] == "C")
+        upto = Lsn.from_signed(first_commit["lsn"]) - 1
+        rows, result = pull(src, upto, tmp_path / "part")
+    # Never split: the transaction whose commit reaches upto comes whole, nothing after.
+    assert [r["msg_type"] for r in rows].count("C") == 1
+    assert rows == everything[: len(rows)]
+    assert result.summary.last_complete_end_lsn == Lsn.from_signed(first_commit["lsn"])
+
+
+def test_streaming_proto2(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    setup_source(pg_dsn)
+    with connect(pg_dsn) as c:
+        with c.transaction():
+            c.execute(
+                "INSERT INTO t1 SELECT g, repeat('x', 200), g FROM generate_series(1, 3000) g"
+            )
+        c.execute("INSERT INTO t1 VALUES (-5, 'small', 0)")
+    src = SlotSource(
+        pg_dsn,
+        slot,
+        [PUB],
+        proto_version=2,
+        streaming=True,
+        session_settings={"logical_decoding_work_mem": "64kB"},
+    )
+    with src:
+        rows, result = pull(src, src.current_flush_lsn(), tmp_path / "raw")
+        assert result.messages == src.count_floor(src.current_flush_lsn())
+    types = [r["msg_type"] for r in rows]
+    assert types.count("S") > 1 and types.count("S") == types.count("E")
+    assert types.count("c") == 1 and result.summary.streamed_committed == 1
+
+    streamed = [r for r in rows if r["stream_xid"] is not None]
+    top = streamed[0]["stream_xid"]
+    assert {r["stream_xid"] for r in streamed} == {top}
+    assert [r["tx_ordinal"] for r in streamed] == list(range(len(streamed)))
+    assert {r["msg_type"] for r in streamed} >= {"S", "E", "R", "I", "c"}
+    inserts = [r for r in streamed if r["msg_type"] == "I"]
+    assert len(inserts) == 3000
+    assert all(r["rel_oid"] == struct.unpack_from(">I", r["data"], 5)[0] for r in inserts)
+    assert all(r["commit_lsn"] is None for r in streamed if r["msg_type"] != "c")
+    stream_commit = next(r for r in rows if r["msg_type"] == "c")
+    top_xid, _, commit_lsn, end_lsn, _ = struct.unpack_from(">IBQQq", stream_commit["data"], 1)
+    assert top_xid == top
+    assert stream_commit["commit_lsn"] == Lsn(commit_lsn).to_signed()
+    # As for 'C', the Stream Commit row's lsn column is the end of the commit record.
+    assert Lsn.from_signed(stream_commit["lsn"]) == Lsn(end_lsn)
+    # The small transaction after it is ordinary B..C and the last complete one.
+    txs = check_transactions(rows)
+    assert len(txs) == 1
+    (small_end,) = struct.unpack_from(">Q", txs[0][-1]["data"], 10)
+    assert small_end > end_lsn
+    assert result.summary.last_complete_end_lsn == Lsn(small_end)
+
+
+def test_binary_and_logical_messages(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    setup_source(pg_dsn)
+    with connect(pg_dsn) as c:
+        c.execute("SELECT pg_logical_emit_message(false, 'slotlake', 'outside')")
+        with c.transaction():
+            c.execute("INSERT INTO t1 VALUES (1, 'a', 1.5)")
+            c.execute("SELECT pg_logical_emit_message(true, 'slotlake', 'inside')")
+    with SlotSource(pg_dsn, slot, [PUB], binary=True, messages=True) as src:
+        rows, _ = pull(src, src.current_flush_lsn(), tmp_path / "raw")
+    assert [r["msg_type"] for r in rows] == ["M", "B", "R", "I", "M", "C"]
+    assert rows[0]["commit_lsn"] is None and rows[0]["tx_ordinal"] is None
+    assert [r["tx_ordinal"] for r in rows[1:]] == [0, 1, 2, 3, 4]
+    assert b"inside" in rows[4]["data"] and b"outside" in rows[0]["data"]
+
+
+def test_try_lock_is_exclusive_per_slot(pg_dsn: str, slot: str) -> None:
+    with (
+        SlotSource(pg_dsn, slot, [PUB]) as a,
+        SlotSource(pg_dsn, slot, [PUB]) as b,
+        SlotSource(pg_dsn, "other", [PUB]) as other,
+    ):
+        assert a.try_lock()
+        assert a.try_lock()  # idempotent for the holder
+        assert not b.try_lock()
+        assert other.try_lock()
+        a.unlock()
+        assert b.try_lock()
+        b.close()  # ending the session releases it, once the server backend has exited
+        deadline = time.monotonic() + 10
+        while not a.try_lock() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.try_lock()
+    assert lock_key(slot) == lock_key(slot) != lock_key("other")
+    assert -(2**63) <= lock_key(slot) < 2**63
+
+
+def test_session_settings_and_slot_info(pg_dsn: str, slot: str, pg_cluster: Any) -> None:
+    setup_source(pg_dsn)
+    with SlotSource(pg_dsn, slot, [PUB]) as src:
+        conn = src._require()
+        settings = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in ("DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits")
+        }
+        assert settings == {
+            "DateStyle": "ISO, YMD",
+            "TimeZone": "UTC",
+            "IntervalStyle": "iso_8601",
+            "extra_float_digits": "3",
+        }
+        assert conn.execute("SHOW bytea_output").fetchone()[0] == "hex"  # type: ignore[index]
+        assert src.notes == []  # superuser: lc_monetary applied too
+        info = src.check()
+        assert src.server_version_num // 10000 == pg_cluster.version  # type: ignore[operator]
+    assert info.slot_name == slot and info.plugin == "pgoutput" and info.slot_type == "logical"
+    assert info.database == src.database and not info.two_phase and not info.temporary
+    assert info.wal_status in ("reserved", "extended")
+    assert info.restart_lsn is not None and info.confirmed_flush_lsn is not None
+    assert info.retained_bytes is not None and info.retained_bytes >= 0
+    assert info.conflicting is (False if pg_cluster.version >= 16 else None)
+
+
+def _check_error(dsn: str, slot: str, publications: list[str]) -> str:
+    with SlotSource(dsn, slot, publications) as src, pytest.raises(SourceError) as err:
+        src.check()
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_check_errors(pg_dsn: str, slot: str) -> None:
+    setup_source(pg_dsn)
+    msg = _check_error(pg_dsn, "nope", [PUB])
+    assert "'nope' does not exist" in msg
+    assert "slotlake bootstrap" in msg
+    assert "pg_create_logical_replication_slot('nope', 'pgoutput')" in msg
+
+    msg = _check_error(pg_dsn, slot, [PUB, "missing_pub"])
+    assert "publication 'missing_pub' does not exist" in msg
+
+    with connect(pg_dsn) as c:
+        c.execute(
+            "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
+            (slot_of(pg_dsn, "2"),),
+        )
+        # pgserver's PostgreSQL 16 ships no test_decoding; loading pgoutput by path gives
+        # a slot whose plugin is not 'pgoutput' all the same.
+        (libdir,) = c.execute("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'").fetchone()
+        other_plugin = (
+            "test_decoding" if (Path(libdir) / "test_decoding.so").exists() else "$libdir/pgoutput"
+        )
+        c.execute(
+            "SELECT pg_create_logical_replication_slot(%s, %s)",
+            (slot_of(pg_dsn, "td"), other_plugin),
+        )
+        c.execute("SELECT pg_create_physical_replication_slot(%s)", (slot_of(pg_dsn, "ph"),))
+    msg = _check_error(pg_dsn, slot_of(pg_dsn, "2"), [PUB])
+    assert "two-phase decoding is not supported by slotlake" in msg
+    msg = _check_error(pg_dsn, slot_of(pg_dsn, "td"), [PUB])
+    assert f"uses plugin '{other_plugin}'" in msg and "'pgoutput'" in msg
+    msg = _check_error(pg_dsn, slot_of(pg_dsn, "ph"), [PUB])
+    assert "is a physical slot" in msg
+    with connect(pg_dsn) as c:  # a physical slot belongs to no database: drop it here
+        c.execute("SELECT pg_drop_replication_slot(%s)", (slot_of(pg_dsn, "ph"),))
+
+
+def test_check_refuses_a_slot_in_use_by_another_process(pg_dsn: str, slot: str) -> None:
+    from psycopg import pq
+
+    setup_source(pg_dsn)
+    # A walsender streaming from the slot (as a subscriber would) keeps it active.
+    walsender = pq.PGconn.connect(f"{pg_dsn} replication=database".encode())
+    try:
+        assert walsender.status == pq.ConnStatus.OK
+        walsender.send_query(
+            f"START_REPLICATION SLOT {slot} LOGICAL 0/0"
+            f" (proto_version '1', publication_names '{PUB}')".encode()
+        )
+        with SlotSource(pg_dsn, slot, [PUB]) as src:
+            deadline = time.monotonic() + 10
+            while not src.slot_info().active and time.monotonic() < deadline:  # type: ignore[union-attr]
+                time.sleep(0.05)
+            with pytest.raises(SourceError, match=r"is in use by another process \(PID \d+\)"):
+                src.check()
+    finally:
+        walsender.finish()
+
+
+def test_check_refuses_a_slot_of_another_database(pg_dsn: str, slot: str, pg_cluster: Any) -> None:
+    setup_source(pg_dsn)
+    other = pg_cluster.create_database(f"other_{pg_dsn.split('dbname=')[1]}"[:60])
+    with connect(other) as c:
+        c.execute(f"CREATE PUBLICATION {PUB} FOR ALL TABLES")
+    msg = _check_error(other, slot, [PUB])
+    assert "belongs to database" in msg
+
+
+def test_non_utf8_database_is_refused(pg_dsn: str, slot: str, pg_cluster: Any) -> None:
+    name = f"ascii_{pg_dsn.split('dbname=')[1]}"[:60]
+    with connect(pg_dsn) as c:
+        c.execute(
+            f'CREATE DATABASE "{name}" ENCODING SQL_ASCII TEMPLATE template0'
+            " LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+    with pytest.raises(SourceError, match="encoding SQL_ASCII; slotlake needs UTF8"):
+        SlotSource(pg_cluster.dsn(name), slot, [PUB]).connect()
+
+
+def _all_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)) + repr(exc) + str(exc)
+
+
+def test_password_never_appears_in_errors(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    from slotlake.localpg import free_port
+
+    port = free_port()
+    for dsn in (
+        f"host=127.0.0.1 port={port} user=postgres password=secret dbname=x",
+        f"postgresql://postgres:secret@127.0.0.1:{port}/x",
+    ):
+        with pytest.raises(SourceError) as err:
+            SlotSource(dsn, slot, [PUB], connect_timeout=3).connect()
+        text = _all_text(err.value)
+        assert "secret" not in text
+        assert "cannot connect" in text and "***" in text
+
+    # A working connection (trust auth ignores the password) and a failing peek.
+    dsn = pg_dsn + " password=secret"
+    with SlotSource(dsn, "nope", [PUB]) as src, pytest.raises(SourceError) as err:
+        assert "secret" not in src.dsn_redacted
+        src.pull(src.current_flush_lsn(), RawWriter(tmp_path / "raw"))
+    text = _all_text(err.value)
+    assert "secret" not in text and "nope" in text and err.value.sqlstate == "42704"
+
+
+def test_options_are_validated(pg_dsn: str, slot: str) -> None:
+    with pytest.raises(SourceError, match="streaming needs proto_version 2"):
+        SlotSource(pg_dsn, slot, [PUB], streaming=True)
+    with pytest.raises(SourceError, match="proto_version 9 is not supported"):
+        SlotSource(pg_dsn, slot, [PUB], proto_version=9).connect()
+    src = SlotSource(pg_dsn, slot, ['Odd "Name"', "b"], proto_version=2, streaming=True)
+    assert src.peek_options() == [
+        "proto_version",
+        "2",
+        "publication_names",
+        '"Odd ""Name""","b"',
+        "streaming",
+        "true",
+    ]
+
+
+def test_stream_ordinals_group_by_top_level_xid(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    # Two large transactions interleaved in WAL, streamed in segments, one with a
+    # rolled-back savepoint (Stream Abort of a subtransaction).
+    setup_source(pg_dsn)
+    with connect(pg_dsn) as a, connect(pg_dsn) as b:
+        a.execute("BEGIN")
+        b.execute("BEGIN")
+        for i in range(4):
+            a.execute("INSERT INTO t2 SELECT g, repeat('a', 300) FROM generate_series(1, 300) g")
+            b.execute("INSERT INTO t2 SELECT g, repeat('b', 300) FROM generate_series(1, 300) g")
+            if i == 1:
+                b.execute("SAVEPOINT sp")
+                b.execute("INSERT INTO t2 SELECT g, 'sub' FROM generate_series(1, 500) g")
+                b.execute("ROLLBACK TO SAVEPOINT sp")
+        a.execute("COMMIT")
+        b.execute("COMMIT")
+    src = SlotSource(
+        pg_dsn,
+        slot,
+        [PUB],
+        proto_version=2,
+        streaming=True,
+        session_settings={"logical_decoding_work_mem": "64kB"},
+    )
+    with src:
+        rows, result = pull(src, src.current_flush_lsn(), tmp_path / "raw")
+    by_xid: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["stream_xid"] is not None:
+            by_xid[r["stream_xid"]].append(r)
+    assert len(by_xid) == 2
+    for stream in by_xid.values():
+        assert [r["tx_ordinal"] for r in stream] == list(range(len(stream)))
+        assert stream[-1]["msg_type"] == "c"
+    assert result.summary.streamed_committed == 2
+    assert result.summary.open_streams == []
+    # If the rolled-back savepoint had been streamed, its Stream Abort names b's top xid.
+    for r in rows:
+        if r["msg_type"] == "A":
+            top, sub = struct.unpack_from(">II", r["data"], 1)
+            assert r["stream_xid"] == top != sub
