@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slotlake.catalog import TableCatalog
@@ -20,6 +21,7 @@ from slotlake.decode import (
     collect_catalog,
     decode_table,
     raw_dml,
+    scan_raw,
     spark_schema_ddl,
 )
 from slotlake.lake import CHANGES, MESSAGES, STATE, TRANSACTIONS, CommitRecord, Lake, TableCommit
@@ -84,9 +86,16 @@ def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]
 
 def _write(df: DataFrame, lake: Lake, rel: str) -> int:
     df.write.mode("errorifexists").option("compression", "zstd").parquet(lake.path(rel))
-    spark = df.sparkSession
-    # Counting the written files reads Parquet footers only.
-    return spark.read.parquet(lake.path(rel)).count()
+    return parquet_rows(lake.path(rel))
+
+
+def parquet_rows(directory: str) -> int:
+    """Rows of the Parquet files of a directory, from their footers (no Spark job)."""
+    import pyarrow.parquet as pq
+
+    return sum(
+        pq.ParquetFile(p).metadata.num_rows for p in sorted(Path(directory).glob("*.parquet"))
+    )
 
 
 def _markers(
@@ -323,19 +332,14 @@ def process_batch(
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    raw = spark.read.parquet(lake.path(raw_rel))
-    bcat = collect_catalog(raw, batch, prior_schemas(prior))
+    scan = scan_raw(lake.path(raw_rel))
+    bcat = collect_catalog(scan.catalog_rows, batch, prior_schemas(prior))
+    counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0
+    raw = spark.read.parquet(lake.path(raw_rel))
     prior_tables = dict(prior.tables) if prior else {}
     tables: dict[str, TableCommit] = {}
     dml = raw_dml(raw)
-    # One pass for every count the batch needs: DML rows per relation, and message types.
-    counts: dict[int, int] = {}
-    types_seen: set[str] = set()
-    for r in raw.groupBy("msg_type", "rel_oid").count().collect():
-        types_seen.add(r["msg_type"])
-        if r["msg_type"] in ("I", "U", "D"):
-            counts[r["rel_oid"]] = counts.get(r["rel_oid"], 0) + r["count"]
     busy = [
         c
         for c in bcat.tables.values()

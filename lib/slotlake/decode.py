@@ -108,28 +108,79 @@ def _decode_or_raise(data: bytes, in_stream: bool, where: str) -> Any:
         raise RawDataError(f"{where}: {exc}") from exc
 
 
-def collect_catalog(
-    raw: DataFrame, batch: int, prior_schemas: dict[str, list[tuple[str, str]]] | None = None
-) -> BatchCatalog:
-    """Collect and decode the batch's descriptive messages on the driver (few per table)."""
-    from pyspark.sql import functions as F
+CATALOG_TYPES = ("R", "Y", "T", "c", "A", "O")
 
-    rows = (
-        raw.filter(F.col("msg_type").isin("R", "Y", "T", "c", "A", "O"))
-        .select(
-            "seq",
-            "lsn",
-            "msg_type",
-            "data",
-            "stream_xid",
-            "commit_lsn",
-            "tx_ordinal",
-            "xid",
-            "commit_ts",
-        )
-        .orderBy("seq")
-        .collect()
-    )
+
+@dataclass
+class RawScan:
+    """What one pass over a raw batch on the driver yields: descriptive rows and counts."""
+
+    catalog_rows: list[Any]  # rows of CATALOG_TYPES with the envelope columns, in seq order
+    dml_counts: dict[int, int]  # relation oid → DML rows
+    types_seen: set[str]
+
+
+def scan_raw(path: str) -> RawScan:
+    """Read the raw batch's descriptive messages and counts with pyarrow, no Spark job.
+
+    The driver wrote the raw files itself, so it can read them back; only the small
+    ``msg_type``/``rel_oid`` columns are read in full, payloads only for catalog rows.
+    Memory stays bounded by one row group at a time.
+    """
+    from collections import Counter, namedtuple
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from slotlake.raw import raw_files
+
+    columns = [
+        "seq",
+        "lsn",
+        "msg_type",
+        "data",
+        "stream_xid",
+        "commit_lsn",
+        "tx_ordinal",
+        "xid",
+        "commit_ts",
+        "rel_oid",
+    ]
+    Row = namedtuple("Row", columns)  # type: ignore[misc]
+    rows: list[Any] = []
+    counts: Counter[int] = Counter()
+    types: set[str] = set()
+    wanted = pa_array_of(CATALOG_TYPES)
+    for f in raw_files(path):
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as exc:
+            raise RawDataError(f"raw file {f} is unreadable: {exc}") from exc
+        with pf:
+            for i in range(pf.num_row_groups):
+                small = pf.read_row_group(i, columns=["msg_type", "rel_oid"])
+                types.update(pc.unique(small.column("msg_type")).to_pylist())
+                dml = small.filter(pc.is_in(small.column("msg_type"), pa_array_of(DML_TYPES)))
+                for vc in pc.value_counts(dml.column("rel_oid")).to_pylist():
+                    counts[vc["values"]] += vc["counts"]
+                mask = pc.is_in(small.column("msg_type"), wanted)
+                if pc.any(mask).as_py():
+                    full = pf.read_row_group(i, columns=columns).filter(mask)
+                    rows.extend(Row(**r) for r in full.to_pylist())
+    rows.sort(key=lambda r: r.seq)
+    return RawScan(rows, dict(counts), types)
+
+
+def pa_array_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+
+    return pa.array(list(values), type=pa.string())
+
+
+def collect_catalog(
+    rows: list[Any], batch: int, prior_schemas: dict[str, list[tuple[str, str]]] | None = None
+) -> BatchCatalog:
+    """Decode the batch's descriptive messages on the driver (a few per table)."""
     relations: list[tuple[int, Relation]] = []
     types: list[tuple[int, Type]] = []
     pending_truncates: list[tuple[Any, Truncate]] = []

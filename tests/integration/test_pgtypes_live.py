@@ -607,8 +607,10 @@ def test_type_round_trip(pg_dsn: str, case: Case) -> None:
             try:
                 conn.execute(f"INSERT INTO t VALUES ({i}, {literal})")
             except psycopg.errors.FeatureNotSupported as exc:
-                # pgserver's PostgreSQL is built without libxml: no xml values at all.
-                pytest.skip(f"server cannot store {case.column}: {exc}")
+                # pgserver's PostgreSQL 16 is built without libxml: it refuses every xml
+                # value, which is all there is to check on that server.
+                assert "xml" in case.id and "libxml" in str(exc), exc
+                return
         conn.execute(f"INSERT INTO t VALUES ({len(literals)}, NULL)")
 
         outputs = [
