@@ -1,0 +1,104 @@
+from pathlib import Path
+
+import pytest
+
+from slotlake.config import ConfigError, load_config, parse_overrides
+
+TOML = """
+[source]
+dsn = "host=db.internal port=5432 dbname=app user=replicator"
+slot = "lake_slot"
+publications = ["a", "b"]
+proto_version = 2
+streaming = true
+settings = { logical_decoding_work_mem = "256MB" }
+
+[lake]
+path = "/data/lake"
+raw_retention_batches = 100
+
+[spark]
+"spark.master" = "local[4]"
+"spark.sql.shuffle.partitions" = 8
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_file_values_and_typed_fields(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, TOML))
+    assert cfg.source.slot == "lake_slot"
+    assert cfg.source.publications == ["a", "b"]
+    assert (
+        cfg.source.proto_version == 2
+        and cfg.source.streaming is True
+        and cfg.source.binary is False
+    )
+    assert cfg.source.settings == {"logical_decoding_work_mem": "256MB"}
+    assert cfg.lake.path == "/data/lake" and cfg.lake.raw_retention_batches == 100
+    assert cfg.lake.state_versions == 3  # default
+    assert cfg.spark == {"spark.master": "local[4]", "spark.sql.shuffle.partitions": "8"}
+
+
+def test_overrides_win_and_parse_as_toml(tmp_path: Path) -> None:
+    overrides = parse_overrides(
+        [
+            "source.slot=other",
+            "source.binary=true",
+            "lake.path=/tmp/x",
+            'source.publications=["p"]',
+            "spark.spark.master=local[1]",
+        ]
+    )
+    cfg = load_config(write(tmp_path, TOML), overrides)
+    assert cfg.source.slot == "other"
+    assert cfg.source.binary is True
+    assert cfg.lake.path == "/tmp/x"
+    assert cfg.source.publications == ["p"]
+    assert cfg.spark["spark.master"] == "local[1]"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("source.nope=1", "unknown configuration key source.nope"),
+        ("source.binary=yes", "source.binary must be true or false"),
+        ("source.proto_version=five", "must be an integer"),
+        ("source.proto_version=7", "proto_version must be 1 to 4"),
+        ("source.proto_version=1", "streaming needs source.proto_version >= 2"),
+        ("weird.key=1", r"unknown configuration section \[weird\]"),
+    ],
+)
+def test_bad_values_are_named(tmp_path: Path, override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, TOML), parse_overrides([override]))
+
+
+def test_override_syntax_errors() -> None:
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["nonsense"])
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    ["host=x password=hunter2 dbname=y", "postgresql://u:hunter2@x/y", "host=x PASSWORD='hunter2'"],
+)
+def test_password_in_dsn_is_refused_without_echoing_it(tmp_path: Path, dsn: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, {"source.dsn": dsn})
+    assert "hunter2" not in str(err.value)
+    assert "PGPASSWORD" in str(err.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_toml_syntax_error_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"c\.toml"):
+        load_config(write(tmp_path, "[source\nslot="))
