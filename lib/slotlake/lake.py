@@ -103,6 +103,24 @@ def batch_dir_name(batch: int, attempt: str) -> str:
     return f"b{batch:020d}-{attempt}"
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def table_dir_name(table: str) -> str:
+    """A directory name for ``schema.table`` that every file system and Hadoop path accepts.
+
+    PostgreSQL identifiers may hold '/', ':', spaces or quotes; those are replaced, and a
+    short hash of the real name keeps two such names apart. Readers go through the commit
+    record, which maps the real name to its directories, so this need not be reversible.
+    """
+    if not _UNSAFE.search(table) and not table.startswith("."):
+        return table
+    import hashlib
+
+    digest = hashlib.sha1(table.encode()).hexdigest()[:8]
+    return f"{_UNSAFE.sub('_', table).lstrip('.')}-{digest}"
+
+
 def new_attempt() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -133,7 +151,7 @@ class Lake:
 
     def batch_path(self, kind: str, batch: int, attempt: str, table: str | None = None) -> str:
         """Relative path of a directory that batch/attempt writes."""
-        parts = [kind] + ([table] if table else []) + [batch_dir_name(batch, attempt)]
+        parts = [kind] + ([table_dir_name(table)] if table else []) + [batch_dir_name(batch, attempt)]
         return "/".join(parts)
 
     # -- commit records --------------------------------------------------------------------
@@ -181,6 +199,26 @@ class Lake:
         os.link(tmp, final)
         os.unlink(tmp)
         _fsync_dir(d)
+
+    def replace_commit(self, record: CommitRecord) -> CommitRecord:
+        """Swap the record of an already committed batch for ``record`` (in-place reprocessing).
+
+        Written beside the final name, fsynced, then ``os.replace``d over it: a reader sees
+        the old record or the new one, never a mix, and the directories each names are
+        complete. Returns the record replaced; deleting the directories only it named is
+        the caller's job (after readers had a chance to finish).
+        """
+        d = self._commit_dir()
+        final = d / f"{record.batch:020d}.json"
+        old = self.read_commit(record.batch)
+        tmp = d / f".{record.batch:020d}.json.{record.attempt}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(record.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(d)
+        return old
 
     # -- housekeeping ----------------------------------------------------------------------
     def referenced_dirs(self) -> set[str]:
@@ -241,7 +279,12 @@ class Lake:
         return removed
 
     def expire_states(self, keep_versions: int) -> list[str]:
-        """Delete state versions older than the newest ``keep_versions`` per table."""
+        """Keep, per table, the state version in force plus ``keep_versions`` older ones.
+
+        Reprocessing starts from the state in force before its first batch, so with
+        ``keep_versions = K`` it can start up to K batches back (versions count batches
+        that changed the table, so a quiet table keeps older states longer).
+        """
         records = list(self.commits())
         removed = []
         in_force: dict[str, list[str]] = {}
@@ -251,7 +294,7 @@ class Lake:
                 if t.state and (not versions or versions[-1] != t.state):
                     versions.append(t.state)
         for versions in in_force.values():
-            for old in versions[: max(0, len(versions) - max(1, keep_versions))]:
+            for old in versions[: max(0, len(versions) - 1 - max(0, keep_versions))]:
                 if (self.root / old).exists():
                     shutil.rmtree(self.root / old, ignore_errors=True)
                     removed.append(old)
