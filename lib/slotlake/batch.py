@@ -7,24 +7,37 @@ and returns what a commit record needs. It never talks to PostgreSQL and never c
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slotlake.catalog import TableCatalog
 from slotlake.decode import (
     META_COLUMNS,
     BatchCatalog,
+    RawDataError,
+    RawScan,
     collect_catalog,
     decode_table,
     raw_dml,
     scan_raw,
     spark_schema_ddl,
 )
-from slotlake.lake import CHANGES, MESSAGES, STATE, TRANSACTIONS, CommitRecord, Lake, TableCommit
+from slotlake.lake import (
+    CHANGES,
+    MESSAGES,
+    STATE,
+    TRANSACTIONS,
+    CommitRecord,
+    Lake,
+    TableCommit,
+    local_path,
+)
 from slotlake.state import (
     align_prior,
     empty_state,
@@ -86,7 +99,9 @@ def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]
 
 def _write(df: DataFrame, lake: Lake, rel: str) -> int:
     df.write.mode("errorifexists").option("compression", "zstd").parquet(lake.path(rel))
-    return parquet_rows(lake.path(rel))
+    if lake.local or lake.uri.startswith("file://"):
+        return parquet_rows(str(local_path(lake.path(rel))))
+    return df.sparkSession.read.parquet(lake.path(rel)).count()
 
 
 def parquet_rows(directory: str) -> int:
@@ -283,6 +298,10 @@ def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
                 msg = decode(row["data"], in_stream=in_stream)
                 commit_lsn = row["commit_lsn"]
                 if in_stream and msg.transactional:
+                    # Unlike DML, pgoutput stamps a streamed message with the top-level xid
+                    # even inside a subtransaction, so a message emitted in a savepoint that
+                    # is rolled back after it was streamed cannot be told apart and is kept
+                    # (a protocol limit; PostgreSQL's own subscriber ignores messages).
                     outcome = streams.commits.get(row["stream_xid"])
                     if outcome is None or (row["stream_xid"], msg.xid) in streams.aborted_subxacts:
                         continue
@@ -318,6 +337,53 @@ def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
     )
 
 
+def _scan(lake: Lake, raw_rel: str, raw_local: str | None) -> RawScan:
+    """Scan the raw batch on the driver: its local copy, or a download of it."""
+    if not lake.exists(raw_rel):
+        raise RawDataError(f"raw directory {lake.path(raw_rel)} is missing")
+    if raw_local is not None:
+        return scan_raw(raw_local)
+    if lake.local or lake.uri.startswith("file://"):
+        return scan_raw(str(local_path(lake.path(raw_rel))))
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="slotlake-raw-") as tmp:
+        local = str(Path(tmp) / "raw")
+        lake.fs.download_dir(lake.path(raw_rel), local)
+        return scan_raw(local)
+
+
+# The decoder's RawDataError raised on an executor reaches the driver as Spark's exception,
+# whose text is the worker's Python traceback plus the JVM stack: hundreds of lines.
+_EXECUTOR_RAW_ERROR = re.compile(r"slotlake\.decode\.RawDataError: ([^\n]+)")
+
+
+def _raw_errors_in_one_line(fn: Callable[..., BatchOutput]) -> Callable[..., BatchOutput]:
+    """A payload that does not decode, on the driver or an executor, raises RawDataError
+    with one line naming batch, table, seq, LSN, the decoder's offset and the raw directory.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(
+        spark: SparkSession, lake: Lake, raw_rel: str, *args: Any, **kwargs: Any
+    ) -> BatchOutput:
+        try:
+            return fn(spark, lake, raw_rel, *args, **kwargs)
+        except Exception as exc:
+            # A failed batch must not leave its cached raw DML behind in a long-lived
+            # session: a retry reading the same path would be served the stale cache.
+            spark.catalog.clearCache()
+            if isinstance(exc, RawDataError):
+                raise RawDataError(f"{exc} (raw {raw_rel})") from exc
+            m = _EXECUTOR_RAW_ERROR.search(str(exc))
+            if m is None:
+                raise
+            raise RawDataError(f"{m.group(1).strip()} (raw {raw_rel})") from exc
+
+    return wrapper
+
+
+@_raw_errors_in_one_line
 def process_batch(
     spark: SparkSession,
     lake: Lake,
@@ -327,12 +393,13 @@ def process_batch(
     prior: CommitRecord | None,
     progress: Callable[[str], None] = log.info,
     fault: Callable[[str], None] = lambda step: None,
+    raw_local: str | None = None,
 ) -> BatchOutput:
     """Decode one raw batch and write its outputs (not yet committed)."""
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    scan = scan_raw(lake.path(raw_rel))
+    scan = _scan(lake, raw_rel, raw_local)
     bcat = collect_catalog(scan.catalog_rows, batch, prior_schemas(prior))
     counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0

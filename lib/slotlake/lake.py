@@ -126,49 +126,173 @@ def new_attempt() -> str:
 
 
 def is_local(root: str) -> bool:
-    return "://" not in root or root.startswith("file://")
+    """A plain path (no URI scheme): the lake's files are handled with Python's os."""
+    return "://" not in root
 
 
 def local_path(root: str) -> Path:
     return Path(root[len("file://") :] if root.startswith("file://") else root)
 
 
-class Lake:
-    """A lake root on the local file system.
+class LocalFS:
+    """File operations of a lake on the local file system (plain paths)."""
 
-    Hadoop file systems (hdfs://, s3a://, …) go through :class:`slotlake.hadoopfs.HadoopLake`,
-    which keeps this interface; the readers for pandas/pyarrow/DuckDB work on local roots
-    and on any file system pyarrow can open.
+    def join(self, root: str, relative: str) -> str:
+        return str(Path(root) / relative)
+
+    def exists(self, p: str) -> bool:
+        return os.path.exists(p)
+
+    def isdir(self, p: str) -> bool:
+        return os.path.isdir(p)
+
+    def listdir(self, p: str) -> list[str]:
+        return sorted(os.listdir(p)) if os.path.isdir(p) else []
+
+    def read_text(self, p: str) -> str:
+        return Path(p).read_text()
+
+    def _write(self, tmp: Path, text: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def create_new(self, p: str, text: str) -> None:
+        final = Path(p)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():
+            raise FileExistsError(p)
+        tmp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+        self._write(tmp, text)
+        try:
+            # link fails if the final name appeared meanwhile, where rename would replace it.
+            os.link(tmp, final)
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(final.parent)
+
+    def replace(self, p: str, text: str) -> None:
+        final = Path(p)
+        tmp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+        self._write(tmp, text)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+    def rmtree(self, p: str) -> None:
+        shutil.rmtree(p, ignore_errors=True)
+
+    def mkdirs(self, p: str) -> None:
+        Path(p).mkdir(parents=True, exist_ok=True)
+
+    def upload_dir(self, local_dir: str, p: str) -> None:
+        shutil.copytree(local_dir, p)
+
+    def download_dir(self, p: str, local_dir: str) -> None:
+        shutil.copytree(p, local_dir)
+
+
+def _file_system(root: str, fs: Any) -> Any:
+    if fs is not None:
+        return fs
+    if is_local(root):
+        return LocalFS()
+    try:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        spark = None
+    if spark is not None:
+        from slotlake.hadoopfs import HadoopFS
+
+        return HadoopFS(spark)
+    if root.startswith("file://"):
+        return _FileUriFS()
+    raise LakeError(f"lake {root}: a Hadoop file system URI needs a running SparkSession")
+
+
+class _FileUriFS(LocalFS):
+    """file:// URIs without a SparkSession (readers, status): the local file system."""
+
+    def join(self, root: str, relative: str) -> str:
+        return root.rstrip("/") + "/" + relative
+
+    def _p(self, p: str) -> str:
+        return str(local_path(p))
+
+    def exists(self, p: str) -> bool:
+        return super().exists(self._p(p))
+
+    def isdir(self, p: str) -> bool:
+        return super().isdir(self._p(p))
+
+    def listdir(self, p: str) -> list[str]:
+        return super().listdir(self._p(p))
+
+    def read_text(self, p: str) -> str:
+        return super().read_text(self._p(p))
+
+    def create_new(self, p: str, text: str) -> None:
+        super().create_new(self._p(p), text)
+
+    def replace(self, p: str, text: str) -> None:
+        super().replace(self._p(p), text)
+
+    def rmtree(self, p: str) -> None:
+        super().rmtree(self._p(p))
+
+    def mkdirs(self, p: str) -> None:
+        super().mkdirs(self._p(p))
+
+    def upload_dir(self, local_dir: str, p: str) -> None:
+        super().upload_dir(local_dir, self._p(p))
+
+    def download_dir(self, p: str, local_dir: str) -> None:
+        super().download_dir(self._p(p), local_dir)
+
+
+class Lake:
+    """A lake root: a local path, or any Hadoop file system URI (hdfs://, s3a://, file://).
+
+    Plain paths are handled with Python's os; URIs through Spark's Hadoop FileSystem
+    (:mod:`slotlake.hadoopfs`) with the active SparkSession's configuration. The readers
+    for pandas/pyarrow/DuckDB (``read_changes``, ``read_state``) work on local roots.
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, fs: Any = None) -> None:
         self.uri = str(root)
+        self.local = is_local(self.uri)
         self.root = local_path(self.uri)
+        self.fs = _file_system(self.uri, fs)
 
     # -- paths -----------------------------------------------------------------------------
     def path(self, relative: str) -> str:
-        return str(self.root / relative)
+        return self.fs.join(self.uri, relative)
 
     def batch_path(self, kind: str, batch: int, attempt: str, table: str | None = None) -> str:
         """Relative path of a directory that batch/attempt writes."""
-        parts = [kind] + ([table_dir_name(table)] if table else []) + [batch_dir_name(batch, attempt)]
+        parts = (
+            [kind] + ([table_dir_name(table)] if table else []) + [batch_dir_name(batch, attempt)]
+        )
         return "/".join(parts)
 
+    def exists(self, relative: str) -> bool:
+        return self.fs.exists(self.path(relative))
+
     # -- commit records --------------------------------------------------------------------
-    def _commit_dir(self) -> Path:
-        return self.root / COMMITS
+    def _commit_path(self, batch: int) -> str:
+        return self.path(f"{COMMITS}/{batch:020d}.json")
 
     def commit_batches(self) -> list[int]:
-        d = self._commit_dir()
-        if not d.is_dir():
-            return []
-        return sorted(int(m.group(1)) for n in os.listdir(d) if (m := _COMMIT_NAME.match(n)))
+        names = self.fs.listdir(self.path(COMMITS))
+        return sorted(int(m.group(1)) for n in names if (m := _COMMIT_NAME.match(n)))
 
     def read_commit(self, batch: int) -> CommitRecord:
-        path = self._commit_dir() / f"{batch:020d}.json"
+        path = self._commit_path(batch)
         try:
-            return CommitRecord.from_json(path.read_text())
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+            return CommitRecord.from_json(self.fs.read_text(path))
+        except Exception as exc:
             raise LakeError(f"commit record {path} is unreadable: {exc}") from exc
 
     def last_commit(self) -> CommitRecord | None:
@@ -180,44 +304,28 @@ class Lake:
             yield self.read_commit(b)
 
     def write_commit(self, record: CommitRecord) -> None:
-        """Make a batch visible: write the record beside its final name, fsync, rename.
+        """Make a batch visible: write the record beside its final name, then move it there.
 
         A record for an existing batch number is never overwritten: two writers racing
         for the same batch (which the advisory lock prevents) would fail here instead.
         """
-        d = self._commit_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        final = d / f"{record.batch:020d}.json"
-        if final.exists():
-            raise LakeError(f"batch {record.batch} is already committed ({final})")
-        tmp = d / f".{record.batch:020d}.json.{record.attempt}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(record.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
-        # os.link fails if the final name appeared meanwhile, where rename would replace it.
-        os.link(tmp, final)
-        os.unlink(tmp)
-        _fsync_dir(d)
+        final = self._commit_path(record.batch)
+        self.fs.mkdirs(self.path(COMMITS))
+        try:
+            self.fs.create_new(final, record.to_json())
+        except FileExistsError:
+            raise LakeError(f"batch {record.batch} is already committed ({final})") from None
 
     def replace_commit(self, record: CommitRecord) -> CommitRecord:
         """Swap the record of an already committed batch for ``record`` (in-place reprocessing).
 
-        Written beside the final name, fsynced, then ``os.replace``d over it: a reader sees
-        the old record or the new one, never a mix, and the directories each names are
-        complete. Returns the record replaced; deleting the directories only it named is
-        the caller's job (after readers had a chance to finish).
+        Written beside the final name, then moved over it (``os.replace`` locally): a reader
+        sees the old record or the new one, never a mix, and the directories each names
+        are complete. Returns the record replaced; deleting the directories only it named
+        is the caller's job (after readers had a chance to finish).
         """
-        d = self._commit_dir()
-        final = d / f"{record.batch:020d}.json"
         old = self.read_commit(record.batch)
-        tmp = d / f".{record.batch:020d}.json.{record.attempt}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(record.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(d)
+        self.fs.replace(self._commit_path(record.batch), record.to_json())
         return old
 
     # -- housekeeping ----------------------------------------------------------------------
@@ -243,22 +351,18 @@ class Lake:
         referenced = self.referenced_dirs()
         removed = []
         for kind in (RAW, CHANGES, STATE, TRANSACTIONS, MESSAGES):
-            base = self.root / kind
-            if not base.is_dir():
-                continue
-            parents = (
-                [base]
-                if kind in (RAW, TRANSACTIONS, MESSAGES)
-                else [p for p in base.iterdir() if p.is_dir()]
-            )
+            if kind in (RAW, TRANSACTIONS, MESSAGES):
+                parents = [kind]
+            else:
+                parents = [f"{kind}/{t}" for t in self.fs.listdir(self.path(kind))]
             for parent in parents:
-                for child in parent.iterdir():
-                    if not re.match(r"^b\d{20}-[0-9a-f]+$", child.name):
+                for name in self.fs.listdir(self.path(parent)):
+                    if not re.match(r"^b\d{20}-[0-9a-f]+$", name):
                         continue
-                    rel = child.relative_to(self.root).as_posix()
-                    if rel in referenced or (keep_attempt and child.name.endswith(keep_attempt)):
+                    rel = f"{parent}/{name}"
+                    if rel in referenced or (keep_attempt and name.endswith(keep_attempt)):
                         continue
-                    shutil.rmtree(child, ignore_errors=True)
+                    self.fs.rmtree(self.path(rel))
                     removed.append(rel)
         return removed
 
@@ -273,8 +377,8 @@ class Lake:
         records = list(self.commits())
         removed = []
         for rec in records[: max(0, len(records) - keep_batches)]:
-            if rec.raw and (self.root / rec.raw).exists():
-                shutil.rmtree(self.root / rec.raw, ignore_errors=True)
+            if rec.raw and self.exists(rec.raw):
+                self.fs.rmtree(self.path(rec.raw))
                 removed.append(rec.raw)
         return removed
 
@@ -295,8 +399,8 @@ class Lake:
                     versions.append(t.state)
         for versions in in_force.values():
             for old in versions[: max(0, len(versions) - 1 - max(0, keep_versions))]:
-                if (self.root / old).exists():
-                    shutil.rmtree(self.root / old, ignore_errors=True)
+                if self.exists(old):
+                    self.fs.rmtree(self.path(old))
                     removed.append(old)
         return removed
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from slotlake.batch import process_batch
 from slotlake.config import Config
-from slotlake.lake import RAW, Lake, make_record, new_attempt
+from slotlake.lake import RAW, Lake, is_local, make_record, new_attempt
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
@@ -70,6 +72,12 @@ class SyncResult:
     raw_bytes: int = 0
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (changes, state rows)
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def _session(cfg: Config) -> SparkSession:
+    from slotlake.spark import build_session
+
+    return build_session("slotlake-sync", cfg.spark)
 
 
 def open_source(cfg: Config) -> SlotSource:
@@ -131,6 +139,9 @@ def run_sync(
     accept_slot_ahead: bool | None = None,
     progress: Callable[[str], None] = log.info,
 ) -> SyncResult:
+    if spark is None and not is_local(cfg.lake.path):
+        # A Hadoop file system lake is reached through the session's JVM from the start.
+        spark = _session(cfg)
     lake = Lake(cfg.lake.path)
     accept = cfg.accept_slot_ahead if accept_slot_ahead is None else accept_slot_ahead
     timings: dict[str, float] = {}
@@ -157,7 +168,10 @@ def run_sync(
             raw_rel = lake.batch_path(RAW, batch, attempt)
             progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
             t0 = time.monotonic()
-            writer = RawWriter(lake.path(raw_rel))
+            # Raw is written with pyarrow: locally in place, or staged and then uploaded.
+            staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-raw-")
+            raw_local = lake.path(raw_rel) if staging is None else os.path.join(staging, "raw")
+            writer = RawWriter(raw_local)
             pulled = source.pull(
                 target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
             )
@@ -166,14 +180,26 @@ def run_sync(
             fault_point("after_pull")
             # The peek ran to the target uncut, so everything before it is in this batch.
             end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
+            if staging is not None:
+                lake.fs.upload_dir(raw_local, lake.path(raw_rel))
             if spark is None:
-                from slotlake.spark import build_session
-
-                spark = build_session("slotlake-sync", cfg.spark)
+                spark = _session(cfg)
             t1 = time.monotonic()
-            out = process_batch(
-                spark, lake, raw_rel, batch, attempt, last, progress=progress, fault=fault_point
-            )
+            try:
+                out = process_batch(
+                    spark,
+                    lake,
+                    raw_rel,
+                    batch,
+                    attempt,
+                    last,
+                    progress=progress,
+                    fault=fault_point,
+                    raw_local=raw_local,
+                )
+            finally:
+                if staging is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
             timings["decode_write"] = time.monotonic() - t1
             timings.update({f"batch.{k}": v for k, v in out.timings.items()})
             fault_point("before_commit")
