@@ -1,0 +1,278 @@
+"""Relation versions and schema evolution (slotlake.catalog) from hand-made Relation messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from slotlake.catalog import build_catalogs, widens_to
+from slotlake.pgoutput import Relation, RelationColumn, Type
+
+INT2, INT4, INT8, TEXT, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 25, 700, 701, 1700
+OID = 16400
+
+
+def numeric(p: int, s: int) -> int:
+    return ((p << 16) | s) + 4  # PostgreSQL's numeric typmod
+
+
+def col(name: str, oid: int, key: bool = False, typmod: int = -1) -> RelationColumn:
+    return RelationColumn(1 if key else 0, name, oid, typmod)
+
+
+def rel(*columns: RelationColumn, oid: int = OID, name: str = "t", identity: str = "d") -> Relation:
+    return Relation(None, oid, "public", name, identity, tuple(columns))
+
+
+def catalog(*versions: Relation, prior: dict[str, list[tuple[str, str]]] | None = None):  # type: ignore[no-untyped-def]
+    cats = build_catalogs([(10 * (i + 1), r) for i, r in enumerate(versions)], [], prior)
+    return cats["public.t"]
+
+
+def test_rename_at_same_position_and_type() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("b", TEXT)),
+        rel(col("id", INT4, key=True), col("bb", TEXT)),
+    )
+    assert cat.renames == {"b": "bb"}
+    assert cat.columns == [("id", "int"), ("bb", "string")]
+    assert cat.state_columns == ["id", "bb"]
+    # Older versions shape their rows under the new name already.
+    assert [c.name for c in cat.versions[0].columns] == ["id", "bb"]
+
+
+def test_renames_chain_to_the_latest_name() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("a", TEXT)),
+        rel(col("id", INT4, key=True), col("b", TEXT)),
+        rel(col("id", INT4, key=True), col("c", TEXT)),
+    )
+    assert cat.columns == [("id", "int"), ("c", "string")]
+    assert [c.name for v in cat.versions for c in v.columns] == ["id", "c"] * 3
+
+
+def test_renamed_key_column_is_renamed_in_every_version_key() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("v", TEXT)),
+        rel(col("ident", INT4, key=True), col("v", TEXT)),
+    )
+    assert cat.renames == {"id": "ident"}
+    assert cat.key_columns == ["ident"]
+    assert cat.versions[0].key_columns == ("ident",)
+
+
+def test_same_position_with_another_type_is_not_a_rename() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("b", TEXT)),
+        rel(col("id", INT4, key=True), col("n", INT8)),
+    )
+    assert cat.renames == {}
+    # b is dropped (kept in the log), n is new.
+    assert cat.columns == [("id", "int"), ("n", "bigint"), ("b", "string")]
+    assert cat.state_columns == ["id", "n"]
+
+
+def test_swapped_names_are_not_renames() -> None:
+    cat = catalog(
+        rel(col("a", TEXT), col("b", TEXT)),
+        rel(col("b", TEXT), col("a", TEXT)),
+    )
+    assert cat.renames == {}
+
+
+def test_add_column_appends() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("a", INT4)),
+        rel(col("id", INT4, key=True), col("a", INT4), col("c", TEXT)),
+    )
+    assert cat.renames == {}
+    assert cat.columns == [("id", "int"), ("a", "int"), ("c", "string")]
+    assert cat.state_columns == ["id", "a", "c"]
+
+
+def test_drop_column_stays_in_the_log_but_leaves_the_state() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("a", INT4), col("c", TEXT)),
+        rel(col("id", INT4, key=True), col("a", INT4)),
+    )
+    assert cat.renames == {}
+    assert cat.columns == [("id", "int"), ("a", "int"), ("c", "string")]
+    assert cat.state_columns == ["id", "a"]
+
+
+def test_drop_and_add_together_is_not_a_rename() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("a", TEXT), col("b", TEXT)),
+        rel(col("id", INT4, key=True), col("b", TEXT), col("z", TEXT)),
+    )
+    assert cat.renames == {}
+    assert [n for n, _ in cat.columns] == ["id", "b", "z", "a"]
+
+
+@pytest.mark.parametrize(
+    ("old", "old_mod", "new", "new_mod", "expected"),
+    [
+        (INT2, -1, INT4, -1, "int"),
+        (INT4, -1, INT8, -1, "bigint"),
+        (FLOAT4, -1, FLOAT8, -1, "double"),
+        (NUMERIC, numeric(10, 2), NUMERIC, numeric(12, 3), "decimal(12,3)"),
+        (INT4, -1, NUMERIC, numeric(12, 2), "decimal(12,2)"),
+        (INT4, -1, TEXT, -1, "string"),
+    ],
+)
+def test_widening_type_change_takes_the_latest_type(
+    old: int, old_mod: int, new: int, new_mod: int, expected: str
+) -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("a", old, typmod=old_mod)),
+        rel(col("id", INT4, key=True), col("a", new, typmod=new_mod)),
+    )
+    assert dict(cat.columns)["a"] == expected
+    assert cat.text_columns == set()
+    assert cat.renames == {}
+    # Each version keeps its own type, so old rows are converted with the old decoder.
+    assert cat.versions[0].columns[1].type_oid == old
+
+
+@pytest.mark.parametrize(
+    ("old", "old_mod", "new", "new_mod"),
+    [
+        (INT8, -1, INT4, -1),  # narrowing
+        (TEXT, -1, INT4, -1),
+        (FLOAT8, -1, FLOAT4, -1),
+        (NUMERIC, numeric(10, 2), NUMERIC, numeric(10, 3)),  # fewer integer digits
+        (NUMERIC, numeric(10, 3), NUMERIC, numeric(12, 2)),  # fewer fraction digits
+        (INT8, -1, NUMERIC, numeric(12, 2)),
+    ],
+)
+def test_incompatible_type_change_makes_the_column_text(
+    old: int, old_mod: int, new: int, new_mod: int
+) -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("a", old, typmod=old_mod)),
+        rel(col("id", INT4, key=True), col("a", new, typmod=new_mod)),
+    )
+    assert dict(cat.columns)["a"] == "string"
+    assert cat.text_columns == {"a"}
+
+
+def test_type_back_and_forth_is_text_when_any_step_narrows() -> None:
+    cat = catalog(
+        rel(col("a", INT8)),
+        rel(col("a", INT4)),
+        rel(col("a", INT8)),
+    )
+    # int8 → int4 → int8: every earlier type widens to the final int8.
+    assert dict(cat.columns)["a"] == "bigint" and cat.text_columns == set()
+    cat = catalog(rel(col("a", INT8)), rel(col("a", TEXT)), rel(col("a", INT8)))
+    assert dict(cat.columns)["a"] == "string" and cat.text_columns == {"a"}
+
+
+def test_rename_across_batches_via_prior_schemas() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("bb", TEXT)),
+        prior={"public.t": [("id", "int"), ("b", "string")]},
+    )
+    assert cat.renames == {"b": "bb"}
+    assert cat.columns == [("id", "int"), ("bb", "string")]
+
+
+def test_type_change_across_batches_via_prior_schemas() -> None:
+    widened = catalog(
+        rel(col("id", INT4, key=True), col("a", INT8)),
+        prior={"public.t": [("id", "int"), ("a", "int")]},
+    )
+    assert dict(widened.columns)["a"] == "bigint" and widened.text_columns == set()
+    narrowed = catalog(
+        rel(col("id", INT4, key=True), col("a", INT4)),
+        prior={"public.t": [("id", "int"), ("a", "bigint")]},
+    )
+    assert dict(narrowed.columns)["a"] == "string" and narrowed.text_columns == {"a"}
+
+
+def test_column_dropped_between_batches_is_not_in_this_batch_log() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True)),
+        prior={"public.t": [("id", "int"), ("gone", "string")]},
+    )
+    # The prior lake column only contributes its type history; the state has the latest.
+    assert cat.state_columns == ["id"]
+    assert ("gone", "string") in cat.columns
+
+
+def test_prior_schema_of_another_table_does_not_rename() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("bb", TEXT)),
+        prior={"public.other": [("id", "int"), ("b", "string")]},
+    )
+    assert cat.renames == {}
+
+
+def test_version_at_picks_the_relation_in_force_at_a_seq() -> None:
+    cats = build_catalogs(
+        [
+            (5, rel(col("id", INT4, key=True))),
+            (20, rel(col("id", INT4, key=True), col("a", INT4))),
+            # The same name with another OID: the table was dropped and created again.
+            (30, rel(col("id", INT4, key=True), col("z", TEXT), oid=OID + 1)),
+        ],
+        [],
+    )
+    cat = cats["public.t"]
+    assert cat.oids == {OID, OID + 1}
+    assert cat.version_at(OID, 6).seq == 5
+    # A Relation message shapes the rows after it, not itself.
+    assert cat.version_at(OID, 20).seq == 5
+    assert cat.version_at(OID, 21).seq == 20
+    assert cat.version_at(OID, 1000).seq == 20
+    assert cat.version_at(OID + 1, 31).seq == 30
+    with pytest.raises(LookupError, match=r"public\.t.*before seq 5"):
+        cat.version_at(OID, 5)
+    with pytest.raises(LookupError):
+        cat.version_at(OID + 1, 25)
+
+
+def test_identity_and_keys_follow_the_latest_version() -> None:
+    cat = catalog(
+        rel(col("id", INT4, key=True), col("v", TEXT)),
+        rel(col("id", INT4, key=True), col("v", TEXT, key=True), identity="f"),
+    )
+    assert cat.replica_identity == "f" and cat.is_multiset
+    assert cat.key_columns == ["id", "v"]
+    keyless = catalog(rel(col("x", INT4), col("y", TEXT), identity="n"))
+    assert keyless.key_columns == [] and keyless.is_multiset
+    keyed = catalog(rel(col("id", INT4, key=True), col("v", TEXT)))
+    assert not keyed.is_multiset
+
+
+def test_type_messages_name_enum_columns() -> None:
+    enum_oid = 16500
+    cats = build_catalogs(
+        [(10, rel(col("id", INT4, key=True), col("m", enum_oid)))],
+        [(5, Type(None, enum_oid, "public", "mood"))],
+    )
+    version = cats["public.t"].versions[0]
+    assert version.type_names == ((enum_oid, "public", "mood"),)
+    assert dict(cats["public.t"].columns)["m"] == "string"
+
+
+def test_tables_are_kept_apart() -> None:
+    cats = build_catalogs(
+        [(1, rel(col("a", INT4))), (2, rel(col("b", TEXT), oid=OID + 5, name="u"))], []
+    )
+    assert set(cats) == {"public.t", "public.u"}
+    assert cats["public.u"].columns == [("b", "string")]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "ok"),
+    [
+        ("array<int>", "array<bigint>", True),
+        ("array<bigint>", "array<int>", False),
+        ("decimal(5,2)", "decimal(7,2)", True),
+        ("double", "float", False),
+        ("boolean", "int", False),
+        ("timestamp", "string", True),
+    ],
+)
+def test_widens_to(old: str, new: str, ok: bool) -> None:
+    assert widens_to(old, new) is ok
