@@ -1,4 +1,4 @@
-"""The ``slotlake`` command: sync, status, inspect, demo.
+"""The ``slotlake`` command: sync, status, inspect, reprocess, demo.
 
 Each subcommand parses its arguments, builds what it needs and calls the library; the
 spark-submit entry points in jobs/ call the same functions.
@@ -80,6 +80,35 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--live", action="store_true", help="peek the slot (never consumes)")
     p.add_argument("--limit", type=int, default=0, help="stop after N messages (0 = all)")
 
+    p = sub.add_parser(
+        "reprocess",
+        help="rebuild committed batches from their raw Parquet (no PostgreSQL, slot untouched)",
+    )
+    _config_args(p)
+    dest = p.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--output", help="a new lake root to write the rebuilt batches to")
+    dest.add_argument(
+        "--in-place",
+        action="store_true",
+        help="replace the lake's outputs, atomically batch by batch (pause sync meanwhile)",
+    )
+    p.add_argument(
+        "--batches", metavar="FIRST..LAST", help="range of committed batches (default: all)"
+    )
+    p.add_argument(
+        "--from-empty",
+        action="store_true",
+        help="start from empty tables instead of the state committed before FIRST",
+    )
+
+    p = sub.add_parser(
+        "bootstrap", help="create the slot and copy every published table into the lake"
+    )
+    _config_args(p)
+    from slotlake.bootstrap import add_arguments as add_bootstrap_arguments
+
+    add_bootstrap_arguments(p)
+
     p = sub.add_parser("demo", help="throwaway PostgreSQL + workload + several sync batches")
     p.add_argument("--lake", default=None, help="lake directory (default: a temporary one)")
     p.add_argument("--pg-version", type=int, default=None, help="15 or 16 (default: newest found)")
@@ -98,6 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(args)
         if args.command == "inspect":
             return cmd_inspect(args)
+        if args.command == "reprocess":
+            return cmd_reprocess(args)
+        if args.command == "bootstrap":
+            from slotlake.bootstrap import run_from_args
+
+            return run_from_args(args, load(args))
         if args.command == "demo":
             from slotlake.demo import run_demo
 
@@ -131,6 +166,36 @@ def cmd_sync(args: argparse.Namespace) -> int:
         f"status: {result.status}"
         + (f", batch {result.batch}, slot at {result.end_lsn}" if result.batch else "")
     )
+    return EXIT_OK
+
+
+def cmd_reprocess(args: argparse.Namespace) -> int:
+    from slotlake.reprocess import parse_range, run_reprocess
+
+    cfg = load(args)
+    try:
+        first, last = parse_range(args.batches)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    result = run_reprocess(
+        cfg.lake.path,
+        output=args.output,
+        first=first,
+        last=last,
+        in_place=args.in_place,
+        from_empty=args.from_empty,
+        spark_conf=cfg.spark,
+    )
+    for batch, tables in sorted(result.tables.items()):
+        for name, (changes, rows) in sorted(tables.items()):
+            print(f"batch {batch}: {name}: {changes} changes, {rows} rows")
+    span = f"{result.batches[0]}..{result.batches[-1]}" if result.batches else "none"
+    start = (
+        f"the state of batch {result.from_batch_state}"
+        if result.from_batch_state
+        else "empty tables"
+    )
+    print(f"status: reprocessed batches {span} from {start} into {result.output}")
     return EXIT_OK
 
 

@@ -79,8 +79,14 @@ def _type_names(conn: Any) -> dict[int, tuple[str, str]]:
     return {oid: (ns, name) for oid, ns, name in rows}
 
 
-def source_counter(conn: Any, table: str) -> tuple[list[str], Counter]:
-    """Columns and the multiset of normalised rows of ``schema.table`` at the source."""
+def source_counter(
+    conn: Any, table: str, columns: list[str] | None = None, where: str | None = None
+) -> tuple[list[str], Counter]:
+    """Columns and the multiset of normalised rows of ``schema.table`` at the source.
+
+    ``columns`` and ``where`` narrow it to what a publication publishes (a column list,
+    a row filter).
+    """
     for key, value in SESSION_SETTINGS.items():
         conn.execute(f"SET {key} = '{value}'")
     schema, _, name = table.partition(".")
@@ -94,6 +100,8 @@ def source_counter(conn: Any, table: str) -> tuple[list[str], Counter]:
         """,
         (schema, name),
     ).fetchall()
+    if columns is not None:
+        cols = [c for c in cols if c[0] in columns]
     names = {oid: tn for oid, tn in _type_names(conn).items()}
     converters = [resolve_type(oid, typmod, names).from_text for _, oid, typmod in cols]
     select = ", ".join(f'"{c}"' for c, _, _ in cols)
@@ -101,7 +109,9 @@ def source_counter(conn: Any, table: str) -> tuple[list[str], Counter]:
     # COPY's text format runs each type's output function, exactly as pgoutput's text
     # tuples do (a cast to text would not: bool::text is 'true', the output is 't').
     buf = bytearray()
-    with conn.cursor().copy(f'COPY (SELECT {select} FROM "{schema}"."{name}") TO STDOUT') as copy:
+    filtered = f" WHERE {where}" if where else ""
+    query = f'COPY (SELECT {select} FROM "{schema}"."{name}"{filtered}) TO STDOUT'
+    with conn.cursor().copy(query) as copy:
         for chunk in copy:
             buf += chunk
     for line in buf.decode("utf-8").split("\n"):
@@ -163,8 +173,10 @@ def lake_counter(root: str, table: str, columns: list[str]) -> Counter:
     return counter
 
 
-def compare_table(conn: Any, root: str, table: str) -> Comparison:
-    columns, src = source_counter(conn, table)
+def compare_table(
+    conn: Any, root: str, table: str, columns: list[str] | None = None, where: str | None = None
+) -> Comparison:
+    columns, src = source_counter(conn, table, columns, where)
     lake = lake_counter(root, table, columns)
     return Comparison(
         table=table,

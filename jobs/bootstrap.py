@@ -1,0 +1,22 @@
+"""spark-submit entry point: the bootstrap (the same code as ``slotlake bootstrap``).
+
+    spark-submit --py-files dist/slotlake-<version>.zip jobs/bootstrap.py \\
+        --config conf/example.toml [--set key=value …] [--parallel 8] \\
+        [--rebootstrap] [--onto-existing-lake]
+
+Creates the slot with an exported snapshot, copies every published table in it as Spark
+tasks (one per ctid range, at most --parallel at once) and commits the lake's first batch
+at the slot's consistent point; see lib/slotlake/bootstrap.py for when it refuses. The
+session is built by slotlake.spark.build_session after the refusal checks, leaving
+spark-submit's master and resources alone. The password comes from PGPASSWORD or
+~/.pgpass, never from an argument.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from slotlake.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bootstrap", *sys.argv[1:]]))

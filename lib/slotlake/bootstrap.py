@@ -1,0 +1,1076 @@
+"""Bootstrap: create the slot, copy every published table in its exported snapshot, commit.
+
+Without an initial copy the state holds only rows changed since the slot was created, and
+an UPDATE that leaves a TOAST column unchanged on an older row cannot be completed. The
+bootstrap closes that gap with PostgreSQL's own guarantee for logical replication:
+
+1. Refuse early (one line saying what to do): ``wal_level`` not logical, a role without
+   the REPLICATION attribute, a missing publication, no SELECT on a published table or
+   column (named), a slot that already exists, a lake written from another slot or one
+   that already has commits (see the re-bootstrap rule below). Every check runs before
+   anything is created or dropped.
+2. ``CREATE_REPLICATION_SLOT <slot> LOGICAL pgoutput (SNAPSHOT 'export')`` on a
+   replication connection (``replication=database``). The reply names the slot's
+   ``consistent_point`` and a snapshot: a transaction that committed before the
+   consistent point is in the snapshot, one that commits after it is decoded by the slot.
+   The connection stays open and idle until the copy ends (the snapshot lives as long as
+   it does).
+3. Copy what the publications publish (``pg_publication_tables``: ``FOR ALL TABLES``,
+   ``FOR TABLES IN SCHEMA``, column lists, row filters, leaf partitions or the root under
+   ``publish_via_partition_root``) with ``COPY (SELECT cols FROM [ONLY] t WHERE <row
+   filter> AND <ctid range>) TO STDOUT (FORMAT csv)`` in ``REPEATABLE READ`` transactions
+   that ``SET TRANSACTION SNAPSHOT`` to the exported one. The text is what the types'
+   output functions print under the peek's session settings (:data:`SESSION_SETTINGS`):
+   the very text pgoutput sends with ``binary=false``. Each value goes through
+   ``slotlake.pgtypes.resolve_type(...).from_text`` (or an Arrow kernel proven equal to
+   it: identity for string types, integer/float/boolean parsing), so a row copied here
+   and the same row written later by sync compare equal.
+4. Write each table's rows as its initial state (the sync job's state columns: published
+   columns in attnum order + ``_fallback`` + ``_missing_toast``) and an empty change log
+   with the change schema, then commit batch 1 (``kind="bootstrap"``) ending at the
+   consistent point. The slot's ``confirmed_flush_lsn`` is the consistent point, so the
+   next sync starts exactly there: nothing missed, nothing twice.
+
+Parallelism (why Spark tasks). Each table is split into at most ``parallel`` ranges of
+heap blocks (``ctid >= '(a,0)' AND ctid < '(b,0)'``: TID range scans, PostgreSQL 14+;
+the first and last ranges are open so rows on blocks added after planning are never
+lost). Each range is one Spark task: it opens its own connection, imports the snapshot
+and streams its COPY through the converters into Arrow batches that Spark writes as
+Parquet. Spark tasks rather than a thread pool because the per-value conversion is
+Python (the GIL would serialise threads), because executors scale the copy past one
+machine, and because the state is written by the same Parquet writer as the sync job's
+(same physical schema on any lake file system). At most ``parallel`` connections are
+open at once (one Spark job per table, at most ``parallel`` tasks each; fewer when the
+cluster has fewer task slots); tables are copied one after another. Progress: a driver
+thread polls ``pg_stat_progress_copy`` for the bootstrap's own backends (live rows and
+bytes) and each table ends with a line of rows, bytes and rates.
+
+Re-bootstrap rule (nothing is ever dropped silently):
+
+* Slot absent, lake without commits → bootstrap.
+* Slot exists → refused, unless ``rebootstrap=True`` (``--rebootstrap``); then the slot
+  is dropped *after* every other check passed, and its position is logged. An active
+  slot (a consumer is attached) is always refused.
+* Lake with commits → refused, unless ``onto_existing_lake=True``
+  (``--onto-existing-lake``), which appends a bootstrap commit (batch N+1): earlier
+  commits, change logs and state versions stay; every published table's state is
+  replaced by the new copy; the record's ``start_lsn`` is the previous commit's end and
+  its ``end_lsn`` the new consistent point, so the gap in the change log is visible.
+  Tables no longer published keep their last state, as a sync batch would.
+* A lake written from another slot name is always refused (one lake per slot).
+* A bootstrap that fails after creating its slot drops that slot again (it is its own,
+  unfinished work) and says so; the lake is untouched (its attempt directories are
+  removed). A bootstrap killed outright leaves the slot: rerun with ``--rebootstrap``.
+
+Consistency note: the table list, column lists and row filters are read in the exported
+snapshot; a publication altered while the bootstrap runs is a DDL race it does not
+detect. Row filters of several publications are ORed and a publication without one
+means no filter, as PostgreSQL's own initial table sync does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from slotlake.config import Config
+from slotlake.lake import CHANGES, STATE, Lake, TableCommit, make_record, new_attempt
+from slotlake.lsn import Lsn
+from slotlake.redact import dsn_password, redact_dsn, redact_text
+from slotlake.source import SESSION_SETTINGS, lock_key
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARALLEL = 4
+# Ranges smaller than this are not worth a task of their own (blocks of 8 kB: 64 MB).
+DEFAULT_MIN_RANGE_BLOCKS = 8192
+# COPY text gathered per Arrow batch a task yields (bounds each task's memory).
+BATCH_BYTES = 8 << 20
+APPLICATION_NAME = "slotlake-bootstrap"
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+class BootstrapError(RuntimeError):
+    """A bootstrap that stopped on purpose; the message says what to do."""
+
+
+# -- the plan: what is copied, shaped how ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    name: str
+    type_oid: int
+    typmod: int
+    type_name: tuple[str, str] | None  # (namespace, name) as pgoutput's Type message says
+    spark_ddl: str
+    kind: str  # how the text becomes the value: str | int | bool | float8 | float4 | py
+
+
+@dataclass
+class TablePlan:
+    name: str  # "schema.table", as sync names it
+    oid: int
+    relkind: str
+    replica_identity: str  # relreplident: d | n | f | i
+    columns: list[ColumnPlan]
+    key_columns: list[str]
+    row_filter: str | None
+    blocks: int
+    ranges: list[tuple[int | None, int | None]] = field(default_factory=list)
+
+    @property
+    def from_clause(self) -> str:
+        schema, _, table = self.name.partition(".")
+        ident = f"{_quote(schema)}.{_quote(table)}"
+        # A partitioned root has no rows of its own: scanning it covers its partitions.
+        # Anything else is copied alone (inheritance children are published separately).
+        return ident if self.relkind == "p" else f"ONLY {ident}"
+
+    def copy_query(self, lo: int | None, hi: int | None) -> str:
+        cols = ", ".join(_quote(c.name) for c in self.columns) or "1"
+        conds = []
+        if self.row_filter:
+            conds.append(f"({self.row_filter})")
+        if lo is not None:
+            conds.append(f"ctid >= '({lo},0)'::tid")
+        if hi is not None:
+            conds.append(f"ctid < '({hi},0)'::tid")
+        where = f" WHERE {' AND '.join(conds)}" if conds else ""
+        return f"COPY (SELECT {cols} FROM {self.from_clause}{where}) TO STDOUT (FORMAT csv)"
+
+
+def _quote(ident: str) -> str:
+    return '"' + ident.replace('"', '""') + '"'
+
+
+def _column_kind(type_oid: int, typmod: int, type_name: tuple[str, str] | None) -> tuple[str, str]:
+    """(Spark DDL, conversion kind) of a column: str | int | bool | float8 | float4 | py."""
+    from slotlake.pgtypes import resolve_type
+
+    t = resolve_type(type_oid, typmod, {type_oid: type_name} if type_name else None)
+    # The Arrow kernels used for these kinds give exactly what the codecs give:
+    # PostgreSQL's integer, float ('Infinity', 'NaN', shortest round-trip digits) and
+    # boolean ('t'/'f') text parse the same way, and string codecs whose from_text is
+    # str keep the text verbatim. Everything else goes through from_text itself.
+    if t._codec.from_text is str:
+        return t.spark_ddl, "str"
+    if t.name in ("int2", "int4", "int8", "oid", "xid", "cid"):
+        return t.spark_ddl, "int"
+    if t.name in ("bool", "float8", "float4"):
+        return t.spark_ddl, t.name
+    return t.spark_ddl, "py"
+
+
+def split_ranges(
+    blocks: int, parallel: int, min_range_blocks: int
+) -> list[tuple[int | None, int | None]]:
+    """Block ranges [lo, hi) covering a heap; the first and last are open-ended."""
+    n = max(1, min(parallel, math.ceil(blocks / max(1, min_range_blocks))))
+    if n == 1:
+        return [(None, None)]
+    bounds = [round(blocks * i / n) for i in range(1, n)]
+    lows: list[int | None] = [None, *bounds]
+    highs: list[int | None] = [*bounds, None]
+    return list(zip(lows, highs, strict=True))
+
+
+# -- catalog queries (pgoutput's view of the published tables) ------------------------------
+
+_TYPE_NAMES_SQL = """
+SELECT t.oid::int, CASE WHEN bn.nspname = 'pg_catalog' THEN '' ELSE bn.nspname END, b.typname
+FROM pg_type t
+JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+JOIN pg_namespace bn ON bn.oid = b.typnamespace
+WHERE t.oid >= 10000 AND t.oid = ANY(%s)
+"""
+
+
+def _published(conn: psycopg.Connection[Any], publications: Sequence[str]) -> list[tuple[Any, ...]]:
+    has_lists = bool(
+        conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_publication_tables'::regclass"
+            " AND attname = 'rowfilter'"
+        ).fetchone()
+    )
+    extra = "pt.attnames::text[], pt.rowfilter" if has_lists else "NULL::text[], NULL::text"
+    return conn.execute(
+        f"""
+        SELECT c.oid::int, pt.schemaname::text, pt.tablename::text, c.relkind::text,
+               c.relreplident::text, {extra}
+        FROM pg_publication_tables pt
+        JOIN pg_namespace n ON n.nspname = pt.schemaname
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+        WHERE pt.pubname = ANY(%s)
+        ORDER BY 2, 3
+        """,
+        (list(publications),),
+    ).fetchall()
+
+
+def read_plan(
+    conn: psycopg.Connection[Any],
+    publications: Sequence[str],
+    parallel: int = DEFAULT_PARALLEL,
+    min_range_blocks: int = DEFAULT_MIN_RANGE_BLOCKS,
+) -> list[TablePlan]:
+    """Every published table as pgoutput presents it: columns, key flags, filter, ranges."""
+    merged: dict[int, dict[str, Any]] = {}
+    for oid, schema, table, relkind, replident, attnames, rowfilter in _published(
+        conn, publications
+    ):
+        entry = merged.setdefault(
+            oid,
+            {
+                "name": f"{schema}.{table}",
+                "relkind": relkind,
+                "replident": replident,
+                "attnames": set(),
+                "all_columns": False,
+                "filters": [],
+                "unfiltered": False,
+            },
+        )
+        if attnames is None:
+            entry["all_columns"] = True
+        else:
+            entry["attnames"].update(attnames)
+        if rowfilter is None:
+            entry["unfiltered"] = True
+        elif rowfilter not in entry["filters"]:
+            entry["filters"].append(rowfilter)
+    plans: list[TablePlan] = []
+    for oid, entry in merged.items():
+        cols = conn.execute(
+            """
+            SELECT a.attname::text, a.atttypid::int, a.atttypmod
+            FROM pg_attribute a
+            WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+            ORDER BY a.attnum
+            """,
+            (oid,),
+        ).fetchall()
+        if not entry["all_columns"]:
+            cols = [c for c in cols if c[0] in entry["attnames"]]
+        type_names = {
+            r[0]: (r[1], r[2])
+            for r in conn.execute(_TYPE_NAMES_SQL, ([c[1] for c in cols],)).fetchall()
+        }
+        columns = []
+        for name, type_oid, typmod in cols:
+            type_name = type_names.get(type_oid)
+            ddl, kind = _column_kind(type_oid, typmod, type_name)
+            columns.append(ColumnPlan(name, type_oid, typmod, type_name, ddl, kind))
+        published = [c.name for c in columns]
+        replident = entry["replident"]
+        # Exactly the columns pgoutput's Relation message flags as key: all of them under
+        # FULL, else those of the primary key (DEFAULT) or the identity index (INDEX).
+        if replident == "f":
+            keys = published
+        elif replident in ("d", "i"):
+            index_flag = "indisprimary" if replident == "d" else "indisreplident"
+            rows = conn.execute(
+                f"""
+                SELECT a.attname::text FROM pg_index i
+                JOIN pg_attribute a ON a.attrelid = i.indrelid
+                 AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1])
+                WHERE i.indrelid = %s AND i.{index_flag}
+                """,
+                (oid,),
+            ).fetchall()
+            index_cols = {r[0] for r in rows}
+            keys = [c for c in published if c in index_cols]
+        else:
+            keys = []
+        # Heap blocks to split; a partitioned root spans its largest leaf (a ctid range
+        # applies to every partition's scan alike). pg_partition_tree lists nothing for a
+        # table that is neither partitioned nor a partition.
+        (blocks,) = conn.execute(
+            "SELECT coalesce((SELECT max(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)"
+            " WHERE isleaf), pg_relation_size(%s::oid))::bigint"
+            " / current_setting('block_size')::int",
+            (oid, oid),
+        ).fetchone() or (0,)
+        row_filter = None
+        if not entry["unfiltered"] and entry["filters"]:
+            row_filter = " OR ".join(f"({f})" for f in entry["filters"])
+        plan_ = TablePlan(
+            name=entry["name"],
+            oid=oid,
+            relkind=entry["relkind"],
+            replica_identity=replident,
+            columns=columns,
+            key_columns=keys,
+            row_filter=row_filter,
+            blocks=int(blocks),
+        )
+        plan_.ranges = split_ranges(plan_.blocks, parallel, min_range_blocks)
+        plans.append(plan_)
+    return sorted(plans, key=lambda p: p.name)
+
+
+def missing_privileges(conn: psycopg.Connection[Any], plans: Sequence[TablePlan]) -> list[str]:
+    """Published tables (or columns) the current role cannot SELECT."""
+    lacking = []
+    for p in plans:
+        (ok,) = conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (p.oid,)).fetchone() or (
+            False,
+        )
+        if ok:
+            continue
+        cols = [
+            c.name
+            for c in p.columns
+            if not (
+                conn.execute(
+                    "SELECT has_column_privilege(%s, %s, 'SELECT')", (p.oid, c.name)
+                ).fetchone()
+                or (False,)
+            )[0]
+        ]
+        if cols or not p.columns:
+            lacking.append(p.name + (f" ({', '.join(cols)})" if p.columns else ""))
+    return lacking
+
+
+# -- executor side: one range of one table → Arrow batches ---------------------------------
+
+
+@dataclass(frozen=True)
+class CopyTask:
+    """Everything a Spark task needs to copy ranges of one table (pickled to executors)."""
+
+    dsn: str
+    snapshot: str
+    application_name: str
+    settings: tuple[tuple[str, str], ...]
+    plan: TablePlan
+    arrow_schema: pa.Schema
+    batch_bytes: int = BATCH_BYTES
+
+
+def open_snapshot_connection(
+    dsn: str, snapshot: str, application_name: str, settings: Sequence[tuple[str, str]]
+) -> psycopg.Connection[Any]:
+    """A connection inside a REPEATABLE READ READ ONLY transaction in the exported snapshot."""
+    conn = psycopg.connect(dsn, autocommit=True, application_name=application_name)
+    try:
+        for name, value in settings:
+            try:
+                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            except psycopg.errors.InsufficientPrivilege:
+                # As in SlotSource: lc_monetary may be superuser-only; money stays exact.
+                log.warning("could not SET %s=%r on a copy connection", name, value)
+        conn.autocommit = False
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def convert_csv(chunk: bytes, plan: TablePlan, schema: pa.Schema) -> pa.RecordBatch:
+    """COPY CSV rows of the plan's columns → one Arrow batch of the table's state schema."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    from slotlake.pgtypes import Fallback, resolve_type
+
+    names = [f"c{i}" for i in range(len(plan.columns))] or ["c"]
+    table = pacsv.read_csv(
+        pa.py_buffer(chunk),
+        read_options=pacsv.ReadOptions(
+            column_names=names, use_threads=False, block_size=max(1 << 20, len(chunk) + 1)
+        ),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # PostgreSQL's CSV: NULL is an unquoted empty field, an empty string is "".
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.string()),
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+            null_values=[""],
+        ),
+    )
+    n = table.num_rows
+    fallbacks: list[dict[str, str] | None] = [None] * n
+    arrays = []
+    for i, col in enumerate(plan.columns):
+        target = schema.field(col.name).type
+        text = table.column(i).combine_chunks()
+        if col.kind == "str":
+            arr = text
+        elif col.kind == "int":
+            arr = pc.cast(text, target)
+        elif col.kind == "bool":
+            arr = pc.equal(text, pa.scalar("t"))
+        elif col.kind == "float8":
+            arr = pc.cast(text, pa.float64())
+        elif col.kind == "float4":
+            # As the codec: parse to double, then round to float4.
+            arr = pc.cast(pc.cast(text, pa.float64()), pa.float32(), safe=False)
+        else:
+            conv = resolve_type(
+                col.type_oid, col.typmod, {col.type_oid: col.type_name} if col.type_name else None
+            ).from_text
+            out: list[Any] = [None] * n
+            for j, v in enumerate(text.to_pylist()):
+                if v is None:
+                    continue
+                value = conv(v)
+                if type(value) is Fallback:
+                    fb = fallbacks[j]
+                    if fb is None:
+                        fb = fallbacks[j] = {}
+                    fb[col.name] = value.text
+                else:
+                    out[j] = value
+            arr = pa.array(out, type=target)
+        arrays.append(arr.cast(target) if arr.type != target else arr)
+    arrays.append(
+        pa.array(
+            [list(fb.items()) if fb else [] for fb in fallbacks],
+            type=schema.field("_fallback").type,
+        )
+    )
+    arrays.append(pa.array([[]] * n, type=schema.field("_missing_toast").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def copy_range(
+    task: CopyTask, index: int, on_done: Callable[[int, int], None] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Stream range ``index`` of the task's table as state batches; reports (rows, bytes)."""
+    lo, hi = task.plan.ranges[index]
+    query = task.plan.copy_query(lo, hi)
+    rows = nbytes = 0
+    secrets = [p for p in (dsn_password(task.dsn),) if p]
+    try:
+        conn = open_snapshot_connection(
+            task.dsn, task.snapshot, task.application_name, task.settings
+        )
+    except psycopg.Error as exc:
+        raise BootstrapError(
+            redact_text(
+                f"cannot open a copy connection in snapshot {task.snapshot}: {exc}", secrets
+            )
+        ) from None
+    try:
+        with conn.cursor().copy(query) as copy:
+            buf = bytearray()
+            # One CopyData message is one row, so a chunk always ends on a row boundary.
+            for data in copy:
+                buf += data
+                if len(buf) >= task.batch_bytes:
+                    batch = convert_csv(bytes(buf), task.plan, task.arrow_schema)
+                    rows += batch.num_rows
+                    nbytes += len(buf)
+                    buf.clear()
+                    yield batch
+            if buf:
+                batch = convert_csv(bytes(buf), task.plan, task.arrow_schema)
+                rows += batch.num_rows
+                nbytes += len(buf)
+                yield batch
+        conn.rollback()
+    except psycopg.Error as exc:
+        raise BootstrapError(
+            redact_text(f"copy of {task.plan.name} range {lo}..{hi} failed: {exc}", secrets)
+        ) from None
+    finally:
+        conn.close()
+    if on_done is not None:
+        on_done(rows, nbytes)
+
+
+# -- driver side ---------------------------------------------------------------------------
+
+
+@dataclass
+class TableResult:
+    rows: int
+    bytes: int
+    seconds: float
+    ranges: int
+
+
+@dataclass
+class BootstrapResult:
+    batch: int
+    slot: str
+    consistent_point: Lsn
+    snapshot: str
+    tables: dict[str, TableResult]
+    seconds: float
+    dropped_slot: str | None = None  # "<slot> at <lsn>" when --rebootstrap dropped one
+
+
+class _ProgressPoller:
+    """Live rows/bytes of the bootstrap's COPY backends, from pg_stat_progress_copy."""
+
+    def __init__(
+        self, dsn: str, application_name: str, interval: float, progress: Callable[[str], None]
+    ) -> None:
+        self.dsn = dsn
+        self.application_name = application_name
+        self.interval = interval
+        self.progress = progress
+        self.table = ""
+        self.started = time.monotonic()
+        # Accumulators of the ranges whose Spark task finished (their COPY is gone from
+        # pg_stat_progress_copy); set per table by copy_table.
+        self.finished: tuple[Any, Any] | None = None
+        self._shown = (0, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bootstrap-progress", daemon=True)
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+        except psycopg.Error:
+            return
+        with conn:
+            while not self._stop.wait(self.interval):
+                try:
+                    row = conn.execute(
+                        "SELECT coalesce(sum(p.tuples_processed), 0)::bigint,"
+                        " coalesce(sum(p.bytes_processed), 0)::bigint, count(*)::int"
+                        " FROM pg_stat_progress_copy p JOIN pg_stat_activity a ON a.pid = p.pid"
+                        " WHERE a.application_name = %s",
+                        (self.application_name,),
+                    ).fetchone()
+                except psycopg.Error:
+                    return
+                if row is None:
+                    continue
+                rows, nbytes, active = row
+                if not active:
+                    continue  # between tables, or a table too small to be seen copying
+                finished = self.finished
+                if finished is not None:
+                    rows += finished[0].value
+                    nbytes += finished[1].value
+                # A range between its COPY's end and its task's end is counted nowhere
+                # for a moment: never show a smaller figure than before.
+                rows, nbytes = max(rows, self._shown[0]), max(nbytes, self._shown[1])
+                self._shown = (rows, nbytes)
+                secs = max(time.monotonic() - self.started, 1e-9)
+                self.progress(
+                    f"bootstrap: {self.table}: {rows:,} rows, {nbytes / 1e6:,.1f} MB so far "
+                    f"({rows / secs:,.0f} rows/s, {nbytes / 1e6 / secs:,.1f} MB/s, "
+                    f"{active} connections copying)"
+                )
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def preflight(
+    conn: psycopg.Connection[Any], cfg: Config, parallel: int
+) -> tuple[str, list[TablePlan]]:
+    """All refusals that need only the source (no slot yet); returns (role, plans)."""
+    (wal_level,) = conn.execute("SHOW wal_level").fetchone() or ("",)
+    if wal_level != "logical":
+        raise BootstrapError(
+            f"wal_level is {wal_level!r} on the source; logical decoding needs wal_level = "
+            "logical (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)"
+        )
+    role, can_replicate, version, encoding = conn.execute(
+        "SELECT current_user::text, rolreplication OR rolsuper,"
+        " current_setting('server_version_num')::int,"
+        " (SELECT pg_encoding_to_char(encoding)::text FROM pg_database"
+        "  WHERE datname = current_database())"
+        " FROM pg_roles WHERE rolname = current_user"
+    ).fetchone() or ("?", False, 0, "")
+    if version < 140000:
+        raise BootstrapError(
+            f"PostgreSQL {version // 10000} is not supported: slotlake needs 14 or newer"
+        )
+    if encoding != "UTF8":
+        raise BootstrapError(
+            f"database {conn.info.dbname!r} has encoding {encoding}; slotlake needs UTF8: "
+            "replicate from a UTF8 database"
+        )
+    if not can_replicate:
+        raise BootstrapError(
+            f"role {role!r} lacks the REPLICATION attribute needed to create a replication "
+            f"slot: ALTER ROLE {_quote(role)} REPLICATION (as a superuser), or bootstrap as a role "
+            "that has it"
+        )
+    found = {
+        r[0]
+        for r in conn.execute(
+            "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)",
+            (cfg.source.publications,),
+        )
+    }
+    missing = [p for p in cfg.source.publications if p not in found]
+    if missing:
+        raise BootstrapError(
+            f"publication {', '.join(repr(p) for p in missing)} does not exist in database "
+            f"{conn.info.dbname!r}: CREATE PUBLICATION {_quote(missing[0])} FOR TABLE … first "
+            "(it must exist before the slot is created)"
+        )
+    plans = read_plan(conn, cfg.source.publications, parallel)
+    _refuse_missing_privileges(conn, role, plans)
+    from slotlake.batch import RESERVED
+
+    for p in plans:
+        clash = sorted(c.name for c in p.columns if c.name in RESERVED)
+        if clash:
+            # The sync job would refuse this table at its first change; refuse it now.
+            raise BootstrapError(
+                f"table {p.name} has column(s) {', '.join(clash)} that collide with slotlake's "
+                "metadata columns: rename them at the source or leave the table out of the "
+                "publication"
+            )
+    return role, plans
+
+
+def _refuse_missing_privileges(
+    conn: psycopg.Connection[Any], role: str, plans: Sequence[TablePlan]
+) -> None:
+    lacking = missing_privileges(conn, plans)
+    if lacking:
+        raise BootstrapError(
+            f"role {role!r} lacks SELECT on published table(s) {', '.join(lacking)}: "
+            f"GRANT SELECT ON … TO {_quote(role)}, or leave them out of the publication"
+        )
+
+
+def _check_lake(lake: Lake, slot: str, onto_existing_lake: bool) -> Any:
+    last = lake.last_commit()
+    if last is None:
+        return None
+    if last.slot != slot:
+        raise BootstrapError(
+            f"lake {lake.uri} was written from slot {last.slot!r}, not {slot!r}: use a "
+            "separate lake.path per slot"
+        )
+    if not onto_existing_lake:
+        raise BootstrapError(
+            f"lake {lake.uri} already has {len(lake.commit_batches())} committed batch(es) "
+            f"(last: batch {last.batch}, ending at {last.end_lsn}): bootstrap a new lake.path, "
+            "or pass --onto-existing-lake to append a new bootstrap commit (nothing is deleted; "
+            "every published table's state is replaced by the new copy)"
+        )
+    return last
+
+
+def _slot_row(conn: psycopg.Connection[Any], slot: str) -> tuple[Any, ...] | None:
+    return conn.execute(
+        "SELECT database::text, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,"
+        " slot_type FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+
+
+def _drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def _create_slot(dsn: str, slot: str, version: int) -> tuple[psycopg.Connection[Any], Lsn, str]:
+    """CREATE_REPLICATION_SLOT … (SNAPSHOT 'export') on a replication connection.
+
+    Returns the connection (keep it open and idle while the snapshot is in use), the
+    consistent point and the snapshot name.
+    """
+    repl = psycopg.connect(
+        dsn, autocommit=True, replication="database", application_name=APPLICATION_NAME
+    )
+    command = (
+        f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')"
+        if version >= 150000
+        else f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT"
+    )
+    try:
+        row = repl.execute(command).fetchone()
+    except BaseException:
+        repl.close()
+        raise
+    assert row is not None
+    _, consistent_point, snapshot, _plugin = row
+    return repl, Lsn.parse(consistent_point), str(snapshot)
+
+
+def _state_ddl(plan: TablePlan) -> str:
+    from slotlake.state import STATE_META
+
+    cols = [(c.name, c.spark_ddl) for c in plan.columns] + STATE_META
+    return ", ".join(f"`{n.replace('`', '``')}` {t}" for n, t in cols)
+
+
+def _change_ddl(plan: TablePlan) -> str:
+    from slotlake.catalog import TableCatalog
+    from slotlake.decode import META_COLUMNS, spark_schema_ddl
+
+    cat = TableCatalog(name=plan.name, columns=[(c.name, c.spark_ddl) for c in plan.columns])
+    return spark_schema_ddl(cat, META_COLUMNS)
+
+
+def copy_table(
+    spark: SparkSession,
+    lake: Lake,
+    task: CopyTask,
+    state_rel: str,
+    poller: _ProgressPoller | None = None,
+) -> tuple[int, int]:
+    """Run the copy of one table as Spark tasks (one per range); returns (rows, bytes)."""
+    from pyspark.sql.types import StructType
+
+    schema = StructType.fromDDL(_state_ddl(task.plan))
+    sc = spark.sparkContext
+    rows_acc = sc.accumulator(0)
+    bytes_acc = sc.accumulator(0)
+    if poller is not None:
+        poller.finished = (rows_acc, bytes_acc)
+
+    def done(rows: int, nbytes: int) -> None:
+        rows_acc.add(rows)
+        bytes_acc.add(nbytes)
+
+    def run(batches):  # type: ignore[no-untyped-def]
+        for rb in batches:
+            for index in rb.column(0).to_pylist():
+                yield from copy_range(task, int(index), done)
+
+    n = len(task.plan.ranges)
+    df = spark.range(0, n, 1, n).mapInArrow(run, schema)
+    df.write.mode("errorifexists").option("compression", "zstd").parquet(lake.path(state_rel))
+    # One result stage without shuffles: Spark merges each partition's accumulator updates
+    # once (a failed attempt's are dropped), so these are the rows written.
+    return int(rows_acc.value), int(bytes_acc.value)
+
+
+def write_empty_changes(lake: Lake, plan: TablePlan, rel: str) -> None:
+    """An empty change log with the table's change schema (what sync would write).
+
+    Written by pyarrow (a Spark job per table would cost more than the table) into a
+    local directory, then placed through the lake's file system (local or Hadoop).
+    """
+    import os
+    import tempfile
+
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import StructType
+
+    from slotlake.decode import arrow_schema_for
+
+    schema = arrow_schema_for(StructType.fromDDL(_change_ddl(plan)))
+    with tempfile.TemporaryDirectory(prefix="slotlake-bootstrap-") as tmp:
+        local = os.path.join(tmp, "changes")
+        os.makedirs(local)
+        pq.write_table(
+            schema.empty_table(), os.path.join(local, "part-00000.parquet"), compression="zstd"
+        )
+        lake.fs.upload_dir(local, lake.path(rel))
+
+
+def run_bootstrap(
+    cfg: Config,
+    spark: SparkSession | None = None,
+    rebootstrap: bool = False,
+    onto_existing_lake: bool = False,
+    parallel: int = DEFAULT_PARALLEL,
+    min_range_blocks: int = DEFAULT_MIN_RANGE_BLOCKS,
+    progress: Callable[[str], None] = log.info,
+    progress_interval: float = 10.0,
+) -> BootstrapResult:
+    """Create the slot, copy every published table in its snapshot, commit batch 1 (or N+1)."""
+    t_start = time.monotonic()
+    slot = cfg.source.slot
+    dsn = cfg.source.dsn
+    secrets = [p for p in (dsn_password(dsn),) if p]
+    if not _SLOT_NAME.match(slot):
+        raise BootstrapError(
+            f"slot name {slot!r} is not valid: use lower-case letters, digits and underscores"
+        )
+    if parallel < 1:
+        raise BootstrapError(f"parallel must be 1 or more, not {parallel}")
+    if spark is None and "://" in cfg.lake.path:
+        # A Hadoop file system lake is reached through Spark's JVM, even for the checks.
+        from slotlake.spark import build_session
+
+        spark = build_session("slotlake-bootstrap", cfg.spark)
+    lake = Lake(cfg.lake.path)
+    try:
+        ctl = psycopg.connect(dsn, autocommit=True, application_name="slotlake")
+    except psycopg.Error as exc:
+        raise BootstrapError(
+            redact_text(_one_line(f"cannot connect to {redact_dsn(dsn)}: {exc}"), secrets)
+        ) from None
+    with ctl:
+        try:
+            role, _ = preflight(ctl, cfg, parallel)
+            version = int(ctl.info.server_version)
+            (locked,) = ctl.execute(
+                "SELECT pg_try_advisory_lock(%s)", (lock_key(slot),)
+            ).fetchone() or (False,)
+            if not locked:
+                raise BootstrapError(
+                    f"another slotlake run holds the lock for slot {slot}: wait for it to end"
+                )
+            last = _check_lake(lake, slot, onto_existing_lake)
+            existing = _slot_row(ctl, slot)
+            dropped = None
+            if existing is not None:
+                database, active, active_pid, confirmed, restart, slot_type = existing
+                where = (
+                    f"{slot_type} slot in database {database!r}, confirmed_flush_lsn {confirmed}, "
+                    f"restart_lsn {restart}"
+                )
+                if not rebootstrap:
+                    raise BootstrapError(
+                        f"replication slot {slot!r} already exists ({where}): sync from it, or "
+                        "pass --rebootstrap to drop it and take a new initial copy"
+                    )
+                if active:
+                    raise BootstrapError(
+                        f"replication slot {slot!r} is in use by PID {active_pid}: stop that "
+                        "consumer before re-bootstrapping"
+                    )
+                if database != ctl.info.dbname:
+                    raise BootstrapError(
+                        f"replication slot {slot!r} belongs to database {database!r}, not "
+                        f"{ctl.info.dbname!r}: refusing to drop another database's slot"
+                    )
+            for removed in lake.remove_uncommitted():
+                log.info("removed %s left by an attempt that never committed", removed)
+            if existing is not None:
+                progress(f"bootstrap: --rebootstrap: dropping replication slot {slot!r} ({where})")
+                _drop_slot(ctl, slot)
+                dropped = f"{slot} at {existing[3]}"
+            return _bootstrap(
+                cfg,
+                ctl,
+                lake,
+                spark,
+                role,
+                version,
+                last,
+                parallel,
+                min_range_blocks,
+                progress,
+                progress_interval,
+                t_start,
+                dropped,
+            )
+        except psycopg.Error as exc:
+            raise BootstrapError(
+                redact_text(_one_line(f"bootstrap of slot {slot!r} failed: {exc}"), secrets)
+            ) from None
+
+
+def _bootstrap(
+    cfg: Config,
+    ctl: psycopg.Connection[Any],
+    lake: Lake,
+    spark: SparkSession | None,
+    role: str,
+    version: int,
+    last: Any,
+    parallel: int,
+    min_range_blocks: int,
+    progress: Callable[[str], None],
+    progress_interval: float,
+    t_start: float,
+    dropped: str | None,
+) -> BootstrapResult:
+    slot = cfg.source.slot
+    dsn = cfg.source.dsn
+    batch = last.batch + 1 if last is not None else 1
+    attempt = new_attempt()
+    if spark is None:
+        from slotlake.spark import build_session
+
+        spark = build_session("slotlake-bootstrap", cfg.spark)
+    try:
+        repl, consistent, snapshot = _create_slot(dsn, slot, version)
+    except psycopg.Error as exc:
+        hint = ""
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            hint = f" (role {role!r} needs the REPLICATION attribute and a replication entry in pg_hba.conf)"
+        raise BootstrapError(
+            _one_line(f"cannot create replication slot {slot!r}: {exc}{hint}")
+        ) from None
+    progress(
+        f"bootstrap: created slot {slot} at consistent point {consistent}, snapshot {snapshot}"
+    )
+    committed = False
+    poller: _ProgressPoller | None = None
+    written: list[str] = []  # directories this attempt created (removed if it fails)
+    try:
+        settings = tuple(
+            {**SESSION_SETTINGS, **cfg.source.settings, "client_encoding": "UTF8"}.items()
+        )
+        app = f"{APPLICATION_NAME}:{slot}"
+        snap_conn = open_snapshot_connection(dsn, snapshot, "slotlake", settings)
+        with snap_conn:
+            plans = read_plan(snap_conn, cfg.source.publications, parallel, min_range_blocks)
+            _refuse_missing_privileges(snap_conn, role, plans)
+            snap_conn.rollback()
+        from pyspark.sql.types import StructType
+
+        from slotlake.decode import arrow_schema_for
+
+        poller = _ProgressPoller(dsn, app, progress_interval, progress)
+        poller.start()
+        tables: dict[str, TableCommit] = {}
+        results: dict[str, TableResult] = {}
+        for plan in plans:
+            t0 = time.monotonic()
+            poller.table, poller.started, poller._shown = plan.name, t0, (0, 0)
+            schema = arrow_schema_for(StructType.fromDDL(_state_ddl(plan)))
+            task = CopyTask(dsn, snapshot, app, settings, plan, schema)
+            state_rel = lake.batch_path(STATE, batch, attempt, plan.name)
+            changes_rel = lake.batch_path(CHANGES, batch, attempt, plan.name)
+            written += [state_rel, changes_rel]
+            rows, nbytes = copy_table(spark, lake, task, state_rel, poller)
+            write_empty_changes(lake, plan, changes_rel)
+            secs = time.monotonic() - t0
+            results[plan.name] = TableResult(rows, nbytes, secs, len(plan.ranges))
+            progress(
+                f"bootstrap: {plan.name}: {rows:,} rows, {nbytes / 1e6:,.1f} MB in {secs:.1f}s "
+                f"({rows / max(secs, 1e-9):,.0f} rows/s, {nbytes / 1e6 / max(secs, 1e-9):,.1f} MB/s, "
+                f"{len(plan.ranges)} range(s))"
+            )
+            tables[plan.name] = TableCommit(
+                changes=changes_rel,
+                state=state_rel,
+                change_rows=0,
+                state_rows=rows,
+                columns=[[c.name, c.spark_ddl, "state"] for c in plan.columns],
+                key_columns=list(plan.key_columns),
+                replica_identity=plan.replica_identity,
+            )
+        poller.stop()
+        # The copy is done: the snapshot may go. The slot stays (it is not temporary).
+        repl.close()
+        if last is not None:
+            for name, t in last.tables.items():
+                if name not in tables:
+                    tables[name] = TableCommit(
+                        changes=None,
+                        state=t.state,
+                        state_rows=t.state_rows,
+                        columns=t.columns,
+                        key_columns=t.key_columns,
+                        replica_identity=t.replica_identity,
+                    )
+        total = time.monotonic() - t_start
+        record = make_record(
+            batch=batch,
+            attempt=attempt,
+            slot=slot,
+            start_lsn=str(last.end if last is not None else consistent),
+            end_lsn=str(consistent),
+            target_lsn=str(consistent),
+            raw=None,
+            tables=tables,
+            timings={"total": round(total, 3)},
+            kind="bootstrap",
+        )
+        lake.write_commit(record)
+        committed = True
+        progress(
+            f"bootstrap: batch {batch} committed: {len(plans)} table(s), "
+            f"{sum(r.rows for r in results.values()):,} rows, slot {slot} at {consistent} "
+            f"({total:.1f}s)"
+        )
+        return BootstrapResult(batch, slot, consistent, snapshot, results, total, dropped)
+    finally:
+        if poller is not None:
+            poller.stop()
+        if not repl.closed:
+            repl.close()
+        if not committed:
+            _abandon(ctl, lake, slot, written, progress)
+
+
+def _abandon(
+    ctl: psycopg.Connection[Any],
+    lake: Lake,
+    slot: str,
+    written: list[str],
+    progress: Callable[[str], None],
+) -> None:
+    """Undo an unfinished bootstrap: its own slot and its own attempt directories."""
+    try:
+        if ctl.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            ctl.rollback()
+        _drop_slot(ctl, slot)
+        progress(f"bootstrap failed: dropped the slot {slot!r} it had created")
+    except psycopg.Error as exc:
+        progress(
+            f"bootstrap failed and could not drop its slot {slot!r} ({_one_line(str(exc))}): "
+            "drop it, or rerun with --rebootstrap"
+        )
+    for rel in written:
+        try:
+            lake.fs.rmtree(lake.path(rel))
+        except Exception as exc:  # the next run's remove_uncommitted gets another chance
+            log.warning("could not remove %s: %s", rel, exc)
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bootstrap options (shared by ``slotlake bootstrap`` and jobs/bootstrap.py)."""
+    p.add_argument(
+        "--rebootstrap",
+        action="store_true",
+        help="drop an existing slot of that name (its position is logged) and take a new copy",
+    )
+    p.add_argument(
+        "--onto-existing-lake",
+        action="store_true",
+        help="append a bootstrap commit to a lake that already has commits (nothing is deleted)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help=f"copy connections (ranges per table) at most (default {DEFAULT_PARALLEL})",
+    )
+
+
+def run_from_args(args: argparse.Namespace, cfg: Config, spark: SparkSession | None = None) -> int:
+    result = run_bootstrap(
+        cfg,
+        spark=spark,
+        rebootstrap=args.rebootstrap,
+        onto_existing_lake=args.onto_existing_lake,
+        parallel=args.parallel,
+    )
+    for name, t in sorted(result.tables.items()):
+        print(f"{name}: {t.rows} rows, {t.bytes / 1e6:.1f} MB in {t.seconds:.1f}s")
+    print(
+        f"status: bootstrapped, batch {result.batch}, slot {result.slot} at {result.consistent_point}"
+    )
+    return 0
