@@ -7,6 +7,7 @@ and returns what a commit record needs. It never talks to PostgreSQL and never c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -179,7 +180,8 @@ def process_table(
     changes = changes.drop("_seq", "_unchanged")
     # One sorted file for an ordinary batch; a range sort (a sampling pass more) for big ones.
     if expected_rows < SINGLE_FILE_ROWS:
-        changes = changes.coalesce(1).sortWithinPartitions("_commit_lsn", "_tx_ordinal")
+        # repartition, not coalesce: coalesce(1) would pull the replay upstream into one task.
+        changes = changes.repartition(1).sortWithinPartitions("_commit_lsn", "_tx_ordinal")
     else:
         changes = changes.orderBy("_commit_lsn", "_tx_ordinal")
     changes_rel = lake.batch_path(CHANGES, batch, attempt, cat.name)
@@ -372,7 +374,8 @@ def _raw_errors_in_one_line(fn: Callable[..., BatchOutput]) -> Callable[..., Bat
         except Exception as exc:
             # A failed batch must not leave its cached raw DML behind in a long-lived
             # session: a retry reading the same path would be served the stale cache.
-            spark.catalog.clearCache()
+            with contextlib.suppress(Exception):  # never hide the batch's error behind this
+                spark.catalog.clearCache()
             if isinstance(exc, RawDataError):
                 raise RawDataError(f"{exc} (raw {raw_rel})") from exc
             m = _EXECUTOR_RAW_ERROR.search(str(exc))
@@ -412,8 +415,8 @@ def process_batch(
         for c in bcat.tables.values()
         if any(counts.get(o) for o in c.oids) or any(c.name in t.tables for t in bcat.truncates)
     ]
-    if len(busy) > 1:
-        dml = dml.cache()
+    # No cache of the raw DML rows: each table re-reads the raw Parquet (columnar, cheap),
+    # where a cache held every payload in the driver JVM and ran out of heap at 5M changes.
     fault("decode")
     for cat in sorted(busy, key=lambda c: c.name):
         t1 = time.monotonic()
@@ -441,12 +444,16 @@ def process_batch(
     t2 = time.monotonic()
     tx_rel = lake.batch_path(TRANSACTIONS, batch, attempt)
     tx_count = _write(
-        _transactions(raw, bcat, batch).coalesce(1).sortWithinPartitions("commit_lsn"), lake, tx_rel
+        _transactions(raw, bcat, batch).repartition(1).sortWithinPartitions("commit_lsn"),
+        lake,
+        tx_rel,
     )
     msg_rel = None
     if "M" in types_seen:
         msg_rel = lake.batch_path(MESSAGES, batch, attempt)
-        _write(_messages(raw, bcat, batch).coalesce(1).sortWithinPartitions("lsn"), lake, msg_rel)
+        _write(
+            _messages(raw, bcat, batch).repartition(1).sortWithinPartitions("lsn"), lake, msg_rel
+        )
     timings["transactions"] = time.monotonic() - t2
     spark.catalog.clearCache()
     return BatchOutput(tables, tx_rel, msg_rel, tx_count, timings)

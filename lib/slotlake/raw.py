@@ -22,15 +22,28 @@ Envelope rules (pinned by tests/unit/test_raw.py):
   when they are read; the ``c`` row itself carries its own commit LSN and time so a
   reader can fill them per ``stream_xid`` without decoding.
 * Anything else (non-transactional logical messages, unknown types): nulls.
+
+Speed (the pull's client side, see bench/README.md). Each appended chunk becomes Arrow
+columns in bulk: one ``pa.array`` over the payloads, NumPy over lsn/xid, and the
+envelope computed with NumPy on the payloads' first bytes whenever the chunk is plain
+``B``…``C`` transactions (the common case). A chunk with anything else — a streamed
+segment, a truncated or empty payload, a non-ASCII type byte, a Begin inside an open
+transaction — takes the row-by-row loop, which is the reference for the rules above.
+Parquet encoding and compression (which release the GIL) run on a writer thread
+behind a queue of two row groups, so they overlap the network drain while memory
+stays bounded.
 """
 
 from __future__ import annotations
 
+import queue
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -65,6 +78,16 @@ _OID = struct.Struct(">I")  # R/I/U/D: oid at 1, or at 5 inside a stream
 
 _SIGN = 1 << 63
 _WRAP = 1 << 64
+
+_B, _C = ord("B"), ord("C")
+# Lookup tables over a payload's first byte.
+_IS_DML = np.zeros(256, dtype=bool)
+_IS_DML[list(b"IUDR")] = True
+_IS_STREAM = np.zeros(256, dtype=bool)
+_IS_STREAM[list(b"SEcA")] = True
+_TS_TYPE = pa.timestamp("us", tz="UTC")
+# Row groups queued for the writer thread: bounds memory to a few row groups.
+_WRITE_QUEUE = 2
 
 
 def _signed(v: int) -> int:
@@ -108,6 +131,7 @@ class RawWriter:
         rows_per_file: int = 1_000_000,
         row_group_rows: int = 64_000,
         compression_level: int | None = None,
+        background: bool = True,
     ) -> None:
         if rows_per_file < 1 or row_group_rows < 1:
             raise ValueError("rows_per_file and row_group_rows must be positive")
@@ -124,8 +148,16 @@ class RawWriter:
         self._writer: pq.ParquetWriter | None = None
         self._tmp_path: Path | None = None
         self._final_path: Path | None = None
-        self._file_rows = 0
-        self._reset_buffer()
+        self._file_rows = 0  # rows in the open file (writer side)
+        self._planned_rows = 0  # rows handed to the current file (append side)
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        # Writer thread: Parquet encoding + compression overlap the drain.
+        self._background = background
+        self._queue: queue.Queue[pa.Table | None] = queue.Queue(maxsize=_WRITE_QUEUE)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._aborting = False
         # Envelope state carried across append() calls.
         self._seq = 0
         self._tx_commit_lsn: int | None = None  # signed
@@ -134,46 +166,162 @@ class RawWriter:
         self._stream_xid: int | None = None  # inside S..E
         self._stream_ordinals: dict[int, int] = {}  # top-level xid → next ordinal
 
-    # -- buffer ----------------------------------------------------------------------------
-    def _reset_buffer(self) -> None:
-        self._b_seq: list[int] = []
-        self._b_lsn: list[int] = []
-        self._b_xid: list[int] = []
-        self._b_data: list[bytes] = []
-        self._b_type: list[str] = []
-        self._b_oid: list[int | None] = []
-        self._b_clsn: list[int | None] = []
-        self._b_cts: list[int | None] = []
-        self._b_ord: list[int | None] = []
-        self._b_sxid: list[int | None] = []
-
     def append(self, lsn: Sequence[int], xid: Sequence[int], data: Sequence[bytes]) -> None:
         """Add a chunk of peek rows, in peek order (columnar: three equal-length sequences)."""
         if self._closed:
             raise RuntimeError("RawWriter is closed")
+        self._raise_writer_error()
         n = len(data)
         if len(lsn) != n or len(xid) != n:
             raise ValueError(f"column lengths differ: lsn={len(lsn)} xid={len(xid)} data={n}")
         start = 0
         while start < n:
             # A row group never straddles two files, so every file holds rows_per_file.
-            target = min(self.row_group_rows, self.rows_per_file - self._file_rows)
-            stop = min(n, start + target - len(self._b_data))
-            self._envelope(lsn, xid, data, start, stop)
-            if len(self._b_data) >= target:
+            target = min(self.row_group_rows, self.rows_per_file - self._planned_rows)
+            stop = min(n, start + target - self._pending_rows)
+            self._pending.append(self._segment(lsn, xid, data, start, stop))
+            self._pending_rows += stop - start
+            if self._pending_rows >= target:
                 self._flush_row_group()
             start = stop
 
-    def _envelope(
+    def _segment(
         self, lsn: Sequence[int], xid: Sequence[int], data: Sequence[bytes], start: int, stop: int
-    ) -> None:
+    ) -> pa.Table:
+        """Rows [start, stop) of a chunk as a table of RAW_SCHEMA, envelope included."""
         s = self._summary
-        b_type, b_oid, b_clsn = self._b_type, self._b_oid, self._b_clsn
-        b_cts, b_ord, b_sxid = self._b_cts, self._b_ord, self._b_sxid
+        n = stop - start
+        payloads = data[start:stop]
+        data_arr = pa.array(payloads, pa.binary())
+        envelope = self._envelope_fast(data_arr) if isinstance(data_arr, pa.Array) else None
+        if envelope is None:
+            envelope = self._envelope(payloads)
+        lsn_part = lsn[start:stop]
+        try:
+            lsn_arr = pa.array(lsn_part, pa.int64())
+        except (OverflowError, pa.ArrowInvalid):
+            # Inputs may be unsigned (COPY) or already signed (the cursor's int8 loader).
+            lsn_arr = pa.array([_signed(v) for v in lsn_part], pa.int64())
+        if n:
+            if s.first_lsn is None:
+                s.first_lsn = Lsn(lsn_part[0] % _WRAP)
+            s.last_lsn = Lsn(lsn_part[-1] % _WRAP)
+        s.messages += n
+        seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
+        self._seq += n
+        return pa.Table.from_arrays(
+            [
+                pa.array(seq),
+                lsn_arr,
+                pa.array(xid[start:stop], pa.int64()),
+                data_arr,
+                *envelope,
+            ],
+            schema=RAW_SCHEMA,
+        )
+
+    def _envelope_fast(self, data: pa.Array) -> list[pa.Array] | None:
+        """The envelope of plain B…C transactions, vectorised; None to take the loop.
+
+        Same rules and summary bookkeeping as ``_envelope``; nothing is changed before
+        every precondition has been checked, so a None leaves the state untouched.
+        """
+        n = len(data)
+        if n == 0 or self._stream_xid is not None or data.null_count:
+            return None
+        offsets = np.frombuffer(
+            data.buffers()[1], dtype=np.int32, count=n + 1, offset=data.offset * 4
+        )
+        values_buf = data.buffers()[2]
+        if values_buf is None:
+            return None
+        values = np.frombuffer(values_buf, dtype=np.uint8)
+        starts = offsets[:-1]
+        sizes = np.diff(offsets)
+        if not sizes.all():
+            return None
+        first = values[starts]
+        is_b = first == _B
+        is_c = first == _C
+        is_dml = _IS_DML[first]
+        if (
+            (first >= 0x80).any()
+            or _IS_STREAM[first].any()
+            or (is_b & (sizes < 1 + _BEGIN.size)).any()
+            or (is_c & (sizes < 18)).any()
+            or (is_dml & (sizes < 5)).any()
+        ):
+            return None
+        open0 = self._tx_commit_lsn is not None
+        markers = np.flatnonzero(is_b | is_c)
+        # Begin and Commit must alternate (a Begin in an open transaction, a Commit
+        # outside one: the loop records those).
+        expected = (np.arange(len(markers)) + open0) % 2 == 0
+        if not np.array_equal(is_b[markers], expected):
+            return None
+
+        rows = np.arange(n)
+        b_rows = np.flatnonzero(is_b)
+        b_fields = values[starts[b_rows, None] + np.arange(1, 17)].copy().view(">i8")
+        b_lsn = b_fields[:, 0].astype(np.int64)  # final_lsn, two's complement = signed
+        b_ts = b_fields[:, 1].astype(np.int64) + PG_EPOCH_UNIX_US
+        n_b = np.cumsum(is_b)
+        in_tx = (open0 + n_b - (np.cumsum(is_c) - is_c)) == 1
+        has_b = n_b > 0
+        b_index = np.maximum(n_b - 1, 0)
+        if len(b_rows):
+            clsn = np.where(has_b, b_lsn[b_index], self._tx_commit_lsn or 0)
+            cts = np.where(has_b, b_ts[b_index], self._tx_commit_ts or 0)
+            ordinal = np.where(has_b, rows - b_rows[b_index], self._tx_ordinal + rows)
+        else:
+            clsn = np.full(n, self._tx_commit_lsn or 0, dtype=np.int64)
+            cts = np.full(n, self._tx_commit_ts or 0, dtype=np.int64)
+            ordinal = self._tx_ordinal + rows
+        dml_rows = np.flatnonzero(is_dml)
+        oid = np.zeros(n, dtype=np.int64)
+        oid[dml_rows] = values[starts[dml_rows, None] + np.arange(1, 5)].copy().view(">u4")[:, 0]
+        c_rows = np.flatnonzero(is_c)
+        c_end = values[starts[c_rows, None] + np.arange(10, 18)].copy().view(">u8")[:, 0]
+
+        # Every check passed: commit the state changes.
+        s = self._summary
+        s.payload_bytes += int(offsets[-1] - offsets[0])
+        for end, commit_lsn in zip(c_end.tolist(), clsn[c_rows].tolist(), strict=True):
+            self._complete(end, Lsn.from_signed(commit_lsn))
+        s.transactions += len(c_rows)
+        if len(markers) and is_b[markers[-1]]:
+            last = b_rows[-1]
+            self._tx_commit_lsn, self._tx_commit_ts = int(b_lsn[-1]), int(b_ts[-1])
+            self._tx_ordinal = n - int(last)
+        elif len(markers):
+            self._tx_commit_lsn = self._tx_commit_ts = None
+        elif open0:
+            self._tx_ordinal += n
+        not_tx = ~in_tx
+        msg_type = pa.StringArray.from_buffers(
+            n, pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(first.tobytes())
+        )
+        return [
+            msg_type,
+            pa.array(oid, mask=~is_dml),
+            pa.array(clsn, mask=not_tx),
+            pa.array(cts, mask=not_tx).view(_TS_TYPE),
+            pa.array(ordinal.astype(np.int64), mask=not_tx),
+            pa.nulls(n, pa.int64()),
+        ]
+
+    def _envelope(self, data: Sequence[bytes]) -> list[pa.Array]:
+        """The envelope row by row: the reference for every rule in the module docstring."""
+        s = self._summary
+        b_type: list[str] = []
+        b_oid: list[int | None] = []
+        b_clsn: list[int | None] = []
+        b_cts: list[int | None] = []
+        b_ord: list[int | None] = []
+        b_sxid: list[int | None] = []
         oid_unpack = _OID.unpack_from
         payload_bytes = 0
-        for i in range(start, stop):
-            d = data[i]
+        for d in data:
             size = len(d)
             payload_bytes += size
             t = chr(d[0]) if size else ""
@@ -269,18 +417,15 @@ class RawWriter:
             b_ord.append(ordinal)
             b_sxid.append(sxid)
 
-        self._b_seq.extend(range(self._seq, self._seq + stop - start))
-        self._seq += stop - start
-        self._b_lsn.extend(_signed(v) for v in lsn[start:stop])
-        self._b_xid.extend(xid[start:stop])
-        self._b_data.extend(data[start:stop])
-        if stop > start:
-            # Inputs may be unsigned (COPY) or already signed (the cursor's int8 loader).
-            if s.first_lsn is None:
-                s.first_lsn = Lsn(lsn[start] % _WRAP)
-            s.last_lsn = Lsn(lsn[stop - 1] % _WRAP)
-        s.messages += stop - start
         s.payload_bytes += payload_bytes
+        return [
+            pa.array(b_type, pa.string()),
+            pa.array(b_oid, pa.int64()),
+            pa.array(b_clsn, pa.int64()),
+            pa.array(b_cts, _TS_TYPE),
+            pa.array(b_ord, pa.int64()),
+            pa.array(b_sxid, pa.int64()),
+        ]
 
     def _next_stream_ordinal(self, top_xid: int) -> int:
         ordinal = self._stream_ordinals.get(top_xid, 0)
@@ -298,25 +443,43 @@ class RawWriter:
 
     # -- files -----------------------------------------------------------------------------
     def _flush_row_group(self) -> None:
-        if not self._b_data:
+        if not self._pending_rows:
             return
-        table = pa.Table.from_arrays(
-            [
-                pa.array(self._b_seq, pa.int64()),
-                pa.array(self._b_lsn, pa.int64()),
-                pa.array(self._b_xid, pa.int64()),
-                pa.array(self._b_data, pa.binary()),
-                pa.array(self._b_type, pa.string()),
-                pa.array(self._b_oid, pa.int64()),
-                pa.array(self._b_clsn, pa.int64()),
-                pa.array(self._b_cts, pa.timestamp("us", tz="UTC")),
-                pa.array(self._b_ord, pa.int64()),
-                pa.array(self._b_sxid, pa.int64()),
-            ],
-            schema=RAW_SCHEMA,
-        )
-        self._reset_buffer()
-        self._write(table)
+        table = pa.concat_tables(self._pending)
+        self._pending = []
+        self._pending_rows = 0
+        self._planned_rows += table.num_rows
+        if self._planned_rows >= self.rows_per_file:
+            self._planned_rows = 0
+        if not self._background:
+            self._write(table)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._write_loop, name=f"raw-writer:{self.directory.name}", daemon=True
+            )
+            self._thread.start()
+        self._queue.put(table)  # blocks while _WRITE_QUEUE row groups wait: bounded memory
+        self._raise_writer_error()
+
+    def _write_loop(self) -> None:
+        while (table := self._queue.get()) is not None:
+            if self._error is not None or self._aborting:
+                continue  # keep draining so that the producer never blocks
+            try:
+                self._write(table)
+            except BaseException as exc:  # handed to the producer thread
+                self._error = exc
+
+    def _join_writer(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _raise_writer_error(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     def _write(self, table: pa.Table) -> None:
         if self._writer is None:
@@ -356,6 +519,8 @@ class RawWriter:
         if self._closed:
             return self._summary
         self._flush_row_group()
+        self._join_writer()
+        self._raise_writer_error()
         if self._writer is None and not self._summary.files:
             # An empty peek still leaves one (empty) part, so readers find the schema.
             self._open_file()
@@ -370,12 +535,15 @@ class RawWriter:
 
     def abort(self) -> None:
         """Drop the file being written (after a failed pull); finished parts stay."""
+        self._aborting = True
+        self._join_writer()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
             if self._tmp_path is not None:
                 self._tmp_path.unlink(missing_ok=True)
-        self._reset_buffer()
+        self._pending = []
+        self._pending_rows = 0
         self._closed = True
 
     @property

@@ -7,11 +7,17 @@ advance all happen on it, so one object is one run's view of the slot.
 Transport (DESIGN.md §1 step 4). The peek function materialises its whole result
 in a server-side tuplestore before the first row is returned, so the transport
 only decides how fast the client drains that tuplestore and how much it holds at
-once. Both candidates are implemented, bounded to ``fetch_rows`` rows in flight:
+once. Three are implemented, bounded to ``fetch_rows`` rows in flight:
 
-* ``"cursor"`` (default): ``DECLARE … CURSOR`` + ``FETCH fetch_rows`` with binary
-  results; pg_lsn and xid are read by psycopg's C int8/oid loaders, so no Python
-  code runs per value and only the row tuples are transposed into columns.
+* ``"stream"`` (default with libpq ≥ 17): one plain binary query in libpq's chunked
+  rows mode (``Cursor.stream(size=fetch_rows)``). The server writes rows without
+  waiting for a FETCH round trip, so its sending overlaps the client's work; TCP
+  flow control bounds what is in flight. pg_lsn and xid use psycopg's C int8/oid
+  loaders, as below.
+* ``"cursor"`` (default with an older libpq): ``DECLARE … CURSOR`` + ``FETCH
+  fetch_rows`` with binary results; pg_lsn and xid are read by psycopg's C int8/oid
+  loaders, so no Python code runs per value and only the row tuples are transposed
+  into columns. The server idles while the client handles each batch.
 * ``"copy"``: ``COPY (SELECT lsn, xid, data FROM peek(…)) TO STDOUT (FORMAT binary)``,
   each CopyData message parsed in place with one precompiled ``struct`` unpack.
 
@@ -30,10 +36,15 @@ deletes; 34 MB of payload), 9 interleaved runs, PostgreSQL 16 / 15, on a shared
 Client CPU for the drain alone: cursor 0.38 / 0.27 s, COPY 0.69 / 0.49 s. COPY is
 not faster: the server sends one CopyData message per row and psycopg's
 ``Copy.read()`` costs a Python generator round per message, more than FETCH's
-per-row tuple construction in C. So the server-side cursor of the design stays
-the default; COPY is kept (``transport="copy"``, tested) for re-measuring. Either
-way the pull is dominated by the server's decoding (the floor) and by the raw
-writer (envelope + zstd Parquet, about 2 µs per row).
+per-row tuple construction in C. COPY is kept (``transport="copy"``, tested) for
+re-measuring.
+
+Later (bench/sync_bench.py, bench/README.md): the raw writer was made columnar
+(vectorised envelope, Parquet on a writer thread), which took its client CPU from
+about 2.5 to about 1 µs per row, and ``"stream"`` became the default: the same drain
+CPU as the cursor (about 1.2 µs per row, libpq + psycopg row construction) without
+the FETCH round trips. What is left is the server's decoding (the floor, which
+ends before the first row leaves the server) plus that per-row receive cost.
 """
 
 from __future__ import annotations
@@ -44,11 +55,12 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from types import TracebackType
 from typing import Any, Literal
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import capabilities, pq, sql
 
 from slotlake.lsn import Lsn
 from slotlake.raw import RawSummary, RawWriter
@@ -57,13 +69,15 @@ from slotlake.redact import dsn_password, redact_dsn, redact_text
 log = logging.getLogger(__name__)
 
 TRANSPORT_NOTE = (
-    "The peek is read through a binary server-side cursor (FETCH 10000). COPY … TO STDOUT "
-    "(FORMAT binary) was measured as the alternative on 255k changes and was slower "
+    "The peek is read as one binary query in libpq's chunked rows mode (10000 rows per "
+    "chunk; a server-side cursor with FETCH 10000 when libpq is older than 17): no FETCH "
+    "round trips, memory bounded by the chunk and TCP flow control. COPY … TO STDOUT "
+    "(FORMAT binary) was measured as an alternative on 255k changes and was slower "
     "(drain-only client CPU 0.38 s vs 0.69 s on PG16): one CopyData message per row costs "
-    "more in psycopg than FETCH's C row construction (see lib/slotlake/source.py)."
+    "more in psycopg than C row construction (see lib/slotlake/source.py)."
 )
 
-Transport = Literal["copy", "cursor"]
+Transport = Literal["copy", "cursor", "stream"]
 
 # Session settings the decoder's text formats rely on: pgoutput runs the types' output
 # functions in *this* backend (the SQL interface), so these GUCs shape every text value.
@@ -177,7 +191,7 @@ class SlotSource:
         streaming: bool = False,
         application_name: str = "slotlake",
         session_settings: Mapping[str, str] | None = None,
-        transport: Transport = "cursor",
+        transport: Transport | None = None,
         connect_timeout: int = 30,
     ) -> None:
         if not publications:
@@ -189,8 +203,15 @@ class SlotSource:
                 f"streaming needs proto_version 2 or higher (got {proto_version}): "
                 "raise proto_version or turn streaming off"
             )
-        if transport not in ("copy", "cursor"):
-            raise SourceError(f"unknown transport {transport!r}: use 'copy' or 'cursor'")
+        if transport is None:
+            transport = "stream" if capabilities.has_stream_chunked() else "cursor"
+        if transport not in ("copy", "cursor", "stream"):
+            raise SourceError(f"unknown transport {transport!r}: use 'stream', 'cursor' or 'copy'")
+        if transport == "stream" and not capabilities.has_stream_chunked():
+            raise SourceError(
+                "transport 'stream' needs libpq 17 or newer (chunked rows mode): "
+                "use transport 'cursor'"
+            )
         self._dsn = dsn
         self._secrets = [p for p in (dsn_password(dsn),) if p]
         self.slot = slot
@@ -542,11 +563,12 @@ class SlotSource:
             raise SourceError("the source session is inside a transaction; cannot peek")
         started = time.monotonic()
         meter = _Meter(started, progress)
-        chunks = (
-            self._pull_copy(upto, fetch_rows)
-            if transport == "copy"
-            else self._pull_cursor(upto, fetch_rows)
-        )
+        if transport == "copy":
+            chunks = self._pull_copy(upto, fetch_rows)
+        elif transport == "stream":
+            chunks = self._pull_stream(upto, fetch_rows)
+        else:
+            chunks = self._pull_cursor(upto, fetch_rows)
         try:
             for lsns, xids, datas in chunks:
                 writer.append(lsns, xids, datas)
@@ -585,19 +607,11 @@ class SlotSource:
     ) -> Iterator[tuple[Sequence[int], Sequence[int], Sequence[bytes]]]:
         conn = self._require()
         query = sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto, nchanges))
-        # psycopg's own C loaders: int8 reads pg_lsn's 8 bytes (as signed — exactly the
-        # raw store's int64), oid reads xid's 4 unsigned bytes. No Python per value.
-        adapters = conn.adapters
-        types = conn.adapters.types
-        int8_loader = adapters.get_loader(types["int8"].oid, pq.Format.BINARY)
-        oid_loader = adapters.get_loader(types["oid"].oid, pq.Format.BINARY)
-        assert int8_loader is not None and oid_loader is not None
         with conn.transaction():
             cur = conn.cursor(
                 name=f"slotlake_peek_{self._backend_pid()}", binary=True, scrollable=False
             )
-            cur.adapters.register_loader(_PG_LSN_OID, int8_loader)
-            cur.adapters.register_loader(_XID_OID, oid_loader)
+            self._register_loaders(cur)
             try:
                 cur.execute(query)
                 while rows := cur.fetchmany(fetch_rows):
@@ -605,6 +619,38 @@ class SlotSource:
                     yield lsns, xids, datas
             finally:
                 cur.close()
+
+    def _pull_stream(
+        self, upto: Lsn, fetch_rows: int
+    ) -> Iterator[tuple[Sequence[int], Sequence[int], Sequence[bytes]]]:
+        """One plain query in libpq's chunked rows mode: the server writes rows without
+        waiting for a FETCH, so its sending overlaps the client's work, and libpq hands
+        them over ``fetch_rows`` at a time (memory stays bounded: TCP flow control stops
+        the server when the client falls behind)."""
+        conn = self._require()
+        query = sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto))
+        cur = conn.cursor(binary=True)
+        self._register_loaders(cur)
+        rows = cur.stream(query, size=fetch_rows)
+        try:
+            while chunk := list(islice(rows, fetch_rows)):
+                lsns, xids, datas = zip(*chunk, strict=True)
+                yield lsns, xids, datas
+        finally:
+            # Closing the generator early cancels the query (psycopg's stream() cleanup).
+            rows.close()
+            cur.close()
+
+    def _register_loaders(self, cur: psycopg.Cursor[Any]) -> None:
+        # psycopg's own C loaders: int8 reads pg_lsn's 8 bytes (as signed — exactly the
+        # raw store's int64), oid reads xid's 4 unsigned bytes. No Python per value.
+        adapters = self._require().adapters
+        types = adapters.types
+        int8_loader = adapters.get_loader(types["int8"].oid, pq.Format.BINARY)
+        oid_loader = adapters.get_loader(types["oid"].oid, pq.Format.BINARY)
+        assert int8_loader is not None and oid_loader is not None
+        cur.adapters.register_loader(_PG_LSN_OID, int8_loader)
+        cur.adapters.register_loader(_XID_OID, oid_loader)
 
     def _pull_copy(
         self, upto: Lsn, fetch_rows: int

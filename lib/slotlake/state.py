@@ -189,7 +189,6 @@ def _replay_fn(data_columns: list[str], truncations: list[tuple[int, int]], out_
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(out_schema, timezone="UTC", prefers_large_types=False)
-    names = arrow_schema.names
 
     def fn(table):  # type: ignore[no-untyped-def]
         import pyarrow as pa
@@ -199,9 +198,8 @@ def _replay_fn(data_columns: list[str], truncations: list[tuple[int, int]], out_
         for kind, row in replay(rows, data_columns, truncations):
             row["_kind"] = kind
             out.append(row)
-        return pa.Table.from_pylist(
-            [{n: r.get(n) for n in names} for r in out], schema=arrow_schema
-        )
+        # from_pylist takes the schema's fields from each dict and fills absent ones with null.
+        return pa.Table.from_pylist(out, schema=arrow_schema)
 
     return fn
 

@@ -113,7 +113,7 @@ def check_transactions(rows: list[dict]) -> list[list[dict]]:
     return txs
 
 
-@pytest.mark.parametrize("transport", ["cursor", "copy"])
+@pytest.mark.parametrize("transport", ["stream", "cursor", "copy"])
 def test_pull_matches_the_peek_byte_for_byte(
     pg_dsn: str, slot: str, tmp_path: Path, transport: str
 ) -> None:
@@ -427,6 +427,34 @@ def test_password_never_appears_in_errors(pg_dsn: str, slot: str, tmp_path: Path
         src.pull(src.current_flush_lsn(), RawWriter(tmp_path / "raw"))
     text = _all_text(err.value)
     assert "secret" not in text and "nope" in text and err.value.sqlstate == "42704"
+
+
+class _FailingWriter(RawWriter):
+    """Fails on the second chunk, like a full disk in the middle of a pull."""
+
+    def append(self, lsn: Any, xid: Any, data: Any) -> None:
+        if self.summary.messages:
+            raise OSError("disk full")
+        super().append(lsn, xid, data)
+
+
+@pytest.mark.parametrize("transport", ["stream", "cursor", "copy"])
+def test_a_pull_failing_midway_leaves_the_session_usable(
+    pg_dsn: str, slot: str, tmp_path: Path, transport: str
+) -> None:
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    with SlotSource(pg_dsn, slot, [PUB], transport=transport) as src:  # type: ignore[arg-type]
+        assert src.try_lock()
+        upto = src.current_flush_lsn()
+        with pytest.raises(OSError, match="disk full"):
+            src.pull(upto, _FailingWriter(tmp_path / "raw"), fetch_rows=20)
+        # The rest of the peek was cancelled: the same session peeks again, whole.
+        assert [p.name for p in (tmp_path / "raw").iterdir()] == []
+        assert src.current_flush_lsn() >= upto
+        rows, result = pull(src, upto, tmp_path / "again")
+        assert result.messages == src.count_floor(upto) == len(rows) > 300
+        src.unlock()
 
 
 def test_options_are_validated(pg_dsn: str, slot: str) -> None:
