@@ -1,0 +1,375 @@
+"""The sync job's refusals: a concurrent run, a slot or publication that cannot work, a
+corrupted raw payload, and secrets in configuration or errors.
+
+Every refusal must say what is wrong and what to do in one line, write nothing to the
+lake and leave the slot where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from slotlake import cli
+from slotlake.batch import process_batch
+from slotlake.config import Config, ConfigError, SourceConfig, load_config, validate
+from slotlake.decode import RawDataError
+from slotlake.lake import RAW, Lake
+from slotlake.localpg import LocalPostgres, free_port
+from slotlake.lsn import Lsn
+from slotlake.source import SlotSource, SourceError
+from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
+
+from .sync_helpers import (
+    AUDIT_SQL,
+    assert_log_matches_audit,
+    assert_mirror,
+    audit,
+    make_config,
+    slot_confirmed,
+)
+
+SCHEMA = """
+CREATE TABLE t (id int PRIMARY KEY, v text);
+CREATE TABLE u (k text PRIMARY KEY, n int);
+CREATE PUBLICATION pub FOR TABLE t, u;
+"""
+KEYS = {"public.t": "id", "public.u": "k"}
+
+
+def setup_source(c: psycopg.Connection[Any]) -> None:
+    c.execute(AUDIT_SQL)
+    c.execute(SCHEMA)
+    for qualified, key in KEYS.items():
+        audit(c, qualified.split(".")[1], key)
+
+
+def workload(c: psycopg.Connection[Any], start: int = 0) -> None:
+    with c.transaction():
+        c.execute(
+            "INSERT INTO t SELECT g, 'v' || g FROM generate_series(%s::int, %s::int) g",
+            (start + 1, start + 5),
+        )
+        c.execute("INSERT INTO u VALUES (%s, 1), (%s, 2)", (f"a{start}", f"b{start}"))
+    c.execute("UPDATE t SET v = 'changed' WHERE id = %s", (start + 2,))
+    c.execute("DELETE FROM t WHERE id = %s", (start + 3,))
+    c.execute("UPDATE u SET k = k || '!' WHERE k = %s", (f"a{start}",))
+
+
+def lake_files(lake: str) -> list[str]:
+    return sorted(p.as_posix() for p in Path(lake).rglob("*"))
+
+
+def one_line(exc: BaseException) -> str:
+    msg = str(exc)
+    assert "\n" not in msg, msg
+    return msg
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+def test_a_second_run_while_one_is_in_flight_is_locked_out(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+) -> None:
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        workload(c)
+        slot_before = slot_confirmed(c, slot)
+
+        # The first run pauses, lock held, just before it pulls.
+        pulling, resume = threading.Event(), threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def first_progress(msg: str) -> None:
+            if "pulling" in msg:
+                pulling.set()
+                assert resume.wait(timeout=300)
+
+        def first() -> None:
+            try:
+                outcome["result"] = run_sync(cfg, spark=spark, progress=first_progress)
+            except BaseException as exc:  # re-raised in the test's thread below
+                outcome["error"] = exc
+                pulling.set()
+
+        thread = threading.Thread(target=first, daemon=True)
+        thread.start()
+        try:
+            assert pulling.wait(timeout=300)
+            assert "error" not in outcome, outcome.get("error")
+            files = lake_files(lake)
+            said: list[str] = []
+            second = run_sync(cfg, spark=spark, progress=said.append)
+            assert second.status == "locked" and second.batch is None
+            assert said == [f"another slotlake run holds the lock for slot {slot}; nothing done"]
+            assert lake_files(lake) == files
+            assert slot_confirmed(c, slot) == slot_before
+        finally:
+            resume.set()
+            thread.join(timeout=600)
+        if "error" in outcome:
+            raise outcome["error"]
+        assert outcome["result"].status == "committed"
+        assert_log_matches_audit(c, lake, KEYS)
+        assert_mirror(c, lake, list(KEYS))
+
+
+def test_cli_sync_reports_locked_and_exits_cleanly(
+    pg_dsn: str, slot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = tmp_path / "lake"
+    config = tmp_path / "sync.toml"
+    config.write_text(
+        f'[source]\ndsn = "{pg_dsn}"\nslot = "{slot}"\npublications = ["pub"]\n'
+        f'[lake]\npath = "{lake}"\n'
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        workload(c)
+        slot_before = slot_confirmed(c, slot)
+        with SlotSource(pg_dsn, slot, ["pub"]) as holder:
+            assert holder.try_lock()
+            assert cli.main(["sync", "--config", str(config)]) == cli.EXIT_OK
+        assert "status: locked" in capsys.readouterr().out
+        assert not lake.exists()
+        assert slot_confirmed(c, slot) == slot_before
+
+
+# -- slots and publications that cannot work ----------------------------------------------
+
+
+def _other_plugin(c: psycopg.Connection[Any]) -> str:
+    # pgserver's PostgreSQL 16 ships no test_decoding; loading pgoutput by path gives a
+    # slot whose plugin is not 'pgoutput' all the same.
+    (libdir,) = c.execute("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'").fetchone()  # type: ignore[misc]
+    return "test_decoding" if (Path(libdir) / "test_decoding.so").exists() else "$libdir/pgoutput"
+
+
+@pytest.mark.parametrize("case", ["missing_slot", "wrong_plugin", "two_phase", "missing_pub"])
+def test_unusable_slot_or_publication_is_refused(
+    pg_dsn: str, slot: str, tmp_path: Path, case: str
+) -> None:
+    lake = str(tmp_path / "lake")
+    publications = ("pub", "nope_pub") if case == "missing_pub" else ("pub",)
+    cfg = make_config(pg_dsn, lake, slot, publications)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        plugin = _other_plugin(c) if case == "wrong_plugin" else "pgoutput"
+        if case != "missing_slot":
+            c.execute(
+                "SELECT pg_create_logical_replication_slot(%s, %s, false, %s)",
+                (slot, plugin, case == "two_phase"),
+            )
+        workload(c)
+        before = (
+            None if case == "missing_slot" else slot_confirmed(c, slot)
+        )  # the slot exists in every other case
+
+        with pytest.raises(SourceError) as err:
+            run_sync(cfg)
+        msg = one_line(err.value)
+        expected = {
+            "missing_slot": [
+                f"replication slot {slot!r} does not exist",
+                f"pg_create_logical_replication_slot('{slot}', 'pgoutput')",
+            ],
+            "wrong_plugin": [f"uses plugin {plugin!r}; slotlake needs 'pgoutput'", "drop it"],
+            "two_phase": [
+                "created with two_phase = true",
+                "recreate it without two_phase",
+            ],
+            "missing_pub": [
+                "publication 'nope_pub' does not exist",
+                "CREATE PUBLICATION nope_pub",
+                "recreate the slot",
+            ],
+        }[case]
+        for part in expected:
+            assert part in msg, msg
+        assert not Path(lake).exists()
+        if before is not None:
+            assert slot_confirmed(c, slot) == before
+
+
+def test_invalidated_slot_is_refused(
+    pg_dsn: str, slot: str, pg_cluster: LocalPostgres, tmp_path: Path
+) -> None:
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        # Cluster-wide: any slot of this throwaway cluster could be invalidated while it is
+        # set, so it is reset at once (the tests run one at a time; other slots are idle).
+        c.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        c.execute("SELECT pg_reload_conf()")
+        try:
+            c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            workload(c)
+            status = None
+            for i in range(40):
+                # A segment switch (after some WAL) then a checkpoint: the checkpointer
+                # invalidates slots whose restart_lsn is beyond max_slot_wal_keep_size.
+                workload(c, 100 * (i + 1))
+                c.execute("SELECT pg_switch_wal()")
+                c.execute("CHECKPOINT")
+                (status,) = c.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone()  # type: ignore[misc]
+                if status == "lost":
+                    break
+                time.sleep(0.1)
+            assert status == "lost", f"could not invalidate the slot (wal_status {status})"
+        finally:
+            c.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            c.execute("SELECT pg_reload_conf()")
+
+        with pytest.raises(SourceError) as err:
+            run_sync(cfg)
+        msg = one_line(err.value)
+        assert f"replication slot {slot!r} is invalidated (wal_status=lost" in msg
+        assert "drop it, recreate it and take a new initial snapshot" in msg
+        assert not Path(lake).exists()
+
+
+# -- a corrupted raw payload ------------------------------------------------------------------
+
+
+def _corrupt(raw_dir: Path, msg_type: str, mangle: Callable[[bytes], bytes]) -> tuple[int, Lsn]:
+    """Rewrite the first ``msg_type`` payload of a raw batch in place; its (seq, lsn)."""
+    for f in sorted(raw_dir.glob("part-*.parquet")):
+        table = pq.read_table(f)
+        types = table.column("msg_type").to_pylist()
+        if msg_type not in types:
+            continue
+        i = types.index(msg_type)
+        data = table.column("data").to_pylist()
+        data[i] = mangle(data[i])
+        field = table.schema.field("data")
+        table = table.set_column(
+            table.schema.get_field_index("data"), field, pa.array(data, type=field.type)
+        )
+        pq.write_table(table, f)
+        return table.column("seq")[i].as_py(), Lsn.from_signed(table.column("lsn")[i].as_py())
+    raise AssertionError(f"no {msg_type!r} message in {raw_dir}")
+
+
+def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake_root = str(tmp_path / "lake")
+    lake = Lake(lake_root)
+    cfg = make_config(pg_dsn, lake_root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        workload(c)
+        slot_before = slot_confirmed(c, slot)
+        # A pull that stops right after writing raw: an uncommitted batch 1 on disk.
+        monkeypatch.setenv(FAULT_ENV, "after_pull")
+        with pytest.raises(InjectedFault):
+            run_sync(cfg, spark=spark)
+        monkeypatch.delenv(FAULT_ENV)
+        (raw_dir,) = (lake.root / RAW).iterdir()
+        raw_rel = f"{RAW}/{raw_dir.name}"
+        attempt = raw_dir.name.rsplit("-", 1)[1]
+
+        cases: list[tuple[str, Callable[[bytes], bytes], str]] = [
+            # Insert: 'I', oid(4), 'N', natts(2), then the first column's kind byte at 8.
+            ("I", lambda d: d[:8] + b"x" + d[9:], "offset 8"),
+            ("U", lambda d: d[: len(d) // 2], "offset"),  # cut in the middle of a tuple
+        ]
+        for msg_type, mangle, detail in cases:
+            original = {f: f.read_bytes() for f in raw_dir.glob("part-*.parquet")}
+            seq, lsn = _corrupt(raw_dir, msg_type, mangle)
+            with pytest.raises(RawDataError) as err:
+                process_batch(spark, lake, raw_rel, 1, attempt, None)
+            msg = one_line(err.value)
+            for part in ("batch 1", raw_rel, f"seq {seq}", f"lsn {lsn}", detail):
+                assert part in msg, msg
+            assert "table public." in msg, msg
+            for f, content in original.items():
+                f.write_bytes(content)
+
+        assert lake.commit_batches() == []
+        assert slot_confirmed(c, slot) == slot_before
+
+        # The next run drops the corrupt uncommitted raw and pulls afresh: the slot kept it all.
+        _corrupt(raw_dir, "I", lambda d: d[:3])
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_log_matches_audit(c, lake_root, KEYS)
+        assert_mirror(c, lake_root, list(KEYS))
+        assert not raw_dir.exists()
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+SECRET = "Sup3r-S3cret-pw"
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"host=db.internal dbname=app user=slotlake password={SECRET}",
+        f"host=db.internal dbname=app password = '{SECRET}' user=slotlake",
+        f"postgresql://slotlake:{SECRET}@db.internal/app",
+        f"postgresql://slotlake@db.internal/app?sslmode=require&password={SECRET}",
+    ],
+)
+def test_a_password_in_the_dsn_is_refused_without_echoing_it(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(Config(source=SourceConfig(dsn=dsn, slot="s", publications=["pub"])))
+    msg = one_line(err.value)
+    assert SECRET not in msg and "must not carry a password" in msg and "PGPASSWORD" in msg
+
+    config = tmp_path / "sync.toml"
+    config.write_text(f"[source]\ndsn = {json.dumps(dsn)}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    assert SECRET not in str(err.value)
+    assert cli.main(["sync", "--config", str(config)]) == cli.EXIT_USAGE
+    out = capsys.readouterr()
+    assert "must not carry a password" in out.err
+    assert SECRET not in out.out + out.err
+
+
+def test_connection_failure_never_shows_the_password(
+    pg_cluster: LocalPostgres,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("PGPASSWORD", SECRET)
+    port = free_port()  # nothing listens there
+    lake = str(tmp_path / "lake")
+    good = pg_cluster.dsn()
+    for dsn in (
+        good.replace(f"port={pg_cluster.port}", f"port={port}"),
+        # A DSN built in code skips the configuration's check: still never shown.
+        good.replace(f"port={pg_cluster.port}", f"port={port}") + f" password={SECRET}",
+    ):
+        with pytest.raises(SourceError) as err:
+            run_sync(make_config(dsn, lake, "s_nowhere"))
+        text = "".join(traceback.format_exception(err.value))
+        assert "cannot connect to" in str(err.value) and f"port={port}" in str(err.value)
+        assert SECRET not in text
+        assert SECRET not in caplog.text
+    assert not Path(lake).exists()
