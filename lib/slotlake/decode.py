@@ -306,11 +306,14 @@ def make_decoder(
 
         shapers: dict[int, _VersionShaper] = {}
 
-        def shaper_for(oid: int, seq: int) -> _VersionShaper:
+        def shaper_for(oid: int, seq: int, lsn: int) -> _VersionShaper:
             vs = versions_by_oid[oid]
             i = bisect.bisect_left([v.seq for v in vs], seq) - 1
             if i < 0:
-                raise RawDataError(f"table {cat.name}: no Relation message before seq {seq}")
+                raise RawDataError(
+                    f"batch {batch}, table {cat.name}, seq {seq}, lsn {Lsn.from_signed(lsn)}: "
+                    f"no Relation message for relation oid {oid} before this change"
+                )
             v = vs[i]
             if v.seq not in shapers:
                 shapers[v.seq] = _VersionShaper(v, out_index, text_columns)
@@ -346,7 +349,7 @@ def make_decoder(
                         continue
                     commit_lsn = Lsn(outcome[0]).to_signed()
                     commit_ts = pg_timestamp_to_datetime(outcome[2])
-                shaper = shaper_for(rel_oid, seq)
+                shaper = shaper_for(rel_oid, seq, lsn)
                 fallback: dict[str, str] = {}
                 old_kind = None
                 old_vals = None
@@ -368,7 +371,8 @@ def make_decoder(
                     new_vals, unchanged = [None] * len(names), []
                 else:
                     raise RawDataError(
-                        f"batch {batch}, seq {seq}: expected a DML message for {cat.name}, got {type(msg).__name__}"
+                        f"batch {batch}, table {cat.name}, seq {seq}, lsn {Lsn.from_signed(lsn)}: "
+                        f"expected a DML message, got {type(msg).__name__}"
                     )
                 still: list[str] = []
                 for i in unchanged:
