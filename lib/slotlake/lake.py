@@ -350,6 +350,11 @@ class Lake:
         """
         referenced = self.referenced_dirs()
         removed = []
+        # A commit record's temporary file, left by a kill between its write and its rename.
+        for name in self.fs.listdir(self.path(COMMITS)):
+            if name.startswith(".") and name.endswith(".tmp"):
+                self.fs.rmtree(self.path(f"{COMMITS}/{name}"))
+                removed.append(f"{COMMITS}/{name}")
         for kind in (RAW, CHANGES, STATE, TRANSACTIONS, MESSAGES):
             if kind in (RAW, TRANSACTIONS, MESSAGES):
                 parents = [kind]

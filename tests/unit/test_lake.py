@@ -55,8 +55,12 @@ def test_uncommitted_attempts_are_removed_and_committed_kept(tmp_path: Path) -> 
     for rel in (kept, orphan, orphan_raw):
         (tmp_path / rel).mkdir(parents=True)
     lake.write_commit(_record(1, **{"public.t": TableCommit(changes=None, state=kept)}))
+    (tmp_path / "_commits" / ".00000000000000000002.json.abc.tmp").write_text("{")
     removed = lake.remove_uncommitted()
-    assert sorted(removed) == sorted([orphan, orphan_raw])
+    assert sorted(removed) == sorted(
+        [orphan, orphan_raw, "_commits/.00000000000000000002.json.abc.tmp"]
+    )
+    assert lake.commit_batches() == [1]
     assert (tmp_path / kept).is_dir() and not (tmp_path / orphan).exists()
 
 
