@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit lint bench-decode clean
+.PHONY: setup demo test test-unit lint bench-decode dist clean
 
 setup:
 	@bash tools/setup.sh
@@ -24,6 +24,11 @@ lint: setup
 
 bench-decode: setup
 	$(PY) bench/decode_bench.py
+
+# The --py-files artefact for spark-submit (README: "Running on a cluster").
+DIST_DIR ?= dist
+dist:
+	$(PY) tools/dist.py --out $(DIST_DIR)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
