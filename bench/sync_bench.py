@@ -66,29 +66,9 @@ CREATE TABLE toasty (id int8 PRIMARY KEY, n int4, body text);
 ALTER TABLE toasty ALTER COLUMN body SET STORAGE EXTERNAL;
 """
 
-# Values vary per row (lengths, NULLs, signs, non-ASCII) so the corpus is not degenerate.
-INSERT_MIXED = """
-INSERT INTO mixed
-SELECT i,
-       (i * 7919) %% 2000000 - 1000000,
-       CASE WHEN i %% 17 = 0 THEN NULL ELSE 'row ' || i || ' ' || repeat('é', (i %% 5)::int) END,
-       ((i %% 100000) - 50000) / 100.0,
-       timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second',
-       i %% 2 = 0,
-       i / 7.0,
-       'v' || md5(i::text)
-FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS i
-"""
-UPDATE_MIXED = (
-    "UPDATE mixed SET i4 = i4 + 1, t = coalesce(t, '') || '+' WHERE id BETWEEN %(lo)s AND %(hi)s"
-)
-DELETE_MIXED = "DELETE FROM mixed WHERE id BETWEEN %(lo)s AND %(hi)s"
-# ~3.2 kB per body, stored out of line.
-INSERT_TOASTY = """
-INSERT INTO toasty
-SELECT i, 0, (SELECT string_agg(md5((i * 1000 + j)::text), '') FROM generate_series(1, 100) j)
-FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS i
-"""
+# The decoder benchmark's workload statements: both benchmarks measure the same corpus.
+from decode_bench import DELETE_MIXED, INSERT_MIXED, INSERT_TOASTY, UPDATE_MIXED  # noqa: E402
+
 # Leaves body out: the new tuples carry unchanged-TOAST 'u' markers.
 UPDATE_TOASTY_N = "UPDATE toasty SET n = n + 1 WHERE id BETWEEN %(lo)s AND %(hi)s"
 # Rewrites body on a few rows: TOAST-sized update payloads too.
