@@ -173,7 +173,7 @@ def process_table(
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state = merge_multiset(events, prior_df, cat, truncs)
     else:
-        changes, state = fill_and_merge_keyed(events, prior_df, cat, truncs)
+        changes, state = fill_and_merge_keyed(events, prior_df, cat, truncs, expected_rows)
     markers = _markers(spark, cat, bcat, batch)
     if markers is not None:
         changes = changes.unionByName(markers.select(*changes.columns))

@@ -25,6 +25,9 @@ LOCAL_DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
+    # Raw files hold up to 1M payloads; smaller splits keep one task's rows (and any block
+    # read back from disk) well inside a 2 GB driver heap.
+    "spark.sql.files.maxPartitionBytes": "16m",
     "spark.default.parallelism": "4",
     "spark.driver.memory": "2g",
     # Adaptive execution re-plans every shuffle as extra jobs: for a batch's small,

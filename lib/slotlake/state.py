@@ -26,7 +26,15 @@ STATE_META: list[tuple[str, str]] = [
     ("_fallback", "map<string,string>"),
     ("_missing_toast", "array<string>"),
 ]
-REPLAY_BUCKETS = 8
+# applyInArrow hands each group to Python whole, buffered in the JVM first: the replay
+# bucket count grows with the batch so a group stays near ROWS_PER_REPLAY_BUCKET rows
+# (8 fixed buckets ran the 2 GB driver heap out at 5M changes).
+MIN_REPLAY_BUCKETS = 8
+ROWS_PER_REPLAY_BUCKET = 50_000
+
+
+def replay_buckets(expected_rows: int) -> int:
+    return max(MIN_REPLAY_BUCKETS, -(-expected_rows // ROWS_PER_REPLAY_BUCKET))
 
 
 def state_schema_ddl(cat: TableCatalog) -> str:
@@ -101,8 +109,12 @@ def fill_and_merge_keyed(
     prior: DataFrame,
     cat: TableCatalog,
     truncations: Sequence[tuple[int, int]],
+    expected_rows: int = 0,
 ) -> tuple[DataFrame, DataFrame]:
-    """(change rows with TOAST filled, new state) of a table keyed by its replica identity."""
+    """(change rows with TOAST filled, new state) of a table keyed by its replica identity.
+
+    ``expected_rows`` (the table's DML rows in the batch) sizes the replay buckets.
+    """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
@@ -110,7 +122,9 @@ def fill_and_merge_keyed(
     spark = events.sparkSession
     keys = list(cat.key_columns)
     key_change = (F.col("_op") == "U") & (F.col("_k_before") != F.col("_k_after"))
-    events = with_keys(events, keys).persist(StorageLevel.MEMORY_AND_DISK)
+    # DISK_ONLY: a MEMORY_AND_DISK block that spilled is read back into one heap buffer,
+    # which is what ran the driver out of heap on multi-million-row batches.
+    events = with_keys(events, keys).persist(StorageLevel.DISK_ONLY)
     stats = events.agg(
         F.sum(F.when(key_change, 1).otherwise(0)).alias("key_changes"),
         F.sum(F.when(F.size("_unchanged") > 0, 1).otherwise(0)).alias("open_toast"),
@@ -162,7 +176,9 @@ def fill_and_merge_keyed(
         F.col("_gid"),
     )
     combined = events.unionByName(as_events, allowMissingColumns=True)
-    combined = combined.withColumn("_bucket", F.pmod(F.xxhash64("_gid"), F.lit(REPLAY_BUCKETS)))
+    combined = combined.withColumn(
+        "_bucket", F.pmod(F.xxhash64("_gid"), F.lit(replay_buckets(expected_rows)))
+    )
 
     out_schema = StructType(
         [f for f in events.schema.fields if f.name != "_gid"]
@@ -171,7 +187,7 @@ def fill_and_merge_keyed(
     data_columns = list(cat.state_columns)
     fn = _replay_fn(data_columns, list(truncations), out_schema)
     out = combined.groupBy("_bucket").applyInArrow(fn, out_schema)
-    out = out.persist(StorageLevel.MEMORY_AND_DISK)
+    out = out.persist(StorageLevel.DISK_ONLY)
     changes = out.filter(F.col("_kind") == "E").drop("_kind", "_k", "_k_before", "_k_after")
     final_rows = out.filter(F.col("_kind") == "S").select(
         *[F.col(f"`{c}`") for c in data_columns], "_fallback", "_missing_toast"
