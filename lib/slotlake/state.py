@@ -144,11 +144,9 @@ def fill_and_merge_keyed(
             list(roots.items()),
             StructType([StructField("_rk", StringType()), StructField("_root", StringType())]),
         )
-        events = events.join(F.broadcast(root_df), own_key == F.col("_rk"), "left")
-        events = events.withColumn("_gid", F.coalesce(F.col("_root"), own_key)).drop("_rk", "_root")
     else:
         root_df = None
-        events = events.withColumn("_gid", own_key)
+    events = _with_lineage(events, own_key, root_df)
     open_toast = bool(stats is not None and stats["open_toast"])
 
     # Prior rows only for the keys whose events still have unchanged TOAST open.
@@ -162,11 +160,7 @@ def fill_and_merge_keyed(
         prior_rows = prior_k.join(needed, prior_k["_pk"] == needed["_nk"], "left_semi")
     else:
         prior_rows = prior_k.limit(0)
-    if root_df is not None:
-        prior_rows = prior_rows.join(F.broadcast(root_df), F.col("_pk") == F.col("_rk"), "left")
-        prior_rows = prior_rows.withColumn("_gid", F.coalesce(F.col("_root"), F.col("_pk")))
-    else:
-        prior_rows = prior_rows.withColumn("_gid", F.col("_pk"))
+    prior_rows = _with_lineage(prior_rows, F.col("_pk"), root_df)
     as_events = prior_rows.select(
         *[F.col(f"`{c}`") for c in cat.state_columns],
         F.col("_fallback"),
@@ -199,6 +193,16 @@ def fill_and_merge_keyed(
         untouched = prior_k.join(touched, prior_k["_pk"] == touched["_k"], "left_anti").drop("_pk")
         state = untouched.unionByName(final_rows)
     return changes, state
+
+
+def _with_lineage(df: DataFrame, key: Column, roots: DataFrame | None) -> DataFrame:
+    """``_gid``: the row's lineage root when a key change links ``key`` to one, else ``key``."""
+    from pyspark.sql import functions as F
+
+    if roots is None:
+        return df.withColumn("_gid", key)
+    joined = df.join(F.broadcast(roots), key == F.col("_rk"), "left")
+    return joined.withColumn("_gid", F.coalesce(F.col("_root"), key)).drop("_rk", "_root")
 
 
 def _replay_fn(data_columns: list[str], truncations: list[tuple[int, int]], out_schema):  # type: ignore[no-untyped-def]
