@@ -40,6 +40,30 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# Delta Lake's jars for the job's local SparkSessions, fetched once from Maven Central and
+# kept in the venv (slotlake.spark finds them there): demo, tests and CI need no JVM
+# repository at run time. Versions follow the delta-spark pin in pyproject.toml.
+DELTA_VERSION=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('delta-spark'))")
+SPARK_LINE=$("$VENV/bin/python" -c "import pyspark; print('.'.join(pyspark.__version__.split('.')[:2]))")
+JARS="$VENV/share/slotlake/jars"
+want=("io.delta:delta-spark_${SPARK_LINE}_2.13:${DELTA_VERSION}" "io.delta:delta-storage:${DELTA_VERSION}")
+have=1
+for coord in "${want[@]}"; do
+  IFS=: read -r _g a v <<<"$coord"
+  [ -s "$JARS/$a-$v.jar" ] || have=0
+done
+if [ "$have" -eq 0 ]; then
+  echo "setup: fetching Delta Lake ${DELTA_VERSION} jars for Spark ${SPARK_LINE} into $JARS"
+  command -v mvn >/dev/null 2>&1 || {
+    [ "$(id -u)" -eq 0 ] || { echo "setup: mvn is missing (install maven)" >&2; exit 1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends maven >/dev/null
+  }
+  mkdir -p "$JARS"
+  for coord in "${want[@]}"; do
+    mvn -q -B dependency:copy -Dartifact="$coord" -DoutputDirectory="$JARS" >/dev/null
+  done
+fi
+
 # Airflow (the DAGs and their tests) lives in a venv of its own: the Spark provider depends
 # on pyspark-client, which would install over the job's pyspark. Only the `airflow` extra's
 # requirements go in; the DAG file does not import slotlake.

@@ -1,8 +1,10 @@
-"""One batch, from its raw Parquet to per-table change logs and state versions.
+"""One batch, from its raw Parquet into the lake's Delta tables.
 
-Used by sync (right after the pull) and by reprocessing (from retained raw alone): it
-reads raw Parquet and earlier commit records, writes new directories under the lake,
-and returns what a commit record needs. It never talks to PostgreSQL and never commits.
+Used by sync (right after the pull), bootstrap-free reruns and reprocessing (from retained
+raw alone): it reads raw Parquet and the previous commit record, appends each busy table's
+change log and MERGEs its state (tables written concurrently, each idempotently for the
+batch), and returns what the commit record needs. It never talks to PostgreSQL and never
+writes the commit record.
 """
 
 from __future__ import annotations
@@ -29,8 +31,20 @@ from slotlake.decode import (
     scan_raw,
     spark_schema_ddl,
 )
+from slotlake.delta import (
+    WriteResult,
+    append,
+    ensure_table,
+    last_commit,
+    merge,
+    overwrite,
+    quote,
+    table_session,
+    txn_version,
+)
 from slotlake.lake import (
     CHANGES,
+    COPIES,
     MESSAGES,
     STATE,
     TRANSACTIONS,
@@ -42,13 +56,16 @@ from slotlake.lake import (
 from slotlake.state import (
     align_prior,
     empty_state,
-    fill_and_merge_keyed,
-    merge_multiset,
+    fill_keyed,
+    merge_condition,
+    multiset_condition,
+    multiset_delta,
     state_schema_ddl,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +93,8 @@ class BatchOutput:
     transactions: str | None
     messages: str | None
     transaction_count: int
+    transactions_version: int | None = None
+    messages_version: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -98,11 +117,31 @@ def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]
     }
 
 
-def _write(df: DataFrame, lake: Lake, rel: str) -> int:
-    df.write.mode("errorifexists").option("compression", "zstd").parquet(lake.path(rel))
-    if lake.local or lake.uri.startswith("file://"):
-        return parquet_rows(str(local_path(lake.path(rel))))
-    return df.sparkSession.read.parquet(lake.path(rel)).count()
+def conform(df: DataFrame, target: StructType) -> DataFrame:
+    """``df`` with exactly the target table's columns, in its order: columns the batch does
+    not have (dropped at the source in an earlier batch) are NULL, ``_old`` is padded alike."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType as ST
+
+    have = set(df.columns)
+    cols = []
+    for f in target.fields:
+        if f.name not in have:
+            cols.append(F.lit(None).cast(f.dataType).alias(f.name))
+        elif f.name == "_old" and isinstance(f.dataType, ST):
+            old_have = set(df.schema["_old"].dataType.fieldNames())  # type: ignore[attr-defined]
+            parts = [
+                (F.col("_old").getField(g.name) if g.name in old_have else F.lit(None))
+                .cast(g.dataType)
+                .alias(g.name)
+                for g in f.dataType.fields
+            ]
+            cols.append(
+                F.when(F.col("_old").isNull(), None).otherwise(F.struct(*parts)).alias("_old")
+            )
+        else:
+            cols.append(F.col(quote(f.name)).cast(f.dataType).alias(f.name))
+    return df.select(*cols)
 
 
 def parquet_rows(directory: str) -> int:
@@ -149,32 +188,156 @@ def _markers(
     )
 
 
+def read_prior_state(
+    spark: SparkSession, lake: Lake, cat: TableCatalog, prior: TableCommit | None
+) -> DataFrame:
+    """The table's state as of the previous commit (Delta time travel), aligned to this batch.
+
+    Reading the recorded version, not the latest, keeps a rerun of batch N exact after its
+    first attempt already merged N into the state.
+    """
+    if prior is None or not prior.state or prior.state_version is None:
+        return empty_state(spark, cat)
+    df = (
+        spark.read.format("delta")
+        .option("versionAsOf", prior.state_version)
+        .load(lake.path(prior.state))
+    )
+    if COPIES in df.columns:
+        df = df.drop(COPIES)
+    return align_prior(df, cat)
+
+
+def _state_schema(cat: TableCatalog) -> StructType:
+    from pyspark.sql.types import StructType
+
+    ddl = state_schema_ddl(cat)
+    if cat.is_multiset:
+        ddl += f", `{COPIES}` bigint"
+    return StructType.fromDDL(ddl)
+
+
+def _write_state(
+    session: SparkSession,
+    lake: Lake,
+    cat: TableCatalog,
+    state_rel: str,
+    source: DataFrame,
+    truncated: bool,
+    app_id: str,
+    batch: int,
+) -> WriteResult:
+    """One Delta commit that brings the state to the batch's end: MERGE, or an overwrite
+    when the batch truncated the table (the truncate and what followed it, at once)."""
+    from pyspark.sql import functions as F
+
+    path = lake.path(state_rel)
+    data = [quote(c) for c in cat.state_columns]
+    if cat.is_multiset:
+        if truncated:
+            rows = source.filter(F.col("_d") > 0).select(
+                *data,
+                "_fallback",
+                F.array().cast("array<string>").alias("_missing_toast"),
+                F.col("_d").alias(COPIES),
+            )
+            return overwrite(rows, path, app_id, batch)
+        values = {c: f"s.{c}" for c in data}
+        values.update({"_fallback": "s._fallback", "_missing_toast": "array()", COPIES: "s._d"})
+        return merge(
+            session,
+            path,
+            source,
+            multiset_condition(cat),
+            lambda m: (
+                m.whenMatchedDelete(f"t.{COPIES} + s._d <= 0")
+                .whenMatchedUpdate(set={COPIES: f"t.{COPIES} + s._d"})
+                .whenNotMatchedInsert(condition="s._d > 0", values=values)
+            ),
+            app_id,
+            batch,
+        )
+    if truncated:
+        rows = source.filter(~F.col("_deleted")).select(*data, "_fallback", "_missing_toast")
+        return overwrite(rows, path, app_id, batch)
+    values = {c: f"s.{c}" for c in [*data, "_fallback", "_missing_toast"]}
+    return merge(
+        session,
+        path,
+        source,
+        merge_condition(cat),
+        lambda m: (
+            m.whenMatchedDelete("s._deleted")
+            .whenMatchedUpdate(set=values)
+            .whenNotMatchedInsert(condition="NOT s._deleted", values=values)
+        ),
+        app_id,
+        batch,
+    )
+
+
+def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
+    m = result.metrics
+    if "numTargetRowsInserted" in m:
+        base = prior.state_rows if prior is not None else 0
+        return base + int(m.get("numTargetRowsInserted", 0)) - int(m.get("numTargetRowsDeleted", 0))
+    return int(m.get("numOutputRows", 0))
+
+
 def process_table(
     spark: SparkSession,
     lake: Lake,
-    dml: DataFrame,
+    raw_rel: str,
     cat: TableCatalog,
     bcat: BatchCatalog,
     prior: TableCommit | None,
     batch: int,
-    attempt: str,
+    app_id: str,
     expected_rows: int,
 ) -> TableCommit:
+    """Decode, fill and write one table for batch ``batch``: append its change log, then
+    MERGE its state, each in one idempotent Delta commit, from a session of its own."""
     from pyspark.sql import functions as F
 
     _check_collisions(cat)
+    session = table_session(spark)
+    changes_rel = Lake.table_path(CHANGES, cat.name)
+    state_rel = Lake.table_path(STATE, cat.name)
+    state_set = set(cat.state_columns)
+    commit = TableCommit(
+        changes=changes_rel,
+        state=state_rel,
+        columns=[[n, t, "state" if n in state_set else "log"] for n, t in cat.columns],
+        key_columns=list(cat.key_columns),
+        replica_identity=cat.replica_identity,
+        renames=dict(cat.renames),
+        written=True,
+    )
+    if lake.local or lake.uri.startswith("file://"):
+        done = [
+            txn_version(str(local_path(lake.path(rel))), app_id) for rel in (changes_rel, state_rel)
+        ]
+        if all(v is not None and v >= batch for v in done):
+            # An earlier attempt of this batch wrote both tables: nothing to recompute.
+            c = last_commit(session, lake.path(changes_rel))
+            s = last_commit(session, lake.path(state_rel))
+            commit.changes_version, commit.state_version = c.version, s.version
+            commit.change_rows = int(c.metrics.get("numOutputRows", 0))
+            commit.state_rows = _state_rows(prior, s)
+            return commit
+    dml = raw_dml(session.read.parquet(lake.path(raw_rel)))
     events = decode_table(dml, cat, bcat, batch)
-    if prior is not None and prior.state:
-        prior_df = align_prior(spark.read.parquet(lake.path(prior.state)), cat)
-    else:
-        prior_df = empty_state(spark, cat)
+    prior_df = read_prior_state(session, lake, cat, prior)
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
+    persisted: list[DataFrame] = []
     if cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
-        state = merge_multiset(events, prior_df, cat, truncs)
+        state_source = multiset_delta(events, cat, truncs)
     else:
-        changes, state = fill_and_merge_keyed(events, prior_df, cat, truncs, expected_rows)
-    markers = _markers(spark, cat, bcat, batch)
+        changes, state_source = fill_keyed(
+            events, prior_df, cat, truncs, expected_rows, persisted=persisted
+        )
+    markers = _markers(session, cat, bcat, batch)
     if markers is not None:
         changes = changes.unionByName(markers.select(*changes.columns))
     changes = changes.drop("_seq", "_unchanged")
@@ -184,26 +347,21 @@ def process_table(
         changes = changes.repartition(1).sortWithinPartitions("_commit_lsn", "_tx_ordinal")
     else:
         changes = changes.orderBy("_commit_lsn", "_tx_ordinal")
-    changes_rel = lake.batch_path(CHANGES, batch, attempt, cat.name)
-    state_rel = lake.batch_path(STATE, batch, attempt, cat.name)
-    change_rows = _write(changes, lake, changes_rel)
-    state_rows = _write(
-        state.select(*[f"`{c}`" for c in cat.state_columns], "_fallback", "_missing_toast"),
-        lake,
-        state_rel,
-    )
-    spark.catalog.clearCache()
-    state_set = set(cat.state_columns)
-    return TableCommit(
-        changes=changes_rel,
-        state=state_rel,
-        change_rows=change_rows,
-        state_rows=state_rows,
-        columns=[[n, t, "state" if n in state_set else "log"] for n, t in cat.columns],
-        key_columns=list(cat.key_columns),
-        replica_identity=cat.replica_identity,
-        renames=dict(cat.renames),
-    )
+    try:
+        changes_path = lake.path(changes_rel)
+        ensure_table(session, changes_path, changes.schema, renames=cat.renames)
+        target = session.read.format("delta").load(changes_path).schema
+        c = append(conform(changes, target), changes_path, app_id, batch)
+        state_path = lake.path(state_rel)
+        ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
+        s = _write_state(session, lake, cat, state_rel, state_source, bool(truncs), app_id, batch)
+    finally:
+        for df in persisted:
+            df.unpersist()
+    commit.changes_version, commit.state_version = c.version, s.version
+    commit.change_rows = int(c.metrics.get("numOutputRows", 0))
+    commit.state_rows = _state_rows(prior, s)
+    return commit
 
 
 def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
@@ -386,19 +544,30 @@ def _raw_errors_in_one_line(fn: Callable[..., BatchOutput]) -> Callable[..., Bat
     return wrapper
 
 
+# Tables written at once: each is a chain of small Spark jobs whose driver-side gaps
+# (planning, Delta log reads, commits) the others fill. More than a few only queue.
+TABLE_WORKERS = 4
+
+
 @_raw_errors_in_one_line
 def process_batch(
     spark: SparkSession,
     lake: Lake,
     raw_rel: str,
     batch: int,
-    attempt: str,
+    app_id: str,
     prior: CommitRecord | None,
     progress: Callable[[str], None] = log.info,
     fault: Callable[[str], None] = lambda step: None,
     raw_local: str | None = None,
+    workers: int = TABLE_WORKERS,
 ) -> BatchOutput:
-    """Decode one raw batch and write its outputs (not yet committed)."""
+    """Decode one raw batch and write it into the lake's Delta tables (not yet committed).
+
+    Each table's writes carry ``(app_id, batch)`` as Delta's idempotent-transaction marker,
+    so calling this again for the same batch (a rerun) writes no table twice.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -406,57 +575,77 @@ def process_batch(
     bcat = collect_catalog(scan.catalog_rows, batch, prior_schemas(prior))
     counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0
-    raw = spark.read.parquet(lake.path(raw_rel))
     prior_tables = dict(prior.tables) if prior else {}
     tables: dict[str, TableCommit] = {}
-    dml = raw_dml(raw)
     busy = [
         c
         for c in bcat.tables.values()
         if any(counts.get(o) for o in c.oids) or any(c.name in t.tables for t in bcat.truncates)
     ]
-    # No cache of the raw DML rows: each table re-reads the raw Parquet (columnar, cheap),
-    # where a cache held every payload in the driver JVM and ran out of heap at 5M changes.
+    for cat in busy:
+        _check_collisions(cat)
+    expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
     fault("decode")
-    for cat in sorted(busy, key=lambda c: c.name):
+
+    def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
         t1 = time.monotonic()
-        expected = sum(counts.get(o, 0) for o in cat.oids)
-        tables[cat.name] = process_table(
-            spark, lake, dml, cat, bcat, prior_tables.get(cat.name), batch, attempt, expected
+        out = process_table(
+            spark,
+            lake,
+            raw_rel,
+            cat,
+            bcat,
+            prior_tables.get(cat.name),
+            batch,
+            app_id,
+            expected[cat.name],
         )
-        timings[f"table:{cat.name}"] = time.monotonic() - t1
-        progress(
-            f"batch {batch}: {cat.name}: {tables[cat.name].change_rows} changes, "
-            f"{tables[cat.name].state_rows} rows in state ({timings[f'table:{cat.name}']:.1f}s)"
-        )
+        fault("table_written")
+        return cat.name, out, time.monotonic() - t1
+
+    # Biggest first, so the long chains start while small tables fill the gaps.
+    order = sorted(busy, key=lambda c: (-expected[c.name], c.name))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(order) or 1))) as pool:
+        futures = [pool.submit(one, cat) for cat in order]
+        try:
+            for fut in as_completed(futures):
+                name, out, seconds = fut.result()
+                tables[name] = out
+                timings[f"table:{name}"] = seconds
+                progress(
+                    f"batch {batch}: {name}: {out.change_rows} changes, "
+                    f"{out.state_rows} rows in state ({seconds:.1f}s)"
+                )
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
     fault("changes_written")
     for name, t in prior_tables.items():
         if name not in tables:
-            tables[name] = TableCommit(
-                changes=None,
-                state=t.state,
-                change_rows=0,
-                state_rows=t.state_rows,
-                columns=t.columns,
-                key_columns=t.key_columns,
-                replica_identity=t.replica_identity,
-            )
+            kept = TableCommit(**{**t.__dict__})
+            kept.change_rows, kept.written, kept.renames = 0, False, {}
+            tables[name] = kept
     t2 = time.monotonic()
-    tx_rel = lake.batch_path(TRANSACTIONS, batch, attempt)
-    tx_count = _write(
+    raw = spark.read.parquet(lake.path(raw_rel))
+    tx = append(
         _transactions(raw, bcat, batch).repartition(1).sortWithinPartitions("commit_lsn"),
-        lake,
-        tx_rel,
+        lake.path(TRANSACTIONS),
+        app_id,
+        batch,
     )
-    msg_rel = None
+    tx_count = int(tx.metrics.get("numOutputRows", 0))
+    msg_rel, msg_version = (prior.messages, prior.messages_version) if prior else (None, None)
     if "M" in types_seen:
-        msg_rel = lake.batch_path(MESSAGES, batch, attempt)
-        _write(
-            _messages(raw, bcat, batch).repartition(1).sortWithinPartitions("lsn"), lake, msg_rel
-        )
+        msg_rel = MESSAGES
+        msg_version = append(
+            _messages(raw, bcat, batch).repartition(1).sortWithinPartitions("lsn"),
+            lake.path(MESSAGES),
+            app_id,
+            batch,
+        ).version
     timings["transactions"] = time.monotonic() - t2
-    spark.catalog.clearCache()
-    return BatchOutput(tables, tx_rel, msg_rel, tx_count, timings)
+    return BatchOutput(tables, TRANSACTIONS, msg_rel, tx_count, tx.version, msg_version, timings)
 
 
 __all__ = ["BatchOutput", "process_batch", "state_schema_ddl"]

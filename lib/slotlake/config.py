@@ -42,8 +42,11 @@ class LakeConfig:
     path: str = "lake"
     # Raw batches kept for reprocessing: the newest N committed batches (-1 = all).
     raw_retention_batches: int = -1
-    # State versions kept per table beyond the one in force (reprocessing starts from them).
+    # Batches back whose Delta table versions stay readable (time travel, reprocessing
+    # start points): `slotlake maintain` never VACUUMs files those versions still use.
     state_versions: int = 3
+    # Tables of one batch written at once (threads over one SparkContext).
+    table_workers: int = 4
 
 
 @dataclass

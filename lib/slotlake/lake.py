@@ -2,22 +2,32 @@
 
 Layout under the lake root::
 
-    _commits/00000000000000000007.json       one record per committed batch (the commit point)
-    _raw/b00000000000000000007-<attempt>/     raw payloads of batch 7 (part-*.parquet)
-    changes/<schema>.<table>/b…-<attempt>/    change log rows written by batch 7
-    state/<schema>.<table>/b…-<attempt>/      a full version of the table's state as of batch 7
-    transactions/b…-<attempt>/, messages/b…-<attempt>/
+    _slotlake.json                         layout marker: {"layout": "delta", "lake_id": …}
+    _commits/00000000000000000007.json     one record per committed batch (the commit point)
+    _pending/00000000000000000007.json     batch 7's plan: fixed by its first attempt
+    _raw/b00000000000000000007-<attempt>/  raw payloads of batch 7 (plain Parquet, the archive)
+    changes/<schema>.<table>/              Delta table: the table's change log (append-only)
+    state/<schema>.<table>/                Delta table: the mirror, MERGEd by replica identity
+    transactions/, messages/               Delta tables
 
-Every batch writes into directories named by its batch number *and* a random attempt id,
-so a crashed attempt can never mix its files with a later one. Nothing a batch writes is
-part of the lake until its commit record exists; the record names every directory the
-batch made visible, and for each table the state version in force. Readers therefore
-start from the newest commit record, never from a directory listing. The record is
-written to a temporary name and renamed, which is atomic on POSIX file systems and HDFS.
+Every Delta table is written at most once per batch: each write carries Delta's
+idempotent-transaction marker (``txnAppId`` = the lake's writer id, ``txnVersion`` = the
+batch number), so a rerun of batch N skips the tables that already have it. The commit
+record is written last and lists, per Delta table, the version that holds batch N: it is
+the cross-table commit point. Readers start from a commit record and read each table *as
+of* its version (time travel), so a table that already has batch N+1 while its record is
+not yet written is never seen half-way. The record is written to a temporary name and
+linked/renamed, which is atomic on POSIX file systems and HDFS.
+
+A batch's content is fixed by its first attempt: after the pull, the plan (target LSN,
+raw directory, LSNs) is written to ``_pending/`` before any table is touched; a rerun of
+an unfinished batch reuses it rather than pulling to a newer target, otherwise the
+tables that had already committed the batch would miss the changes in between.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -32,33 +42,48 @@ from typing import Any
 from slotlake import __version__
 from slotlake.lsn import Lsn
 
+LAYOUT_FILE = "_slotlake.json"
+LAYOUT = "delta"
 COMMITS = "_commits"
+PENDING = "_pending"
 RAW = "_raw"
 CHANGES = "changes"
 STATE = "state"
 TRANSACTIONS = "transactions"
 MESSAGES = "messages"
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+# The multiset state of a table matched by whole rows (REPLICA IDENTITY FULL, or no key):
+# one row per distinct value and how many copies of it the source holds.
+COPIES = "_copies"
 
 
 class LakeError(RuntimeError):
     pass
 
 
+class OldLayoutError(LakeError):
+    pass
+
+
 @dataclass
 class TableCommit:
-    """What one batch did to one table."""
+    """One source table as of one batch: its two Delta tables and their versions."""
 
-    changes: str | None  # directory of this batch's change log rows (relative to the root)
-    state: str | None  # directory of the table's state version in force after the batch
-    change_rows: int = 0
-    state_rows: int = 0
-    columns: list[list[str]] = field(default_factory=list)  # [name, spark ddl type]
+    changes: str | None  # Delta table of the change log (relative to the root)
+    state: str | None  # Delta table of the state
+    change_rows: int = 0  # rows this batch appended to the change log
+    state_rows: int = 0  # rows in the state after the batch
+    columns: list[list[str]] = field(default_factory=list)  # [name, spark ddl, state|log]
     key_columns: list[str] = field(default_factory=list)
     replica_identity: str = ""
-    renames: dict[str, str] = field(
-        default_factory=dict
-    )  # columns renamed by this batch: old → new
+    renames: dict[str, str] = field(default_factory=dict)  # renamed by this batch: old → new
+    changes_version: int | None = None  # Delta version of the change log as of this batch
+    state_version: int | None = None  # Delta version of the state as of this batch
+    written: bool = False  # whether this batch wrote the table
+
+    @property
+    def multiset(self) -> bool:
+        return self.replica_identity == "f" or not self.key_columns
 
 
 @dataclass
@@ -80,6 +105,10 @@ class CommitRecord:
     tables: dict[str, TableCommit] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     kind: str = "sync"  # sync | bootstrap | reprocess
+    transactions_version: int | None = None
+    messages_version: int | None = None
+    txn_app_id: str = ""  # Delta txnAppId the batch's writes carried
+    layout: str = LAYOUT
 
     @property
     def end(self) -> Lsn:
@@ -95,8 +124,35 @@ class CommitRecord:
     @classmethod
     def from_json(cls, text: str) -> CommitRecord:
         raw = json.loads(text)
+        if raw.get("layout") != LAYOUT:
+            raise OldLayoutError("written by slotlake's Parquet layout (before Delta Lake)")
         raw["tables"] = {k: TableCommit(**v) for k, v in raw.get("tables", {}).items()}
         return cls(**raw)
+
+
+@dataclass
+class BatchPlan:
+    """What batch N is, fixed after its pull and before any table is written."""
+
+    batch: int
+    attempt: str
+    slot: str
+    start_lsn: str
+    end_lsn: str
+    target_lsn: str
+    raw: str
+    raw_messages: int
+    raw_bytes: int
+    txn_app_id: str
+    kind: str = "sync"
+    created_at: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchPlan:
+        return cls(**json.loads(text))
 
 
 def batch_dir_name(batch: int, attempt: str) -> str:
@@ -111,7 +167,7 @@ def table_dir_name(table: str) -> str:
 
     PostgreSQL identifiers may hold '/', ':', spaces or quotes; those are replaced, and a
     short hash of the real name keeps two such names apart. Readers go through the commit
-    record, which maps the real name to its directories, so this need not be reversible.
+    record, which maps the real name to its tables, so this need not be reversible.
     """
     if not _UNSAFE.search(table) and not table.startswith("."):
         return table
@@ -252,12 +308,32 @@ class _FileUriFS(LocalFS):
         super().download_dir(self._p(p), local_dir)
 
 
+def _file_system(root: str, fs: Any) -> Any:
+    if fs is not None:
+        return fs
+    if is_local(root):
+        return LocalFS()
+    try:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        spark = None
+    if spark is not None:
+        from slotlake.hadoopfs import HadoopFS
+
+        return HadoopFS(spark)
+    if root.startswith("file://"):
+        return _FileUriFS()
+    raise LakeError(f"lake {root}: a Hadoop file system URI needs a running SparkSession")
+
+
 class Lake:
     """A lake root: a local path, or any Hadoop file system URI (hdfs://, s3a://, file://).
 
     Plain paths are handled with Python's os; URIs through Spark's Hadoop FileSystem
     (:mod:`slotlake.hadoopfs`) with the active SparkSession's configuration. The readers
-    for pandas/pyarrow/DuckDB (``read_changes``, ``read_state``) work on local roots.
+    for pandas/pyarrow (``read_changes``, ``read_state``) work on local and file:// roots.
     """
 
     def __init__(self, root: str | Path, fs: Any = None) -> None:
@@ -270,15 +346,57 @@ class Lake:
     def path(self, relative: str) -> str:
         return self.fs.join(self.uri, relative)
 
-    def batch_path(self, kind: str, batch: int, attempt: str, table: str | None = None) -> str:
-        """Relative path of a directory that batch/attempt writes."""
-        parts = (
-            [kind] + ([table_dir_name(table)] if table else []) + [batch_dir_name(batch, attempt)]
-        )
-        return "/".join(parts)
+    def batch_path(self, kind: str, batch: int, attempt: str) -> str:
+        """Relative path of a directory that batch/attempt writes (raw payloads)."""
+        return f"{kind}/{batch_dir_name(batch, attempt)}"
 
-    def exists(self, relative: str) -> bool:
-        return self.fs.exists(self.path(relative))
+    @staticmethod
+    def table_path(kind: str, table: str) -> str:
+        """Relative path of the Delta table of ``kind`` (changes/state) of source ``table``."""
+        return f"{kind}/{table_dir_name(table)}"
+
+    def exists(self, relative: str = "") -> bool:
+        return self.fs.exists(self.path(relative) if relative else self.uri)
+
+    # -- layout ----------------------------------------------------------------------------
+    def layout(self) -> dict[str, Any] | None:
+        """The layout marker, or None for a lake nothing was written to yet.
+
+        Refuses a lake written by the Parquet layout of slotlake before Delta Lake.
+        """
+        marker = self.path(LAYOUT_FILE)
+        if self.fs.exists(marker):
+            info = json.loads(self.fs.read_text(marker))
+            if info.get("layout") != LAYOUT:
+                raise OldLayoutError(self._old_layout_message())
+            return info
+        if self.fs.listdir(self.path(COMMITS)) or self.fs.isdir(self.path(STATE)):
+            raise OldLayoutError(self._old_layout_message())
+        return None
+
+    def _old_layout_message(self) -> str:
+        return (
+            f"lake {self.uri} was written by slotlake's old Parquet layout (before Delta Lake) "
+            "and is not migrated: bootstrap a new lake.path (slotlake bootstrap --config …)"
+        )
+
+    def ensure_layout(self) -> dict[str, Any]:
+        """The layout marker, written on the first batch; its lake_id keys Delta's txnAppId."""
+        info = self.layout()
+        if info is not None:
+            return info
+        info = {"layout": LAYOUT, "lake_id": uuid.uuid4().hex, "created_at": utcnow_iso()}
+        self.fs.mkdirs(self.uri)
+        with contextlib.suppress(FileExistsError):
+            self.fs.create_new(self.path(LAYOUT_FILE), json.dumps(info, indent=2))
+        result = self.layout()
+        assert result is not None
+        return result
+
+    def app_id(self, suffix: str = "") -> str:
+        """Delta ``txnAppId`` of this lake's writers (a reprocess in place adds a suffix)."""
+        base = f"slotlake-{self.ensure_layout()['lake_id']}"
+        return f"{base}-{suffix}" if suffix else base
 
     # -- commit records --------------------------------------------------------------------
     def _commit_path(self, batch: int) -> str:
@@ -292,10 +410,13 @@ class Lake:
         path = self._commit_path(batch)
         try:
             return CommitRecord.from_json(self.fs.read_text(path))
+        except OldLayoutError:
+            raise OldLayoutError(self._old_layout_message()) from None
         except Exception as exc:
             raise LakeError(f"commit record {path} is unreadable: {exc}") from exc
 
     def last_commit(self) -> CommitRecord | None:
+        self.layout()
         batches = self.commit_batches()
         return self.read_commit(batches[-1]) if batches else None
 
@@ -320,55 +441,69 @@ class Lake:
         """Swap the record of an already committed batch for ``record`` (in-place reprocessing).
 
         Written beside the final name, then moved over it (``os.replace`` locally): a reader
-        sees the old record or the new one, never a mix, and the directories each names
-        are complete. Returns the record replaced; deleting the directories only it named
-        is the caller's job (after readers had a chance to finish).
+        sees the old record or the new one, never a mix.
         """
         old = self.read_commit(record.batch)
         self.fs.replace(self._commit_path(record.batch), record.to_json())
         return old
 
+    # -- batch plans -----------------------------------------------------------------------
+    def _plan_path(self, batch: int) -> str:
+        return self.path(f"{PENDING}/{batch:020d}.json")
+
+    def write_plan(self, plan: BatchPlan) -> None:
+        self.fs.mkdirs(self.path(PENDING))
+        try:
+            self.fs.create_new(self._plan_path(plan.batch), plan.to_json())
+        except FileExistsError:
+            raise LakeError(f"batch {plan.batch} already has a plan") from None
+
+    def read_plan(self, batch: int) -> BatchPlan | None:
+        path = self._plan_path(batch)
+        if not self.fs.exists(path):
+            return None
+        try:
+            return BatchPlan.from_json(self.fs.read_text(path))
+        except Exception as exc:
+            raise LakeError(f"batch plan {path} is unreadable: {exc}") from exc
+
+    def drop_plans(self, upto: int) -> None:
+        """Plans of committed batches are superseded by their commit records."""
+        for name in self.fs.listdir(self.path(PENDING)):
+            m = _COMMIT_NAME.match(name)
+            if m and int(m.group(1)) <= upto:
+                self.fs.rmtree(self.path(f"{PENDING}/{name}"))
+
     # -- housekeeping ----------------------------------------------------------------------
-    def referenced_dirs(self) -> set[str]:
-        """Every directory some commit record names (raw, changes, state versions, …)."""
-        out: set[str] = set()
-        for rec in self.commits():
-            for p in (rec.raw, rec.transactions, rec.messages):
-                if p:
-                    out.add(p)
-            for t in rec.tables.values():
-                for p in (t.changes, t.state):
-                    if p:
-                        out.add(p)
+    def referenced_raw(self) -> set[str]:
+        """Raw directories a commit record or a pending plan names."""
+        out = {rec.raw for rec in self.commits() if rec.raw}
+        for name in self.fs.listdir(self.path(PENDING)):
+            m = _COMMIT_NAME.match(name)
+            if m and (plan := self.read_plan(int(m.group(1)))) is not None:
+                out.add(plan.raw)
         return out
 
-    def remove_uncommitted(self, keep_attempt: str | None = None) -> list[str]:
-        """Delete directories left by attempts that never committed (crashed runs).
+    def remove_uncommitted(self) -> list[str]:
+        """Delete raw directories of attempts that never got a plan (crashed pulls) and
+        temporary files left by a kill between a record's write and its rename.
 
-        Only directories that follow the batch naming and that no commit names are
-        removed; the caller holds the slot's advisory lock, so no attempt is in flight.
+        Delta tables need no such cleanup: a write either committed (and is then skipped
+        on rerun) or left files no version references (VACUUM removes them). The caller
+        holds the slot's advisory lock, so no attempt is in flight.
         """
-        referenced = self.referenced_dirs()
+        referenced = self.referenced_raw()
         removed = []
-        # A commit record's temporary file, left by a kill between its write and its rename.
-        for name in self.fs.listdir(self.path(COMMITS)):
-            if name.startswith(".") and name.endswith(".tmp"):
-                self.fs.rmtree(self.path(f"{COMMITS}/{name}"))
-                removed.append(f"{COMMITS}/{name}")
-        for kind in (RAW, CHANGES, STATE, TRANSACTIONS, MESSAGES):
-            if kind in (RAW, TRANSACTIONS, MESSAGES):
-                parents = [kind]
-            else:
-                parents = [f"{kind}/{t}" for t in self.fs.listdir(self.path(kind))]
-            for parent in parents:
-                for name in self.fs.listdir(self.path(parent)):
-                    if not re.match(r"^b\d{20}-[0-9a-f]+$", name):
-                        continue
-                    rel = f"{parent}/{name}"
-                    if rel in referenced or (keep_attempt and name.endswith(keep_attempt)):
-                        continue
-                    self.fs.rmtree(self.path(rel))
-                    removed.append(rel)
+        for folder in (COMMITS, PENDING):
+            for name in self.fs.listdir(self.path(folder)):
+                if name.startswith(".") and name.endswith(".tmp"):
+                    self.fs.rmtree(self.path(f"{folder}/{name}"))
+                    removed.append(f"{folder}/{name}")
+        for name in self.fs.listdir(self.path(RAW)):
+            rel = f"{RAW}/{name}"
+            if re.match(r"^b\d{20}-[0-9a-f]+$", name) and rel not in referenced:
+                self.fs.rmtree(self.path(rel))
+                removed.append(rel)
         return removed
 
     def expire_raw(self, keep_batches: int) -> list[str]:
@@ -387,27 +522,15 @@ class Lake:
                 removed.append(rec.raw)
         return removed
 
-    def expire_states(self, keep_versions: int) -> list[str]:
-        """Keep, per table, the state version in force plus ``keep_versions`` older ones.
-
-        Reprocessing starts from the state in force before its first batch, so with
-        ``keep_versions = K`` it can start up to K batches back (versions count batches
-        that changed the table, so a quiet table keeps older states longer).
-        """
-        records = list(self.commits())
-        removed = []
-        in_force: dict[str, list[str]] = {}
-        for rec in records:
-            for table, t in rec.tables.items():
-                versions = in_force.setdefault(table, [])
-                if t.state and (not versions or versions[-1] != t.state):
-                    versions.append(t.state)
-        for versions in in_force.values():
-            for old in versions[: max(0, len(versions) - 1 - max(0, keep_versions))]:
-                if self.exists(old):
-                    self.fs.rmtree(self.path(old))
-                    removed.append(old)
-        return removed
+    def delta_tables(self) -> list[str]:
+        """Relative paths of every Delta table the newest commit names."""
+        rec = self.last_commit()
+        if rec is None:
+            return []
+        out = [p for p in (rec.transactions, rec.messages) if p]
+        for t in rec.tables.values():
+            out += [p for p in (t.changes, t.state) if p]
+        return sorted(set(out))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -431,90 +554,108 @@ def make_record(**kwargs: Any) -> CommitRecord:
 # -- reading committed data without Spark --------------------------------------------------
 
 
-def _parquet_files(directory: Path) -> list[str]:
-    if not directory.is_dir():
-        raise LakeError(f"committed directory {directory} is missing")
-    return sorted(str(p) for p in directory.glob("*.parquet"))
-
-
-def table_names(root: str | Path) -> list[str]:
-    rec = Lake(root).last_commit()
-    return sorted(rec.tables) if rec else []
-
-
-def committed_change_files(root: str | Path, table: str) -> list[str]:
-    """Parquet files of the committed change log of ``table``, oldest batch first."""
-    return [f for files, _ in _change_files_by_batch(root, table) for f in files]
-
-
-def _change_files_by_batch(root: str | Path, table: str) -> list[tuple[list[str], dict[str, str]]]:
-    """(files, renames made by later batches) per committed batch that logged ``table``."""
+def _record(root: str | Path, batch: int | None) -> CommitRecord:
     lake = Lake(root)
-    out: list[tuple[list[str], dict[str, str]]] = []
-    for rec in lake.commits():
-        t = rec.tables.get(table)
-        if t is None:
-            continue
-        for _, later in out:
-            # Compose renames: a column renamed a→b then b→c maps a→c.
-            for old, new in list(later.items()):
-                later[old] = t.renames.get(new, new)
-            for old, new in t.renames.items():
-                later.setdefault(old, new)
-        if t.changes:
-            out.append((_parquet_files(lake.root / t.changes), {}))
-    return out
+    if batch is None:
+        rec = lake.last_commit()
+        if rec is None:
+            raise LakeError(f"lake {root} has no committed batch")
+        return rec
+    lake.layout()
+    if batch not in lake.commit_batches():
+        raise LakeError(f"batch {batch} is not committed in {root}")
+    return lake.read_commit(batch)
 
 
-def committed_state_files(root: str | Path, table: str) -> list[str]:
-    """Parquet files of the state version of ``table`` in force at the newest commit."""
-    lake = Lake(root)
-    rec = lake.last_commit()
-    if rec is None or table not in rec.tables or not rec.tables[table].state:
-        raise LakeError(f"no committed state for table {table!r} in {root}")
-    return _parquet_files(lake.root / rec.tables[table].state)
+def table_names(root: str | Path, batch: int | None = None) -> list[str]:
+    try:
+        return sorted(_record(root, batch).tables)
+    except LakeError:
+        if batch is None and Lake(root).last_commit() is None:
+            return []
+        raise
 
 
-def _read_files(files: list[str]):  # type: ignore[no-untyped-def]
+def _plain_types(table):  # type: ignore[no-untyped-def]
+    """string_view/binary_view (what DataFusion returns) → string/binary, for every reader."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    if not files:
-        return None
-    tables = [pq.read_table(f) for f in files]
-    return pa.concat_tables(tables, promote_options="permissive")
+    def plain(t: pa.DataType) -> pa.DataType:
+        if t == pa.string_view() or t == pa.large_string():
+            return pa.string()
+        if t == pa.binary_view() or t == pa.large_binary():
+            return pa.binary()
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            return pa.list_(plain(t.value_type))
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, plain(f.type)) for f in t])
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), plain(t.item_type))
+        return t
+
+    schema = pa.schema([pa.field(f.name, plain(f.type)) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)
 
 
-def read_changes(root: str | Path, table: str):  # type: ignore[no-untyped-def]
-    """The committed change log of ``table`` as a ``pyarrow.Table``, in commit order.
+def read_delta(root: str | Path, relative: str, version: int | None, sql: str | None = None):  # type: ignore[no-untyped-def]
+    """A Delta table of the lake as of ``version``, through the ``deltalake`` package.
 
-    Columns renamed by a later batch are read under their new name; columns a batch did
-    not have are null there (``concat_tables`` with permissive promotion, which also
-    widens types that a later batch widened).
+    deltalake's DataFusion reader handles the table features slotlake writes (deletion
+    vectors, column mapping); ``sql`` may filter/project ``t`` (default ``SELECT *``).
     """
     import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
 
-    rec = Lake(root).last_commit()
-    if rec is None or table not in rec.tables:
+    path = (
+        str(local_path(str(root)) / relative)
+        if str(root).startswith("file://") or is_local(str(root))
+        else f"{str(root).rstrip('/')}/{relative}"
+    )
+    if is_local(path) and not os.path.isdir(os.path.join(path, "_delta_log")):
+        raise LakeError(f"committed Delta table {path} is missing")
+    dt = DeltaTable(path, version=version)
+    reader = QueryBuilder().register("t", dt).execute(sql or "SELECT * FROM t")
+    return _plain_types(pa.table(reader.read_all()))
+
+
+def read_changes(root: str | Path, table: str, batch: int | None = None):  # type: ignore[no-untyped-def]
+    """The committed change log of ``table`` as a ``pyarrow.Table``, in commit order.
+
+    ``batch=N`` reads it as of batch N. Columns renamed by a later batch are read under
+    their new name (Delta column mapping); columns dropped at the source stay in the log.
+    """
+    rec = _record(root, batch)
+    t = rec.tables.get(table)
+    if t is None:
         raise LakeError(f"table {table!r} is not in the lake at {root}")
-    parts = []
-    for files, renames in _change_files_by_batch(root, table):
-        part = _read_files(files)
-        if part is not None:
-            if renames:
-                part = part.rename_columns([renames.get(n, n) for n in part.column_names])
-            parts.append(part)
-    if not parts:
+    if t.changes is None or t.changes_version is None:
+        import pyarrow as pa
+
         return pa.table({})
-    t = pa.concat_tables(parts, promote_options="permissive")
-    return t.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
+    out = read_delta(root, t.changes, t.changes_version)
+    return out.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
 
 
-def read_state(root: str | Path, table: str):  # type: ignore[no-untyped-def]
-    """The committed state (mirror) of ``table`` as a ``pyarrow.Table``."""
-    import pyarrow.parquet as pq
+def read_state(root: str | Path, table: str, batch: int | None = None):  # type: ignore[no-untyped-def]
+    """The committed state (mirror) of ``table`` as a ``pyarrow.Table``, one row per source row.
 
-    files = committed_state_files(root, table)
-    if not files:
-        raise LakeError(f"state of {table!r} has no files")
-    return _read_files(files) if len(files) > 1 else pq.read_table(files[0])
+    ``batch=N`` reads it as of batch N. A multiset table (REPLICA IDENTITY FULL or no key)
+    is stored as distinct rows with a ``_copies`` count; here each row is repeated that
+    many times and the count dropped, so the result always equals ``SELECT *``.
+    """
+    try:
+        rec = _record(root, batch)
+    except OldLayoutError:
+        raise
+    except LakeError:
+        raise LakeError(f"no committed state for table {table!r} in {root}") from None
+    t = rec.tables.get(table)
+    if t is None or not t.state or t.state_version is None:
+        raise LakeError(f"no committed state for table {table!r} in {root}")
+    out = read_delta(root, t.state, t.state_version)
+    if COPIES in out.column_names:
+        import numpy as np
+
+        copies = out.column(COPIES).to_numpy(zero_copy_only=False)
+        out = out.drop_columns([COPIES]).take(np.repeat(np.arange(len(copies)), copies))
+    return out

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 # timestamptz values and commit times never shift, Arrow for the pandas UDF.
 REQUIRED_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
+    # Delta Lake: every output table of the lake is a Delta table.
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
@@ -37,6 +40,50 @@ LOCAL_DEFAULTS: dict[str, str] = {
 }
 
 
+def delta_coordinates() -> list[str]:
+    """Maven coordinates of the Delta Lake jars matching the installed delta-spark and pyspark."""
+    import importlib.metadata
+
+    import pyspark
+
+    delta = importlib.metadata.version("delta-spark")
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    return [f"io.delta:delta-spark_{line}_2.13:{delta}", f"io.delta:delta-storage:{delta}"]
+
+
+def delta_jars() -> list[str] | None:
+    """The jars tools/setup.sh cached in the venv (or $SLOTLAKE_DELTA_JARS), if all are there."""
+    folder = os.environ.get("SLOTLAKE_DELTA_JARS") or os.path.join(
+        sys.prefix, "share", "slotlake", "jars"
+    )
+    paths = []
+    for coord in delta_coordinates():
+        _, artifact, version = coord.split(":")
+        path = os.path.join(folder, f"{artifact}-{version}.jar")
+        if not os.path.isfile(path):
+            return None
+        paths.append(path)
+    return paths
+
+
+def _delta_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """Where the Delta jars come from, unless the cluster's own settings already say so.
+
+    Local sessions use the cached jars; without them, Spark resolves the same coordinates
+    from Maven Central (``spark.jars.packages``). A cluster that ships Delta itself
+    (Databricks, EMR with Delta enabled) sets ``spark.jars``/``spark.jars.packages`` or
+    ``slotlake.delta.jars = "provided"`` and nothing is added.
+    """
+    if conf.get("slotlake.delta.jars") == "provided":
+        return {}
+    jars = delta_jars()
+    if jars:
+        existing = conf.get("spark.jars", "")
+        return {"spark.jars": ",".join([p for p in existing.split(",") if p] + jars)}
+    existing = conf.get("spark.jars.packages", "")
+    return {"spark.jars.packages": ",".join([p for p in existing.split(",") if p] + delta_coordinates())}
+
+
 def build_session(
     app_name: str = "slotlake", conf: Mapping[str, str] | None = None
 ) -> SparkSession:
@@ -58,6 +105,10 @@ def build_session(
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
     settings.update(conf)
+    if not submitted:
+        # spark-submit puts the jars on the JVM's class path itself (--packages/--jars).
+        settings.update(_delta_conf(settings))
+    settings.pop("slotlake.delta.jars", None)
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -72,7 +72,7 @@ def align_prior(prior: DataFrame, cat: TableCatalog) -> DataFrame:
     return prior.select(*cols, fallback.alias("_fallback"), missing.alias("_missing_toast"))
 
 
-def _key_json(
+def _key_struct(
     values: Sequence[Column], names: Sequence[str], fallback: Column, prefix: str
 ) -> Column:
     from pyspark.sql import functions as F
@@ -81,39 +81,83 @@ def _key_json(
     # the text must be part of the key or two such rows would collide.
     parts = [v.alias(n) for v, n in zip(values, names, strict=True)]
     parts += [F.element_at(fallback, F.lit(prefix + n)).alias(f"~{n}") for n in names]
-    return F.to_json(F.struct(*parts))
+    return F.struct(*parts)
 
 
 def state_key(df: DataFrame, keys: Sequence[str]) -> Column:
     from pyspark.sql import functions as F
 
-    return _key_json([F.col(f"`{k}`") for k in keys], keys, F.col("_fallback"), "")
+    return F.to_json(_key_struct([F.col(f"`{k}`") for k in keys], keys, F.col("_fallback"), ""))
 
 
 def with_keys(events: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """Adds the row's key before/after each event: typed (``_kb``/``_ka`` structs, what the
+    MERGE matches on) and as comparable JSON text (``_k_before``/``_k_after``)."""
     from pyspark.sql import functions as F
 
-    after = state_key(events, keys)
-    old = _key_json([F.col("_old").getField(k) for k in keys], keys, F.col("_fallback"), "_old.")
+    after = _key_struct([F.col(f"`{k}`") for k in keys], keys, F.col("_fallback"), "")
+    old = _key_struct([F.col("_old").getField(k) for k in keys], keys, F.col("_fallback"), "_old.")
     op = F.col("_op")
-    return events.withColumn("_k_after", F.when(op.isin("I", "U"), after)).withColumn(
-        "_k_before",
-        F.when((op == "D") | ((op == "U") & F.col("_old_kind").isNotNull()), old).when(
-            op == "U", after
-        ),
+    return (
+        events.withColumn("_ka", F.when(op.isin("I", "U"), after))
+        .withColumn(
+            "_kb",
+            F.when((op == "D") | ((op == "U") & F.col("_old_kind").isNotNull()), old).when(
+                op == "U", after
+            ),
+        )
+        .withColumn("_k_after", F.to_json("_ka"))
+        .withColumn("_k_before", F.to_json("_kb"))
     )
 
 
-def fill_and_merge_keyed(
+# Above this many keys with open TOAST, the prior rows are found by a semi-join (a scan of
+# the table) instead of a key filter that Delta's data skipping can prune files with.
+MAX_FILTER_KEYS = 20_000
+
+
+def prior_rows_for(prior: DataFrame, needed: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """The prior state's rows of the keys in ``needed`` (a ``_kb`` struct column), with ``_pk``.
+
+    Few keys (the usual case) become an ``IN`` filter on the first key column, which Delta's
+    data skipping (per-file min/max) and Parquet's row-group statistics prune with, so the
+    read costs what the keys cost, not what the table weighs; the semi-join on the whole
+    key then removes the false positives.
+    """
+    from pyspark.sql import functions as F
+
+    wanted = needed.select(F.to_json("_kb").alias("_nk"), "_kb").dropDuplicates(["_nk"])
+    sample = wanted.select(F.col("_kb").getField(keys[0]).alias("v")).limit(MAX_FILTER_KEYS + 1)
+    values = [r["v"] for r in sample.collect()]
+    rows = prior
+    if len(values) <= MAX_FILTER_KEYS:
+        if not values:
+            return prior.limit(0).withColumn("_pk", state_key(prior, keys))
+        present = [v for v in values if v is not None]
+        first = F.col(f"`{keys[0]}`")
+        cond = first.isin(present) if present else F.lit(False)
+        if len(present) < len(values):
+            cond = cond | first.isNull()
+        rows = prior.filter(cond)
+    rows = rows.withColumn("_pk", state_key(rows, keys))
+    return rows.join(F.broadcast(wanted.select("_nk")), F.col("_pk") == F.col("_nk"), "left_semi")
+
+
+def fill_keyed(
     events: DataFrame,
     prior: DataFrame,
     cat: TableCatalog,
     truncations: Sequence[tuple[int, int]],
     expected_rows: int = 0,
+    persisted: list[DataFrame] | None = None,
 ) -> tuple[DataFrame, DataFrame]:
-    """(change rows with TOAST filled, new state) of a table keyed by its replica identity.
+    """(change rows with TOAST filled, final row of every key the batch touched).
 
-    ``expected_rows`` (the table's DML rows in the batch) sizes the replay buckets.
+    ``prior`` is the table's state before the batch (aligned to this batch's columns);
+    only the rows of keys whose events still have unchanged TOAST open are read from it.
+    The finals carry ``_key`` (the typed key struct the MERGE matches on) and ``_deleted``
+    (the key has no row after the batch). ``expected_rows`` sizes the replay buckets;
+    frames persisted on the way are appended to ``persisted`` for the caller to release.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -125,6 +169,8 @@ def fill_and_merge_keyed(
     # DISK_ONLY: a MEMORY_AND_DISK block that spilled is read back into one heap buffer,
     # which is what ran the driver out of heap on multi-million-row batches.
     events = with_keys(events, keys).persist(StorageLevel.DISK_ONLY)
+    if persisted is not None:
+        persisted.append(events)
     stats = events.agg(
         F.sum(F.when(key_change, 1).otherwise(0)).alias("key_changes"),
         F.sum(F.when(F.size("_unchanged") > 0, 1).otherwise(0)).alias("open_toast"),
@@ -149,17 +195,10 @@ def fill_and_merge_keyed(
     events = _with_lineage(events, own_key, root_df)
     open_toast = bool(stats is not None and stats["open_toast"])
 
-    # Prior rows only for the keys whose events still have unchanged TOAST open.
-    prior_k = prior.withColumn("_pk", state_key(prior, keys))
     if open_toast:
-        needed = (
-            events.filter(F.size("_unchanged") > 0)
-            .select(F.col("_k_before").alias("_nk"))
-            .distinct()
-        )
-        prior_rows = prior_k.join(needed, prior_k["_pk"] == needed["_nk"], "left_semi")
+        prior_rows = prior_rows_for(prior, events.filter(F.size("_unchanged") > 0), keys)
     else:
-        prior_rows = prior_k.limit(0)
+        prior_rows = prior.limit(0).withColumn("_pk", state_key(prior, keys))
     prior_rows = _with_lineage(prior_rows, F.col("_pk"), root_df)
     as_events = prior_rows.select(
         *[F.col(f"`{c}`") for c in cat.state_columns],
@@ -182,17 +221,80 @@ def fill_and_merge_keyed(
     fn = _replay_fn(data_columns, list(truncations), out_schema)
     out = combined.groupBy("_bucket").applyInArrow(fn, out_schema)
     out = out.persist(StorageLevel.DISK_ONLY)
-    changes = out.filter(F.col("_kind") == "E").drop("_kind", "_k", "_k_before", "_k_after")
-    final_rows = out.filter(F.col("_kind") == "S").select(
-        *[F.col(f"`{c}`") for c in data_columns], "_fallback", "_missing_toast"
+    if persisted is not None:
+        persisted.append(out)
+    changes = out.filter(F.col("_kind") == "E").drop(
+        "_kind", "_k", "_k_before", "_k_after", "_ka", "_kb"
     )
-    if truncations:
-        state = final_rows
-    else:
-        touched = out.filter(F.col("_kind").isin("S", "K")).select("_k")
-        untouched = prior_k.join(touched, prior_k["_pk"] == touched["_k"], "left_anti").drop("_pk")
-        state = untouched.unionByName(final_rows)
-    return changes, state
+    finals = out.filter(F.col("_kind").isin("S", "K")).select(
+        *[F.col(f"`{c}`") for c in data_columns],
+        "_fallback",
+        "_missing_toast",
+        "_k",
+        (F.col("_kind") == "K").alias("_deleted"),
+    )
+    keymap = (
+        events.select(F.col("_k_after").alias("_k"), F.col("_ka").alias("_key"))
+        .unionByName(events.select(F.col("_k_before").alias("_k"), F.col("_kb").alias("_key")))
+        .filter(F.col("_k").isNotNull())
+        .dropDuplicates(["_k"])
+    )
+    finals = finals.join(keymap, "_k", "left")
+    return changes, finals
+
+
+def apply_finals(
+    prior: DataFrame, finals: DataFrame, cat: TableCatalog, truncated: bool
+) -> DataFrame:
+    """The new state as a DataFrame: what the Delta MERGE of ``finals`` produces.
+
+    Untouched prior rows stay, touched keys take their final row or go. Used by tests and
+    by tools that want the state without writing it.
+    """
+    from pyspark.sql import functions as F
+
+    keys = list(cat.key_columns)
+    kept = finals.filter(~F.col("_deleted")).select(
+        *[F.col(f"`{c}`") for c in cat.state_columns], "_fallback", "_missing_toast"
+    )
+    if truncated:
+        return kept
+    prior_k = prior.withColumn("_pk", state_key(prior, keys))
+    touched = finals.select("_k")
+    untouched = prior_k.join(touched, prior_k["_pk"] == touched["_k"], "left_anti").drop("_pk")
+    return untouched.unionByName(kept)
+
+
+def fill_and_merge_keyed(
+    events: DataFrame,
+    prior: DataFrame,
+    cat: TableCatalog,
+    truncations: Sequence[tuple[int, int]],
+    expected_rows: int = 0,
+) -> tuple[DataFrame, DataFrame]:
+    """(change rows with TOAST filled, the whole new state) of a keyed table, as DataFrames."""
+    changes, finals = fill_keyed(events, prior, cat, truncations, expected_rows)
+    return changes, apply_finals(prior, finals, cat, bool(truncations))
+
+
+def merge_condition(cat: TableCatalog) -> str:
+    """MERGE ON: the replica identity, null-safe, plus the text of a key kept as text."""
+    from slotlake.delta import quote
+
+    types = dict(cat.columns)
+    parts = []
+    for k in cat.key_columns:
+        q = quote(k)
+        parts.append(f"t.{q} <=> s._key.{q}")
+        if types.get(k) != "string":
+            parts.append(
+                f"try_element_at(t._fallback, {_sql_string(k)}) <=> s._key.{quote('~' + k)}"
+            )
+    return " AND ".join(parts)
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _with_lineage(df: DataFrame, key: Column, roots: DataFrame | None) -> DataFrame:
@@ -222,6 +324,67 @@ def _replay_fn(data_columns: list[str], truncations: list[tuple[int, int]], out_
         return pa.Table.from_pylist(out, schema=arrow_schema)
 
     return fn
+
+
+def _sorted_json(m: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.to_json(F.map_from_entries(F.array_sort(F.map_entries(m))))
+
+
+def multiset_delta(
+    events: DataFrame, cat: TableCatalog, truncations: Sequence[tuple[int, int]]
+) -> DataFrame:
+    """Net change of each distinct row of a multiset table: data columns, ``_fallback``,
+    ``_fbj`` (its sorted JSON, what the MERGE compares) and ``_d`` (copies added − removed).
+
+    With a TRUNCATE in the batch only the events after the last one count, and the result
+    is the table's whole content (the caller overwrites).
+    """
+    from pyspark.sql import functions as F
+
+    data = list(cat.state_columns)
+    if truncations:
+        last = max(truncations)
+        events = events.filter(
+            (F.col("_commit_lsn") > last[0])
+            | ((F.col("_commit_lsn") == last[0]) & (F.col("_tx_ordinal") > last[1]))
+        )
+    new_fb = F.map_filter("_fallback", lambda k, v: ~k.startswith("_old."))
+    old_fb = F.transform_keys(
+        F.map_filter("_fallback", lambda k, v: k.startswith("_old.")),
+        lambda k, v: F.substring(k, 6, 1 << 20),
+    )
+    adds = events.filter(F.col("_op").isin("I", "U")).select(
+        *[F.col(f"`{c}`") for c in data], new_fb.alias("_fallback"), F.lit(1).alias("_n")
+    )
+    removes = events.filter(F.col("_op").isin("U", "D")).select(
+        *[F.col("_old").getField(c).alias(c) for c in data],
+        old_fb.alias("_fallback"),
+        F.lit(-1).alias("_n"),
+    )
+    grouped = (
+        adds.unionByName(removes)
+        .withColumn("_fbj", _sorted_json(F.col("_fallback")))
+        .groupBy(*[F.col(f"`{c}`") for c in data], "_fbj")
+        .agg(F.sum("_n").alias("_d"))
+        .filter(F.col("_d") != 0)
+    )
+    return grouped.select(
+        *[F.col(f"`{c}`") for c in data],
+        F.from_json("_fbj", "map<string,string>").alias("_fallback"),
+        "_fbj",
+        "_d",
+    )
+
+
+def multiset_condition(cat: TableCatalog) -> str:
+    """MERGE ON for a multiset: every column null-safe equal, and the same value texts."""
+    from slotlake.delta import quote
+
+    parts = [f"t.{quote(c)} <=> s.{quote(c)}" for c in cat.state_columns]
+    parts.append("to_json(map_from_entries(array_sort(map_entries(t._fallback)))) <=> s._fbj")
+    return " AND ".join(parts)
 
 
 def merge_multiset(

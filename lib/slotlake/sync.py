@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from slotlake.batch import process_batch
 from slotlake.config import Config
-from slotlake.lake import RAW, Lake, is_local, make_record, new_attempt
+from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
@@ -32,7 +32,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "SLOTLAKE_FAULT"
-FAULT_STEPS = ("after_pull", "decode", "changes_written", "before_commit", "after_commit")
+FAULT_STEPS = (
+    "after_pull",
+    "decode",
+    "table_written",
+    "changes_written",
+    "before_commit",
+    "after_commit",
+)
 
 
 class SyncError(RuntimeError):
@@ -143,6 +150,7 @@ def run_sync(
         # A Hadoop file system lake is reached through the session's JVM from the start.
         spark = _session(cfg)
     lake = Lake(cfg.lake.path)
+    lake.layout()  # refuses a lake of the old Parquet layout before touching anything
     accept = cfg.accept_slot_ahead if accept_slot_ahead is None else accept_slot_ahead
     timings: dict[str, float] = {}
     t_start = time.monotonic()
@@ -156,50 +164,90 @@ def run_sync(
             start = reconcile(source, lake, cfg, accept)
             for removed in lake.remove_uncommitted():
                 log.info("removed %s left by an attempt that never committed", removed)
-            target = target_lsn if target_lsn is not None else source.current_flush_lsn()
-            if target <= start:
-                progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
-                return SyncResult(
-                    status="up_to_date", start_lsn=start, end_lsn=start, target_lsn=target
-                )
             last = lake.last_commit()
             batch = last.batch + 1 if last else 1
-            attempt = new_attempt()
-            raw_rel = lake.batch_path(RAW, batch, attempt)
-            progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
-            t0 = time.monotonic()
-            # Raw is written with pyarrow: locally in place, or staged and then uploaded.
-            staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-raw-")
-            raw_local = lake.path(raw_rel) if staging is None else os.path.join(staging, "raw")
-            writer = RawWriter(raw_local)
-            pulled = source.pull(
-                target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
-            )
-            summary = pulled.summary
-            timings["pull"] = time.monotonic() - t0
-            fault_point("after_pull")
-            # The peek ran to the target uncut, so everything before it is in this batch.
-            end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
-            if staging is not None:
-                lake.fs.upload_dir(raw_local, lake.path(raw_rel))
+            plan = lake.read_plan(batch)
+            if plan is not None:
+                # An earlier attempt pulled this batch and may have written some tables:
+                # finish exactly that batch, never a newer target.
+                if plan.start_lsn != str(start):
+                    raise SyncError(
+                        f"batch {batch}'s plan starts at {plan.start_lsn} but the lake and the "
+                        f"slot are at {start}: remove {lake.path('_pending')} only if you know "
+                        f"no table holds batch {batch}"
+                    )
+                if target_lsn is not None and str(target_lsn) != plan.target_lsn:
+                    log.warning(
+                        "batch %s resumes its first attempt's target %s; --target-lsn %s "
+                        "applies to the next batch",
+                        batch,
+                        plan.target_lsn,
+                        target_lsn,
+                    )
+                progress(
+                    f"batch {batch}: resuming an unfinished attempt "
+                    f"({plan.start_lsn}..{plan.target_lsn}, raw {plan.raw})"
+                )
+                timings["pull"] = 0.0
+                raw_local = None
+            else:
+                target = target_lsn if target_lsn is not None else source.current_flush_lsn()
+                if target <= start:
+                    progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
+                    return SyncResult(
+                        status="up_to_date", start_lsn=start, end_lsn=start, target_lsn=target
+                    )
+                attempt = new_attempt()
+                raw_rel = lake.batch_path(RAW, batch, attempt)
+                progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
+                t0 = time.monotonic()
+                # Raw is written with pyarrow: locally in place, or staged and then uploaded.
+                staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-raw-")
+                raw_local = lake.path(raw_rel) if staging is None else os.path.join(staging, "raw")
+                writer = RawWriter(raw_local)
+                pulled = source.pull(
+                    target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
+                )
+                summary = pulled.summary
+                # The peek ran to the target uncut, so everything before it is in this batch.
+                end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
+                if staging is not None:
+                    lake.fs.upload_dir(raw_local, lake.path(raw_rel))
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raw_local = None
+                plan = BatchPlan(
+                    batch=batch,
+                    attempt=attempt,
+                    slot=cfg.source.slot,
+                    start_lsn=str(start),
+                    end_lsn=str(end),
+                    target_lsn=str(target),
+                    raw=raw_rel,
+                    raw_messages=summary.messages,
+                    raw_bytes=summary.payload_bytes,
+                    txn_app_id=lake.app_id(),
+                    created_at=utcnow_iso(),
+                )
+                lake.write_plan(plan)
+                timings["pull"] = time.monotonic() - t0
+                fault_point("after_pull")
+            target, end = Lsn.parse(plan.target_lsn), Lsn.parse(plan.end_lsn)
+            raw_rel, attempt = plan.raw, plan.attempt
             if spark is None:
                 spark = _session(cfg)
             t1 = time.monotonic()
-            try:
-                out = process_batch(
-                    spark,
-                    lake,
-                    raw_rel,
-                    batch,
-                    attempt,
-                    last,
-                    progress=progress,
-                    fault=fault_point,
-                    raw_local=raw_local,
-                )
-            finally:
-                if staging is not None:
-                    shutil.rmtree(staging, ignore_errors=True)
+            out = process_batch(
+                spark,
+                lake,
+                raw_rel,
+                batch,
+                plan.txn_app_id,
+                last,
+                progress=progress,
+                fault=fault_point,
+                raw_local=raw_local,
+                workers=cfg.lake.table_workers,
+            )
             timings["decode_write"] = time.monotonic() - t1
             timings.update({f"batch.{k}": v for k, v in out.timings.items()})
             fault_point("before_commit")
@@ -211,11 +259,14 @@ def run_sync(
                 end_lsn=str(end),
                 target_lsn=str(target),
                 raw=raw_rel,
-                raw_messages=summary.messages,
-                raw_bytes=summary.payload_bytes,
+                raw_messages=plan.raw_messages,
+                raw_bytes=plan.raw_bytes,
                 transactions=out.transactions,
                 messages=out.messages,
                 transaction_count=out.transaction_count,
+                transactions_version=out.transactions_version,
+                messages_version=out.messages_version,
+                txn_app_id=plan.txn_app_id,
                 tables=out.tables,
                 timings={k: round(v, 3) for k, v in timings.items()},
             )
@@ -224,8 +275,8 @@ def run_sync(
             fault_point("after_commit")
             source.advance(end)
             timings["commit_advance"] = time.monotonic() - t2
+            lake.drop_plans(batch)
             lake.expire_raw(cfg.lake.raw_retention_batches)
-            lake.expire_states(cfg.lake.state_versions)
             timings["total"] = time.monotonic() - t_start
             result = SyncResult(
                 status="committed",
@@ -233,15 +284,15 @@ def run_sync(
                 start_lsn=start,
                 end_lsn=end,
                 target_lsn=target,
-                messages=summary.messages,
-                raw_bytes=summary.payload_bytes,
+                messages=plan.raw_messages,
+                raw_bytes=plan.raw_bytes,
                 tables={
-                    n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.changes
+                    n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.written
                 },
                 timings=timings,
             )
             progress(
-                f"batch {batch} committed: {summary.messages} messages, {out.transaction_count} transactions, "
+                f"batch {batch} committed: {plan.raw_messages} messages, {out.transaction_count} transactions, "
                 f"slot advanced to {end} ({timings['total']:.1f}s: pull {timings['pull']:.1f}s, "
                 f"decode+write {timings['decode_write']:.1f}s)"
             )

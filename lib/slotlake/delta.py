@@ -1,0 +1,233 @@
+"""Writing the lake's Delta tables: creation, schema evolution, idempotent writes.
+
+Every data write of batch N carries Delta's idempotent-transaction marker: ``txnAppId``
+(the lake's writer id) and ``txnVersion`` = N. Delta records the pair in the table's log
+with the commit and silently skips a later write with a version not above it, so a rerun
+of batch N never writes a table twice. DataFrame writes take the pair as options; MERGE
+takes it from the session's SQL configuration, which is why each table is written from a
+session of its own (:func:`table_session`), never from a session shared between threads.
+
+Schema changes (DDL at the source) are separate Delta commits made *before* the data
+commit, and each checks the table's current schema first, so they are idempotent too.
+Column mapping (``name`` mode) makes RENAME and DROP COLUMN metadata-only; deletion
+vectors make MERGE mark replaced rows instead of rewriting whole files.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+TABLE_PROPERTIES: dict[str, str] = {
+    "delta.enableDeletionVectors": "true",
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "3",
+    "delta.minWriterVersion": "7",
+}
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+@dataclass
+class WriteResult:
+    version: int  # the table's version holding this batch
+    metrics: dict[str, str]  # operationMetrics of that commit
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_ref(path: str) -> str:
+    return f"delta.{quote(path)}"
+
+
+def table_session(spark: SparkSession) -> SparkSession:
+    """A session of its own for one table's writes: same SparkContext, own SQL conf."""
+    return spark.newSession()
+
+
+def is_delta_table(spark: SparkSession, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def ensure_table(
+    spark: SparkSession,
+    path: str,
+    schema: StructType,
+    renames: dict[str, str] | None = None,
+    drop_missing: bool = False,
+) -> None:
+    """Create the Delta table at ``path`` with ``schema``, or evolve it to ``schema``.
+
+    ``renames`` (old → new) are applied first (top level and inside the ``_old`` struct),
+    then missing columns are added; with ``drop_missing`` columns the schema no longer has
+    are dropped. A column whose type changed needs a rewrite of the table: its values are
+    cast (the catalog only ever asks for lossless widenings or string).
+    """
+    from delta.tables import DeltaTable
+
+    if not is_delta_table(spark, path):
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        for key, value in TABLE_PROPERTIES.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        return
+    ref = table_ref(path)
+    current = spark.read.format("delta").load(path).schema
+    names = set(current.fieldNames())
+    for old, new in (renames or {}).items():
+        if old in names and new not in names:
+            spark.sql(f"ALTER TABLE {ref} RENAME COLUMN {quote(old)} TO {quote(new)}")
+        if "_old" in names:
+            old_fields = set(_struct_fields(current, "_old"))
+            if old in old_fields and new not in old_fields:
+                spark.sql(f"ALTER TABLE {ref} RENAME COLUMN _old.{quote(old)} TO {quote(new)}")
+    current = spark.read.format("delta").load(path).schema
+    names = set(current.fieldNames())
+    adds = [f for f in schema.fields if f.name not in names]
+    if adds:
+        cols = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in adds)
+        spark.sql(f"ALTER TABLE {ref} ADD COLUMNS ({cols})")
+    if "_old" in schema.fieldNames() and "_old" in names:
+        have = _struct_fields(current, "_old")
+        want = _struct_fields(schema, "_old")
+        nested = [(n, t) for n, t in want.items() if n not in have]
+        if nested:
+            cols = ", ".join(f"_old.{quote(n)} {t.simpleString()}" for n, t in nested)
+            spark.sql(f"ALTER TABLE {ref} ADD COLUMNS ({cols})")
+    if drop_missing:
+        gone = [n for n in current.fieldNames() if n not in set(schema.fieldNames())]
+        if gone:
+            spark.sql(f"ALTER TABLE {ref} DROP COLUMNS ({', '.join(quote(n) for n in gone)})")
+    current = spark.read.format("delta").load(path).schema
+    want_types = {f.name: f.dataType for f in schema.fields}
+    changed = [
+        f.name
+        for f in current.fields
+        if f.name in want_types and _type_key(f.dataType) != _type_key(want_types[f.name])
+    ]
+    if changed:
+        _rewrite_with_types(spark, path, current, want_types, changed)
+
+
+def _struct_fields(schema: StructType, name: str) -> dict[str, Any]:
+    from pyspark.sql.types import StructType as ST
+
+    dtype = schema[name].dataType
+    return {f.name: f.dataType for f in dtype.fields} if isinstance(dtype, ST) else {}
+
+
+def _type_key(dtype: Any) -> str:
+    # Nullability and field metadata (column mapping ids) do not count as a type change.
+    return dtype.simpleString()
+
+
+def _rewrite_with_types(
+    spark: SparkSession, path: str, current: StructType, want: dict[str, Any], changed: list[str]
+) -> None:
+    """ALTER COLUMN TYPE at the source: rewrite the table with the columns cast (rare DDL)."""
+    from pyspark.sql import functions as F
+
+    log.info("rewriting %s: column type changed for %s", path, ", ".join(changed))
+    df = spark.read.format("delta").load(path)
+    cols = [
+        F.col(quote(f.name)).cast(want[f.name]).alias(f.name)
+        if f.name in changed
+        else F.col(quote(f.name))
+        for f in current.fields
+    ]
+    (
+        df.select(*cols)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .save(path)
+    )
+
+
+def last_commit(spark: SparkSession, path: str) -> WriteResult:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).history(1).select("version", "operationMetrics").first()
+    assert row is not None
+    return WriteResult(int(row["version"]), dict(row["operationMetrics"] or {}))
+
+
+def txn_version(path: str, app_id: str) -> int | None:
+    """The last batch ``app_id`` wrote into the table at a local ``path`` (None if never).
+
+    Read with the ``deltalake`` package from the table's log, no Spark job. Only an
+    optimisation (a rerun skips tables that already hold the batch): the txn marker on
+    every write is what guarantees a table never gets a batch twice.
+    """
+    import os
+
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(path).transaction_version(app_id)
+    except Exception:  # a reader that cannot tell must not stop the batch
+        log.debug("could not read txn versions of %s", path, exc_info=True)
+        return None
+
+
+def append(df: DataFrame, path: str, app_id: str, batch: int) -> WriteResult:
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(batch))
+        .save(path)
+    )
+    return last_commit(df.sparkSession, path)
+
+
+def overwrite(df: DataFrame, path: str, app_id: str, batch: int) -> WriteResult:
+    """Replace the table's rows in one commit (a TRUNCATE in the batch)."""
+    (
+        df.write.format("delta")
+        .mode("overwrite")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(batch))
+        .save(path)
+    )
+    return last_commit(df.sparkSession, path)
+
+
+def merge(
+    session: SparkSession,
+    path: str,
+    source: DataFrame,
+    condition: str,
+    build: Any,
+    app_id: str,
+    batch: int,
+) -> WriteResult:
+    """MERGE ``source`` (alias ``s``) into the table (alias ``t``) as batch ``batch``.
+
+    ``build`` adds the WHEN clauses to the merge builder. ``session`` must be the
+    table's own session: the txn pair lives in its SQL conf for the duration of the MERGE.
+    """
+    from delta.tables import DeltaTable
+
+    target = DeltaTable.forPath(session, path)
+    session.conf.set(TXN_APP_ID, app_id)
+    session.conf.set(TXN_VERSION, str(batch))
+    try:
+        build(target.alias("t").merge(source.alias("s"), condition)).execute()
+    finally:
+        session.conf.unset(TXN_APP_ID)
+        session.conf.unset(TXN_VERSION)
+    return last_commit(session, path)
