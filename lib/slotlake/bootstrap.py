@@ -25,21 +25,25 @@ bootstrap closes that gap with PostgreSQL's own guarantee for logical replicatio
    ``slotlake.pgtypes.resolve_type(...).from_text`` (or an Arrow kernel proven equal to
    it: identity for string types, integer/float/boolean parsing), so a row copied here
    and the same row written later by sync compare equal.
-4. Write each table's rows as its initial state (the sync job's state columns: published
-   columns in attnum order + ``_fallback`` + ``_missing_toast``) and an empty change log
-   with the change schema, then commit batch 1 (``kind="bootstrap"``) ending at the
-   consistent point. The slot's ``confirmed_flush_lsn`` is the consistent point, so the
-   next sync starts exactly there: nothing missed, nothing twice.
+4. Write each table's rows as its initial state: the Delta table ``state/<table>`` (the
+   sync job's state columns: published columns in attnum order + ``_fallback`` +
+   ``_missing_toast``; a table matched by whole rows — REPLICA IDENTITY FULL or no key —
+   keeps one row per distinct value with its ``_copies`` count, as the sync job's MERGE
+   expects) in one Delta commit carrying the txn marker of this bootstrap; an empty Delta
+   change log ``changes/<table>`` with the change schema; an empty ``transactions`` Delta
+   table. Then commit batch 1 (``kind="bootstrap"``) ending at the consistent point,
+   naming each Delta table's version. The slot's ``confirmed_flush_lsn`` is the
+   consistent point, so the next sync starts exactly there: nothing missed, nothing twice.
 
 Parallelism (why Spark tasks). Each table is split into at most ``parallel`` ranges of
 heap blocks (``ctid >= '(a,0)' AND ctid < '(b,0)'``: TID range scans, PostgreSQL 14+;
 the first and last ranges are open so rows on blocks added after planning are never
 lost). Each range is one Spark task: it opens its own connection, imports the snapshot
-and streams its COPY through the converters into Arrow batches that Spark writes as
-Parquet. Spark tasks rather than a thread pool because the per-value conversion is
-Python (the GIL would serialise threads), because executors scale the copy past one
-machine, and because the state is written by the same Parquet writer as the sync job's
-(same physical schema on any lake file system). At most ``parallel`` connections are
+and streams its COPY through the converters into Arrow batches that Spark writes into
+the table's Delta state. Spark tasks rather than a thread pool because the per-value
+conversion is Python (the GIL would serialise threads), because executors scale the copy
+past one machine, and because the state is written by the same Delta writer as the sync
+job's (same physical schema on any lake file system). At most ``parallel`` connections are
 open at once (one Spark job per table, at most ``parallel`` tasks each; fewer when the
 cluster has fewer task slots); tables are copied one after another. Progress: a driver
 thread polls ``pg_stat_progress_copy`` for the bootstrap's own backends (live rows and
@@ -53,14 +57,22 @@ Re-bootstrap rule (nothing is ever dropped silently):
   slot (a consumer is attached) is always refused.
 * Lake with commits → refused, unless ``onto_existing_lake=True``
   (``--onto-existing-lake``), which appends a bootstrap commit (batch N+1): earlier
-  commits, change logs and state versions stay; every published table's state is
-  replaced by the new copy; the record's ``start_lsn`` is the previous commit's end and
-  its ``end_lsn`` the new consistent point, so the gap in the change log is visible.
-  Tables no longer published keep their last state, as a sync batch would.
+  commits, change logs and state versions stay (Delta time travel); every published
+  table's state is replaced by the new copy in one Delta commit (an overwrite); the
+  record's ``start_lsn`` is the previous commit's end and its ``end_lsn`` the new
+  consistent point, so the gap in the change log is visible. Tables no longer published
+  keep their last state, as a sync batch would. A column whose type changed at the source
+  in a way the earlier type does not widen to losslessly is copied as its text (the sync
+  job's own rule), so the change log's history is never cast lossily.
 * A lake written from another slot name is always refused (one lake per slot).
+* A lake of slotlake's old Parquet layout is refused (one line: bootstrap a new lake.path).
 * A bootstrap that fails after creating its slot drops that slot again (it is its own,
-  unfinished work) and says so; the lake is untouched (its attempt directories are
-  removed). A bootstrap killed outright leaves the slot: rerun with ``--rebootstrap``.
+  unfinished work) and says so; the lake is left as it was: Delta tables it created are
+  removed, tables it had already overwritten are restored (Delta RESTORE) to the version
+  they had before it. A bootstrap killed outright leaves the slot: rerun with
+  ``--rebootstrap``. Each attempt writes with a Delta txnAppId of its own (the lake's writer
+  id + ``bootstrap-<attempt>``): a rerun for the same batch number must never be skipped
+  as "already written" by a table that holds a dead attempt's copy.
 
 Consistency note: the table list, column lists and row filters are read in the exported
 snapshot; a publication altered while the bootstrap runs is a DDL race it does not
@@ -84,14 +96,27 @@ import psycopg
 from psycopg import sql
 
 from slotlake.config import Config
-from slotlake.lake import CHANGES, STATE, Lake, TableCommit, make_record, new_attempt
+from slotlake.lake import (
+    CHANGES,
+    COPIES,
+    MESSAGES,
+    STATE,
+    TRANSACTIONS,
+    CommitRecord,
+    Lake,
+    TableCommit,
+    make_record,
+    new_attempt,
+)
 from slotlake.lsn import Lsn
 from slotlake.redact import dsn_password, redact_dsn, redact_text
 from slotlake.source import SESSION_SETTINGS, lock_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+
+    from slotlake.delta import WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +157,11 @@ class TablePlan:
     row_filter: str | None
     blocks: int
     ranges: list[tuple[int | None, int | None]] = field(default_factory=list)
+
+    @property
+    def multiset(self) -> bool:
+        """FULL identity or no key: the state keeps distinct rows and their ``_copies``."""
+        return self.replica_identity == "f" or not self.key_columns
 
     @property
     def from_clause(self) -> str:
@@ -718,11 +748,26 @@ def _create_slot(dsn: str, slot: str, version: int) -> tuple[psycopg.Connection[
     return repl, Lsn.parse(consistent_point), str(snapshot)
 
 
+# The transactions table's columns, as slotlake.batch appends them (each sync's Commit
+# messages). The bootstrap creates the table empty; the first sync's append would fail on
+# a difference, which test_bootstrap_then_syncs would show.
+TRANSACTIONS_DDL = (
+    "commit_lsn bigint, end_lsn bigint, commit_ts timestamp, xid bigint, origin string, "
+    "streamed boolean, _batch bigint"
+)
+
+
 def _state_ddl(plan: TablePlan) -> str:
+    """The rows a copy task yields: published columns + ``_fallback`` + ``_missing_toast``."""
     from slotlake.state import STATE_META
 
     cols = [(c.name, c.spark_ddl) for c in plan.columns] + STATE_META
     return ", ".join(f"`{n.replace('`', '``')}` {t}" for n, t in cols)
+
+
+def _delta_state_ddl(plan: TablePlan) -> str:
+    """The Delta state's columns (what ``slotlake.batch._state_schema`` gives the sync)."""
+    return _state_ddl(plan) + (f", `{COPIES}` bigint" if plan.multiset else "")
 
 
 def _change_ddl(plan: TablePlan) -> str:
@@ -733,15 +778,82 @@ def _change_ddl(plan: TablePlan) -> str:
     return spark_schema_ddl(cat, META_COLUMNS)
 
 
+def _simple_type(ddl: str) -> str:
+    from pyspark.sql.types import StructType
+
+    return StructType.fromDDL(f"`x` {ddl}").fields[0].dataType.simpleString()
+
+
+def keep_history_types(plan: TablePlan, earlier: dict[str, str]) -> TablePlan:
+    """The plan with every column whose earlier lake type does not widen losslessly to its
+    type now copied as text (the sync job's rule for ALTER COLUMN TYPE, catalog.py).
+
+    ``earlier`` maps column name → Spark type the lake's tables have had it as. Without
+    this, a re-bootstrap after e.g. ``ALTER COLUMN … TYPE int USING …`` on a text column
+    would have Delta cast the change log's history to int.
+    """
+    from slotlake.catalog import widens_to
+
+    columns = []
+    for c in plan.columns:
+        old = earlier.get(c.name)
+        if old is not None and not widens_to(old, _simple_type(c.spark_ddl)):
+            log.info(
+                "bootstrap: %s.%s was %s in the lake and is %s now: kept as text",
+                plan.name,
+                c.name,
+                old,
+                c.spark_ddl,
+            )
+            c = ColumnPlan(c.name, c.type_oid, c.typmod, c.type_name, "string", "str")
+        columns.append(c)
+    plan.columns = columns
+    return plan
+
+
+def _multiset_rows(df: DataFrame, plan: TablePlan) -> DataFrame:
+    """Identical copied rows (values and value texts alike) → one row with ``_copies``.
+
+    Maps are not groupable: ``_fallback`` is grouped on its sorted JSON text, the form
+    the sync job's multiset MERGE compares (``slotlake.state.multiset_condition``).
+    """
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+
+    data = [F.col(quote(c.name)) for c in plan.columns]
+    fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
+    return (
+        df.withColumn("_fbj", fbj)
+        .groupBy(*data, "_fbj")
+        .agg(F.count(F.lit(1)).alias(COPIES))
+        .select(
+            *data,
+            F.from_json("_fbj", "map<string,string>").alias("_fallback"),
+            F.array().cast("array<string>").alias("_missing_toast"),
+            F.col(COPIES),
+        )
+    )
+
+
 def copy_table(
     spark: SparkSession,
     lake: Lake,
     task: CopyTask,
     state_rel: str,
+    app_id: str,
+    batch: int,
     poller: _ProgressPoller | None = None,
-) -> tuple[int, int]:
-    """Run the copy of one table as Spark tasks (one per range); returns (rows, bytes)."""
+) -> tuple[int, int, WriteResult]:
+    """Copy one table as Spark tasks (one per range) into its Delta state, in one commit.
+
+    The state table is created (or evolved to the table's columns now), then overwritten
+    with the copy, the commit carrying ``(app_id, batch)``. Returns (source rows, COPY
+    bytes, the write's Delta version and metrics).
+    """
     from pyspark.sql.types import StructType
+
+    from slotlake.delta import ensure_table, overwrite
 
     schema = StructType.fromDDL(_state_ddl(task.plan))
     sc = spark.sparkContext
@@ -761,34 +873,48 @@ def copy_table(
 
     n = len(task.plan.ranges)
     df = spark.range(0, n, 1, n).mapInArrow(run, schema)
-    df.write.mode("errorifexists").option("compression", "zstd").parquet(lake.path(state_rel))
-    # One result stage without shuffles: Spark merges each partition's accumulator updates
-    # once (a failed attempt's are dropped), so these are the rows written.
-    return int(rows_acc.value), int(bytes_acc.value)
+    if task.plan.multiset:
+        df = _multiset_rows(df, task.plan)
+    path = lake.path(state_rel)
+    ensure_table(spark, path, StructType.fromDDL(_delta_state_ddl(task.plan)), drop_missing=True)
+    result = overwrite(df, path, app_id, batch)
+    # The copy runs once, in the write's job (a multiset's in its map stage): Spark merges
+    # each successful task's accumulator updates once, so these are the rows copied.
+    return int(rows_acc.value), int(bytes_acc.value), result
 
 
-def write_empty_changes(lake: Lake, plan: TablePlan, rel: str) -> None:
-    """An empty change log with the table's change schema (what sync would write).
-
-    Written by pyarrow (a Spark job per table would cost more than the table) into a
-    local directory, then placed through the lake's file system (local or Hadoop).
-    """
-    import os
-    import tempfile
-
-    import pyarrow.parquet as pq
+def ensure_empty(spark: SparkSession, lake: Lake, rel: str, ddl: str) -> int:
+    """Create the Delta table ``rel`` with these columns (or add the missing ones to it);
+    returns its current version. A new table is empty: what sync finds before its first
+    append (a change log, the transactions table)."""
     from pyspark.sql.types import StructType
 
-    from slotlake.decode import arrow_schema_for
+    from slotlake.delta import ensure_table, last_commit
 
-    schema = arrow_schema_for(StructType.fromDDL(_change_ddl(plan)))
-    with tempfile.TemporaryDirectory(prefix="slotlake-bootstrap-") as tmp:
-        local = os.path.join(tmp, "changes")
-        os.makedirs(local)
-        pq.write_table(
-            schema.empty_table(), os.path.join(local, "part-00000.parquet"), compression="zstd"
-        )
-        lake.fs.upload_dir(local, lake.path(rel))
+    path = lake.path(rel)
+    ensure_table(spark, path, StructType.fromDDL(ddl))
+    return last_commit(spark, path).version
+
+
+def _head(spark: SparkSession, lake: Lake, rel: str) -> int | None:
+    """The latest version of the lake's Delta table ``rel`` (None: there is none)."""
+    from slotlake.delta import is_delta_table, last_commit
+
+    path = lake.path(rel)
+    if not lake.exists(rel) or not is_delta_table(spark, path):
+        return None
+    return last_commit(spark, path).version
+
+
+def _earlier_types(spark: SparkSession, lake: Lake, rels: Sequence[str]) -> dict[str, str]:
+    """Column → Spark type in the lake's existing Delta tables ``rels`` (log first)."""
+    out: dict[str, str] = {}
+    for rel in rels:
+        if _head(spark, lake, rel) is None:
+            continue
+        for f in spark.read.format("delta").load(lake.path(rel)).schema.fields:
+            out.setdefault(f.name, f.dataType.simpleString())
+    return out
 
 
 def run_bootstrap(
@@ -818,6 +944,9 @@ def run_bootstrap(
 
         spark = build_session("slotlake-bootstrap", cfg.spark)
     lake = Lake(cfg.lake.path)
+    # A lake of the old Parquet layout: OldLayoutError (one line), before the source is
+    # touched.
+    lake.layout()
     try:
         ctl = psycopg.connect(dsn, autocommit=True, application_name="slotlake")
     except psycopg.Error as exc:
@@ -893,7 +1022,7 @@ def _bootstrap(
     spark: SparkSession | None,
     role: str,
     version: int,
-    last: Any,
+    last: CommitRecord | None,
     parallel: int,
     min_range_blocks: int,
     progress: Callable[[str], None],
@@ -923,8 +1052,24 @@ def _bootstrap(
     )
     committed = False
     poller: _ProgressPoller | None = None
-    written: list[str] = []  # directories this attempt created (removed if it fails)
+    # Delta tables this attempt wrote → their version before it (None: it created them),
+    # so that a failed attempt leaves the lake as it found it.
+    touched: dict[str, int | None] = {}
     try:
+        had_layout = lake.layout() is not None
+        app_id = lake.app_id(f"bootstrap-{attempt}")
+        if last is None and had_layout:
+            # Nothing is committed, so any table here is a dead attempt's (a killed
+            # bootstrap or first sync batch): start from a clean lake.
+            for folder in (STATE, CHANGES, TRANSACTIONS, MESSAGES):
+                if lake.exists(folder):
+                    log.info("removing %s left by an attempt that never committed", folder)
+                    lake.fs.rmtree(lake.path(folder))
+
+        def touch(rel: str) -> None:
+            if rel not in touched:
+                touched[rel] = _head(spark, lake, rel)
+
         settings = tuple(
             {**SESSION_SETTINGS, **cfg.source.settings, "client_encoding": "UTF8"}.items()
         )
@@ -945,13 +1090,16 @@ def _bootstrap(
         for plan in plans:
             t0 = time.monotonic()
             poller.table, poller.started, poller._shown = plan.name, t0, (0, 0)
+            state_rel = Lake.table_path(STATE, plan.name)
+            changes_rel = Lake.table_path(CHANGES, plan.name)
+            touch(state_rel)
+            touch(changes_rel)
+            if last is not None:
+                keep_history_types(plan, _earlier_types(spark, lake, [changes_rel, state_rel]))
             schema = arrow_schema_for(StructType.fromDDL(_state_ddl(plan)))
             task = CopyTask(dsn, snapshot, app, settings, plan, schema)
-            state_rel = lake.batch_path(STATE, batch, attempt, plan.name)
-            changes_rel = lake.batch_path(CHANGES, batch, attempt, plan.name)
-            written += [state_rel, changes_rel]
-            rows, nbytes = copy_table(spark, lake, task, state_rel, poller)
-            write_empty_changes(lake, plan, changes_rel)
+            rows, nbytes, state = copy_table(spark, lake, task, state_rel, app_id, batch, poller)
+            changes_version = ensure_empty(spark, lake, changes_rel, _change_ddl(plan))
             secs = time.monotonic() - t0
             results[plan.name] = TableResult(rows, nbytes, secs, len(plan.ranges))
             progress(
@@ -963,25 +1111,27 @@ def _bootstrap(
                 changes=changes_rel,
                 state=state_rel,
                 change_rows=0,
-                state_rows=rows,
+                # Rows of the Delta state: a multiset's distinct rows, as sync counts them.
+                state_rows=int(state.metrics.get("numOutputRows", rows)),
                 columns=[[c.name, c.spark_ddl, "state"] for c in plan.columns],
                 key_columns=list(plan.key_columns),
                 replica_identity=plan.replica_identity,
+                changes_version=changes_version,
+                state_version=state.version,
+                written=True,
             )
         poller.stop()
         # The copy is done: the snapshot may go. The slot stays (it is not temporary).
         repl.close()
+        touch(TRANSACTIONS)
+        transactions_version = ensure_empty(spark, lake, TRANSACTIONS, TRANSACTIONS_DDL)
         if last is not None:
             for name, t in last.tables.items():
                 if name not in tables:
-                    tables[name] = TableCommit(
-                        changes=None,
-                        state=t.state,
-                        state_rows=t.state_rows,
-                        columns=t.columns,
-                        key_columns=t.key_columns,
-                        replica_identity=t.replica_identity,
-                    )
+                    # No longer published: kept as of the previous batch, as sync keeps it.
+                    kept = TableCommit(**{**t.__dict__})
+                    kept.change_rows, kept.written, kept.renames = 0, False, {}
+                    tables[name] = kept
         total = time.monotonic() - t_start
         record = make_record(
             batch=batch,
@@ -991,12 +1141,19 @@ def _bootstrap(
             end_lsn=str(consistent),
             target_lsn=str(consistent),
             raw=None,
+            transactions=TRANSACTIONS,
+            transactions_version=transactions_version,
+            messages=last.messages if last is not None else None,
+            messages_version=last.messages_version if last is not None else None,
+            txn_app_id=app_id,
             tables=tables,
             timings={"total": round(total, 3)},
             kind="bootstrap",
         )
         lake.write_commit(record)
         committed = True
+        # A plan of an unfinished sync batch is obsolete: its slot position is gone.
+        lake.drop_plans(batch)
         progress(
             f"bootstrap: batch {batch} committed: {len(plans)} table(s), "
             f"{sum(r.rows for r in results.values()):,} rows, slot {slot} at {consistent} "
@@ -1009,17 +1166,23 @@ def _bootstrap(
         if not repl.closed:
             repl.close()
         if not committed:
-            _abandon(ctl, lake, slot, written, progress)
+            _abandon(ctl, lake, spark, slot, touched, progress)
 
 
 def _abandon(
     ctl: psycopg.Connection[Any],
     lake: Lake,
+    spark: SparkSession,
     slot: str,
-    written: list[str],
+    touched: dict[str, int | None],
     progress: Callable[[str], None],
 ) -> None:
-    """Undo an unfinished bootstrap: its own slot and its own attempt directories."""
+    """Undo an unfinished bootstrap: its own slot, and its writes to the lake's tables.
+
+    A Delta table it created is removed; one that existed is restored to the version it
+    had before (the sync job MERGEs into a table's latest version, which must be the one
+    the last commit record names).
+    """
     try:
         if ctl.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             ctl.rollback()
@@ -1030,11 +1193,17 @@ def _abandon(
             f"bootstrap failed and could not drop its slot {slot!r} ({_one_line(str(exc))}): "
             "drop it, or rerun with --rebootstrap"
         )
-    for rel in written:
+    from slotlake.delta import table_ref
+
+    for rel, before in touched.items():
         try:
-            lake.fs.rmtree(lake.path(rel))
-        except Exception as exc:  # the next run's remove_uncommitted gets another chance
-            log.warning("could not remove %s: %s", rel, exc)
+            if before is None:
+                lake.fs.rmtree(lake.path(rel))
+            elif _head(spark, lake, rel) != before:
+                spark.sql(f"RESTORE TABLE {table_ref(lake.path(rel))} TO VERSION AS OF {before}")
+                progress(f"bootstrap failed: restored {rel} to its version {before}")
+        except Exception as exc:  # never hide the bootstrap's own error behind this
+            log.warning("could not undo the bootstrap's writes to %s: %s", rel, exc)
 
 
 # -- command line --------------------------------------------------------------------------

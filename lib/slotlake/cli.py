@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from slotlake import __version__
 from slotlake.config import Config, ConfigError, load_config, parse_overrides
+from slotlake.lake import OldLayoutError, TableCommit
 from slotlake.lsn import Lsn
 from slotlake.redact import redact_dsn
 
@@ -140,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"slotlake: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OldLayoutError as exc:
+        # A lake of slotlake's Parquet layout (before Delta Lake): a usage error, not a crash.
+        print(f"slotlake {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("slotlake: interrupted", file=sys.stderr)
         return 130
@@ -199,15 +204,33 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _table_status(t: TableCommit) -> dict[str, object]:
+    return {
+        "state_rows": t.state_rows,
+        "changes_in_last_batch": t.change_rows,
+        "state_version": t.state_version,
+        "changes_version": t.changes_version,
+        "state": t.state,
+        "changes": t.changes,
+        "multiset": t.multiset,
+        "written_in_last_batch": t.written,
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from slotlake.lake import Lake
     from slotlake.sync import open_source
 
     cfg = load(args)
+    lake = Lake(cfg.lake.path)
+    # The lake first: one of the old layout is refused before the source is asked anything.
+    layout = lake.layout()
+    last = lake.last_commit()
     out: dict[str, object] = {
         "slot": cfg.source.slot,
         "source": redact_dsn(cfg.source.dsn),
         "lake": cfg.lake.path,
+        "lake_id": layout.get("lake_id") if layout else None,
     }
     with open_source(cfg) as source:
         info = source.slot_info()
@@ -223,7 +246,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             "wal_status": info.wal_status,
             "active": info.active,
         }
-    last = Lake(cfg.lake.path).last_commit()
     if last is None:
         out["last_batch"] = None
     else:
@@ -235,12 +257,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             "end_lsn": last.end_lsn,
             "raw_messages": last.raw_messages,
             "transactions": last.transaction_count,
+            "transactions_version": last.transactions_version,
+            "messages_version": last.messages_version,
+            "txn_app_id": last.txn_app_id,
             "timings": last.timings,
         }
-        out["tables"] = {
-            name: {"state_rows": t.state_rows, "changes_in_last_batch": t.change_rows}
-            for name, t in sorted(last.tables.items())
-        }
+        out["tables"] = {name: _table_status(t) for name, t in sorted(last.tables.items())}
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return EXIT_OK
@@ -262,8 +284,18 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{last.start_lsn}..{last.end_lsn}, {last.raw_messages} messages, {last.transaction_count} transactions"
         )
         for name, t in sorted(last.tables.items()):
-            print(f"  {name}: {t.state_rows} rows ({t.change_rows} changes in the last batch)")
+            rows = (
+                f"{t.state_rows} distinct rows (multiset)" if t.multiset else f"{t.state_rows} rows"
+            )
+            print(
+                f"  {name}: {rows} ({t.change_rows} changes in the last batch); "
+                f"Delta state v{_version(t.state_version)}, changes v{_version(t.changes_version)}"
+            )
     return EXIT_OK
+
+
+def _version(v: int | None) -> str:
+    return "-" if v is None else str(v)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -281,7 +313,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         cfg = load(args)
         lake = Lake(cfg.lake.path)
-        path = lake.path(lake.read_commit(args.batch).raw or "")
+        lake.layout()  # OldLayoutError for a lake of the old layout
+        if args.batch not in lake.commit_batches():
+            print(
+                f"slotlake inspect: batch {args.batch} is not committed in {cfg.lake.path}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        rec = lake.read_commit(args.batch)
+        if not rec.raw:
+            print(
+                f"slotlake inspect: batch {args.batch} is a {rec.kind} batch: it has no raw "
+                "payloads (a bootstrap copies tables, it decodes no messages)",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        if not lake.exists(rec.raw):
+            print(
+                f"slotlake inspect: the raw payloads of batch {args.batch} ({rec.raw}) are no "
+                "longer kept (lake.raw_retention_batches)",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        path = lake.path(rec.raw)
     for line in inspect_raw(path, limit=args.limit):
         print(line)
     return EXIT_OK

@@ -101,7 +101,7 @@ def run_demo(
     import psycopg
 
     from slotlake.config import Config, LakeConfig, SourceConfig
-    from slotlake.lake import read_changes
+    from slotlake.lake import Lake, read_changes
     from slotlake.localpg import LocalPostgres
     from slotlake.spark import build_session
     from slotlake.sync import run_sync
@@ -111,6 +111,15 @@ def run_demo(
     if lake is None:
         tmp = tempfile.mkdtemp(prefix="slotlake-demo-")
         lake = str(Path(tmp) / "lake")
+    # Before any server starts: a lake of the old layout raises OldLayoutError (one line),
+    # and a lake with commits belongs to another slot's history (the demo's slot is new).
+    if Lake(lake).last_commit() is not None:
+        print(
+            f"slotlake demo: {lake} already holds a lake with committed batches: "
+            "give the demo a new --lake directory",
+            file=sys.stderr,
+        )
+        return 2
     rng = random.Random(42)
     print(
         f"slotlake demo: starting a throwaway PostgreSQL {pg_version or '(newest available)'}",
@@ -140,14 +149,18 @@ def run_demo(
                     f"round {b + 1}: {result.status}, batch {result.batch}, {result.messages} messages",
                     flush=True,
                 )
-            print("\nper table: change-log rows, state rows, mirror check")
+            print("\nper table: change-log rows, state rows, Delta versions, mirror check")
+            last = Lake(lake).last_commit()
+            assert last is not None
             for table in ("public.customers", "public.documents", "public.audit_log"):
                 changes = read_changes(lake, table)
                 missing = sum(1 for m in changes.column("_missing_toast").to_pylist() if m)
                 cmp = compare_table(conn, lake, table)
                 ok = ok and cmp.equal and missing == 0
+                t = last.tables[table]
                 print(
                     f"  {table:<20} {changes.num_rows:>7} changes  {cmp.lake_rows:>6} rows  "
+                    f"(state v{t.state_version}, changes v{t.changes_version})  "
                     f"{'OK: state equals source' if cmp.equal else 'MISMATCH ' + cmp.describe()}"
                     f"{'' if not missing else f'  ({missing} rows with missing TOAST)'}"
                 )

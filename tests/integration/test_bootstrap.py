@@ -10,6 +10,7 @@ no row arrives twice. Then every refusal.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import threading
 import time
@@ -19,10 +20,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from slotlake import bootstrap as bootstrap_module
 from slotlake import cli
 from slotlake.bootstrap import BootstrapError, read_plan, run_bootstrap, split_ranges
 from slotlake.config import Config
-from slotlake.lake import Lake, read_changes, read_state
+from slotlake.lake import COPIES, Lake, OldLayoutError, read_changes, read_delta, read_state
 from slotlake.localpg import LocalPostgres
 from slotlake.lsn import Lsn
 from slotlake.sync import run_sync
@@ -285,6 +287,10 @@ def test_bootstrap_then_syncs(pg_dsn: str, slot: str, spark, tmp_path: Path) -> 
         assert rec.tables["public.nothing_t"].key_columns == []
         assert rec.tables["public.nokey_t"].key_columns == []
         assert rec.tables["public.meas"].replica_identity == "d"
+        _assert_delta_tables(lake, rec)
+        for name, copied in result.tables.items():
+            # The copy's own count (Spark accumulators) is what the Delta state holds.
+            assert read_state(lake, name, batch=1).num_rows == copied.rows, name
         kv_boot = {r["id"]: r for r in read_state(lake, "public.kv").to_pylist()}
         assert dict(kv_boot[3]["_fallback"]) == {"num": "NaN"} and kv_boot[3]["num"] is None
         assert dict(kv_boot[5]["_fallback"])["d"] == "-infinity"
@@ -323,6 +329,50 @@ def test_bootstrap_then_syncs(pg_dsn: str, slot: str, spark, tmp_path: Path) -> 
     assert compared >= len(TABLES)
 
 
+def _assert_delta_tables(lake: str, rec) -> None:  # type: ignore[no-untyped-def]
+    """Batch 1 of a bootstrap, as any Delta reader sees it: tables with deletion vectors and
+    column mapping, the state written in one commit carrying the bootstrap's txn marker,
+    empty change logs, multisets as distinct rows with their copies."""
+    from deltalake import DeltaTable
+
+    assert rec.txn_app_id.startswith(Lake(lake).app_id("bootstrap-"))
+    assert rec.transactions == "transactions" and rec.transactions_version == 0
+    assert read_delta(lake, "transactions", 0).num_rows == 0
+    for name, t in rec.tables.items():
+        assert t.state == Lake.table_path("state", name) and t.written
+        assert t.changes == Lake.table_path("changes", name)
+        assert t.changes_version == 0  # created empty
+        assert t.state_version == 1  # created, then one overwrite with the copy
+        for rel in (t.state, t.changes):
+            dt = DeltaTable(f"{lake}/{rel}")
+            config = dt.metadata().configuration
+            assert config["delta.enableDeletionVectors"] == "true", (rel, config)
+            assert config["delta.columnMapping.mode"] == "name", (rel, config)
+            proto = dt.protocol()
+            assert (proto.min_reader_version, proto.min_writer_version) == (3, 7)
+            assert {"deletionVectors", "columnMapping"} <= set(proto.reader_features or [])
+        state = DeltaTable(f"{lake}/{t.state}", version=t.state_version)
+        assert state.transaction_version(rec.txn_app_id) == rec.batch
+        # (deltalake numbers the history of a time-travelled table wrongly: ask the latest)
+        history = DeltaTable(f"{lake}/{t.state}").history()
+        (write,) = [h for h in history if h["version"] == t.state_version]
+        assert write["operation"] == "WRITE", write
+        assert write["operationParameters"]["mode"] == "Overwrite", write
+        columns = [f.name for f in state.schema().fields]
+        assert (COPIES in columns) == t.multiset, (name, columns)
+    # Multisets: identical rows are one Delta row with their count; read_state repeats them.
+    full = read_delta(lake, rec.tables["public.full_t"].state, 1).to_pylist()
+    dup = [r for r in full if r["a"] == 1 and r["b"] == "dup"]
+    assert len(dup) == 1 and dup[0][COPIES] == 2 and dup[0]["big"] == big(100)
+    assert rec.tables["public.full_t"].state_rows == len(full)
+    for name, value in (("public.nothing_t", (1, "n")), ("public.nokey_t", (1, "k"))):
+        rows = read_delta(lake, rec.tables[name].state, 1).to_pylist()
+        assert sorted((r["x"], r["y"], r[COPIES]) for r in rows)[0] == (*value, 2), rows
+        assert (
+            sorted((r["x"], r["y"]) for r in read_state(lake, name).to_pylist())[:2] == [value] * 2
+        )
+
+
 def test_plan_follows_the_publication(pg_dsn: str) -> None:
     """FOR ALL TABLES, ranges, and a partitioned table as each kind of publication shows it."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -352,7 +402,7 @@ def _role_dsn(dsn: str, role: str) -> str:
     return " ".join(p for p in dsn.split() if not p.startswith("user=")) + f" user={role}"
 
 
-def test_refusals(pg_dsn: str, slot: str, spark, tmp_path: Path, capsys) -> None:
+def test_refusals(pg_dsn: str, slot: str, spark, tmp_path: Path, capsys, monkeypatch) -> None:
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     suffix = slot[-20:]
@@ -435,9 +485,45 @@ def test_refusals(pg_dsn: str, slot: str, spark, tmp_path: Path, capsys) -> None
         with pytest.raises(BootstrapError, match="already exists"):
             run_bootstrap(cfg, spark=spark, onto_existing_lake=True)
         c.execute("INSERT INTO t VALUES (3, 'three')")
+
+        # A bootstrap onto the lake that fails after it overwrote a state: its slot is
+        # dropped and the state restored, so the next attempt (same batch number, a txn
+        # marker of its own) is not skipped and sync MERGEs into the committed version.
+        state_rel = Lake.table_path("state", "public.t")
+        head = Lake(lake).read_commit(2).tables["public.t"].state_version
+        before = read_delta(lake, state_rel, head).sort_by("id")
+
+        def fail(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise RuntimeError("injected after the state was overwritten")
+
+        monkeypatch.setattr(bootstrap_module, "ensure_empty", fail)
+        lines = []
+        with pytest.raises(RuntimeError, match="injected"):
+            run_bootstrap(
+                cfg, spark=spark, rebootstrap=True, onto_existing_lake=True, progress=lines.append
+            )
+        monkeypatch.undo()
+        from deltalake import DeltaTable
+
+        restored = DeltaTable(f"{lake}/{state_rel}")
+        assert restored.version() == head + 2  # the failed overwrite, then RESTORE
+        assert read_delta(lake, state_rel, head + 1).num_rows == 3  # the copy it had written
+        assert read_delta(lake, state_rel, None).sort_by("id") == before
+        assert any(f"restored {state_rel} to its version {head}" in line for line in lines)
+        assert Lake(lake).commit_batches() == [1, 2]
+        assert c.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone() == (0,)
+
         again = run_bootstrap(cfg, spark=spark, rebootstrap=True, onto_existing_lake=True)
         records = list(Lake(lake).commits())
         assert [r.kind for r in records] == ["bootstrap", "sync", "bootstrap"]
+        t3 = records[-1].tables["public.t"]
+        assert t3.state_version == head + 3 and t3.state_rows == 3
+        assert t3.changes_version == records[1].tables["public.t"].changes_version
+        assert records[-1].txn_app_id != records[0].txn_app_id  # one per attempt
+        # Time travel: batch 2's state is still readable as it was.
+        assert read_state(lake, "public.t", batch=2).sort_by("id") == before
         assert records[-1].start_lsn == records[1].end_lsn  # the gap is visible
         assert records[-1].end_lsn == str(again.consistent_point)
         assert read_changes(lake, "public.t").num_rows == 1  # history kept
@@ -478,3 +564,33 @@ def test_split_ranges_cover_every_block() -> None:
         assert ranges[0][0] is None and ranges[-1][1] is None
         for (_, hi), (lo, _) in itertools.pairwise(ranges):
             assert hi == lo and hi is not None and 0 < hi < blocks
+
+
+def test_old_layout_lake_is_refused(pg_dsn: str, slot: str, tmp_path: Path, capsys) -> None:
+    """A lake of slotlake's Parquet layout (before Delta Lake) is refused before anything
+    is created: no slot, nothing written into the lake."""
+    root = tmp_path / "old"
+    (root / "_commits").mkdir(parents=True)
+    (root / "_commits" / "00000000000000000001.json").write_text(
+        json.dumps({"batch": 1, "slot": slot, "kind": "bootstrap", "tables": {}})
+    )
+    cfg = make_config(pg_dsn, str(root), slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t")
+        for kwargs in ({}, {"rebootstrap": True, "onto_existing_lake": True}):
+            with pytest.raises(OldLayoutError, match="old Parquet layout") as info:
+                run_bootstrap(cfg, **kwargs)
+            assert "\n" not in str(info.value) and "bootstrap a new lake.path" in str(info.value)
+        conf = tmp_path / "old.toml"
+        conf.write_text(
+            f'[source]\ndsn = "{pg_dsn}"\nslot = "{slot}"\npublications = ["pub"]\n'
+            f'[lake]\npath = "{root}"\n'
+        )
+        assert cli.main(["bootstrap", "--config", str(conf)]) == cli.EXIT_USAGE
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("slotlake bootstrap: lake ")
+        assert c.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone() == (0,)
+    assert sorted(p.name for p in root.iterdir()) == ["_commits"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import psycopg
 
+from slotlake.lake import LAYOUT_FILE, Lake, TableCommit, make_record
+from slotlake.localpg import LocalPostgres
 from slotlake.raw import RawWriter
 from slotlake.source import SlotSource
 
@@ -17,8 +19,11 @@ from .sync_helpers import slot_confirmed
 
 
 def slotlake(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # The console script a user runs (.venv/bin/slotlake), else the module.
+    script = Path(sys.executable).parent / "slotlake"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "slotlake.cli"]
     return subprocess.run(
-        [sys.executable, "-m", "slotlake.cli", *args],
+        [*command, *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -109,11 +114,29 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
 
     after = json.loads(slotlake("status", "--config", str(conf), "--json").stdout)
     assert after["last_batch"]["batch"] == 1
-    assert after["tables"] == {"public.t": {"state_rows": 1, "changes_in_last_batch": 4}}
+    rec = Lake(tmp_path / "lake").read_commit(1)
+    t = rec.tables["public.t"]
+    assert after["tables"] == {
+        "public.t": {
+            "state_rows": 1,
+            "changes_in_last_batch": 4,
+            "state_version": t.state_version,
+            "changes_version": t.changes_version,
+            "state": "state/public.t",
+            "changes": "changes/public.t",
+            "multiset": False,
+            "written_in_last_batch": True,
+        }
+    }
+    assert isinstance(t.state_version, int) and isinstance(t.changes_version, int)
+    assert after["lake_id"] and after["last_batch"]["txn_app_id"] == rec.txn_app_id
+    assert after["last_batch"]["transactions_version"] == rec.transactions_version
     assert after["slot_state"]["confirmed_flush_lsn"] == after["last_batch"]["end_lsn"]
 
     text = slotlake("status", "--config", str(conf))
-    assert "public.t: 1 rows" in text.stdout and "batch 1 (sync)" in text.stdout
+    assert "public.t: 1 rows (4 changes in the last batch)" in text.stdout
+    assert f"Delta state v{t.state_version}, changes v{t.changes_version}" in text.stdout
+    assert "batch 1 (sync)" in text.stdout
 
 
 def test_errors_are_one_line_with_exit_codes(pg_dsn: str, slot: str, tmp_path: Path) -> None:
@@ -136,3 +159,129 @@ def test_errors_are_one_line_with_exit_codes(pg_dsn: str, slot: str, tmp_path: P
     last = no_slot.stderr.strip().splitlines()[-1]
     assert "absent_slot" in last and "does not exist" in last
     assert not (tmp_path / "lake" / "_commits").exists()
+
+
+def old_layout_lake(root: Path) -> None:
+    """A lake as slotlake wrote it before Delta Lake: commit records without a layout."""
+    (root / "_commits").mkdir(parents=True)
+    (root / "_commits" / "00000000000000000001.json").write_text(
+        json.dumps({"batch": 1, "slot": "s", "kind": "sync", "tables": {}, "raw": None})
+    )
+    (root / "state").mkdir()
+
+
+def assert_old_layout_refused(run: subprocess.CompletedProcess[str], command: str) -> None:
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert "Traceback" not in run.stderr, run.stderr
+    if command != "sync":  # sync logs its configuration first
+        assert len(lines) == 1, run.stderr
+    assert lines[-1].startswith(f"slotlake {command}: lake ")
+    assert "old Parquet layout" in lines[-1] and "bootstrap a new lake.path" in lines[-1]
+
+
+def test_old_layout_lake_is_refused_in_one_line(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    setup_source(pg_dsn, slot)
+    conf = write_config(tmp_path, pg_dsn, slot)
+    old_layout_lake(tmp_path / "lake")
+    for command in ("status", "bootstrap", "sync"):
+        assert_old_layout_refused(slotlake(command, "--config", str(conf)), command)
+    inspect = slotlake("inspect", "--config", str(conf), "--batch", "1")
+    assert_old_layout_refused(inspect, "inspect")
+    # The demo checks a --lake it is given before it starts a server.
+    assert_old_layout_refused(slotlake("demo", "--lake", str(tmp_path / "lake")), "demo")
+    # Nothing was written into it, and the source's slot was not touched.
+    assert sorted(p.name for p in (tmp_path / "lake").iterdir()) == ["_commits", "state"]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        assert c.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone() == (1,)
+
+
+def test_status_and_inspect_of_a_bootstrap_batch(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    """A bootstrap record (no raw payloads), written without Spark: status lists its Delta
+    versions per table; inspect --batch says there is nothing to decode."""
+    setup_source(pg_dsn, slot)
+    conf = write_config(tmp_path, pg_dsn, slot)
+    lake = Lake(tmp_path / "lake")
+    app_id = lake.app_id("bootstrap-abc")
+    lake.write_commit(
+        make_record(
+            batch=1,
+            attempt="abc",
+            slot=slot,
+            start_lsn="0/10",
+            end_lsn="0/10",
+            target_lsn="0/10",
+            raw=None,
+            kind="bootstrap",
+            transactions="transactions",
+            transactions_version=0,
+            txn_app_id=app_id,
+            tables={
+                "public.t": TableCommit(
+                    changes="changes/public.t",
+                    state="state/public.t",
+                    state_rows=5,
+                    key_columns=["id"],
+                    replica_identity="d",
+                    changes_version=0,
+                    state_version=1,
+                    written=True,
+                ),
+                "public.f": TableCommit(
+                    changes="changes/public.f",
+                    state="state/public.f",
+                    state_rows=3,
+                    replica_identity="f",
+                    changes_version=0,
+                    state_version=1,
+                    written=True,
+                ),
+            },
+        )
+    )
+    assert (tmp_path / "lake" / LAYOUT_FILE).exists()
+    text = slotlake("status", "--config", str(conf))
+    assert text.returncode == 0, text.stderr
+    assert "batch 1 (bootstrap)" in text.stdout
+    assert (
+        "public.t: 5 rows (0 changes in the last batch); Delta state v1, changes v0" in text.stdout
+    )
+    assert "public.f: 3 distinct rows (multiset)" in text.stdout
+    status = json.loads(slotlake("status", "--config", str(conf), "--json").stdout)
+    assert status["tables"]["public.f"]["multiset"] is True
+    assert status["last_batch"]["txn_app_id"] == app_id
+
+    boot = slotlake("inspect", "--config", str(conf), "--batch", "1")
+    assert boot.returncode == 2
+    assert "batch 1 is a bootstrap batch: it has no raw payloads" in boot.stderr
+    absent = slotlake("inspect", "--config", str(conf), "--batch", "7")
+    assert absent.returncode == 2 and "batch 7 is not committed" in absent.stderr
+
+
+def test_demo_runs_and_proves_the_mirror(pg_cluster: LocalPostgres, tmp_path: Path) -> None:
+    """`slotlake demo` as `make demo` runs it (a throwaway server of its own), small."""
+    lake = tmp_path / "demo-lake"
+    run = slotlake(
+        "demo", "--lake", str(lake), "--pg-version", str(pg_cluster.version), "--rows", "60"
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "demo succeeded: the mirror equals the source" in run.stdout
+    for table in ("public.customers", "public.documents", "public.audit_log"):
+        line = next(x for x in run.stdout.splitlines() if x.strip().startswith(table))
+        assert "OK: state equals source" in line and "(state v" in line, line
+    rec = Lake(lake).last_commit()
+    assert rec is not None and rec.batch == 3 and rec.kind == "sync"
+    # A second demo into the same lake is refused (its slot would be a new one).
+    again = slotlake("demo", "--lake", str(lake), "--pg-version", str(pg_cluster.version))
+    assert again.returncode == 2 and "already holds a lake" in again.stderr
+
+
+def test_status_of_an_empty_lake_directory(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    setup_source(pg_dsn, slot)
+    conf = write_config(tmp_path, pg_dsn, slot)
+    run = slotlake("status", "--config", str(conf))
+    assert run.returncode == 0, run.stderr
+    assert "no committed batch" in run.stdout
+    assert not (tmp_path / "lake").exists()  # status never creates the lake
