@@ -284,6 +284,18 @@ def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
     return int(m.get("numOutputRows", 0))
 
 
+class _Steps:
+    """Debug timings of one table's steps (``--log-level DEBUG`` shows them)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.t = what, time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        log.debug("%s: %s in %.2fs", self.what, step, now - self.t)
+        self.t = now
+
+
 def process_table(
     spark: SparkSession,
     lake: Lake,
@@ -347,14 +359,19 @@ def process_table(
         changes = changes.repartition(1).sortWithinPartitions("_commit_lsn", "_tx_ordinal")
     else:
         changes = changes.orderBy("_commit_lsn", "_tx_ordinal")
+    steps = _Steps(f"batch {batch}: {cat.name}")
     try:
         changes_path = lake.path(changes_rel)
         ensure_table(session, changes_path, changes.schema, renames=cat.renames)
         target = session.read.format("delta").load(changes_path).schema
+        steps("change log ready")
         c = append(conform(changes, target), changes_path, app_id, batch)
+        steps("change log appended")
         state_path = lake.path(state_rel)
         ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
+        steps("state ready")
         s = _write_state(session, lake, cat, state_rel, state_source, bool(truncs), app_id, batch)
+        steps("state written")
     finally:
         for df in persisted:
             df.unpersist()

@@ -236,7 +236,11 @@ class LocalFS:
         _fsync_dir(final.parent)
 
     def rmtree(self, p: str) -> None:
-        shutil.rmtree(p, ignore_errors=True)
+        """Remove a directory tree or a single file; absent is fine."""
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.lexists(p):
+            os.unlink(p)
 
     def mkdirs(self, p: str) -> None:
         Path(p).mkdir(parents=True, exist_ok=True)
@@ -492,6 +496,9 @@ class Lake:
         on rerun) or left files no version references (VACUUM removes them). The caller
         holds the slot's advisory lock, so no attempt is in flight.
         """
+        batches = self.commit_batches()
+        if batches:
+            self.drop_plans(batches[-1])  # a kill between a commit and its plan's removal
         referenced = self.referenced_raw()
         removed = []
         for folder in (COMMITS, PENDING):

@@ -37,6 +37,9 @@ LOCAL_DEFAULTS: dict[str, str] = {
     # known-size frames on two local cores that costs more than it saves (17 → 11 jobs
     # for a two-table batch).
     "spark.sql.adaptive.enabled": "false",
+    # Delta replays a table's log into this many partitions on every snapshot (default 50):
+    # the lake's logs are small, and 50 tasks per snapshot dominate a small batch's time.
+    "spark.databricks.delta.snapshotPartitions": "2",
 }
 
 

@@ -79,6 +79,7 @@ class SyncResult:
     raw_bytes: int = 0
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (changes, state rows)
     timings: dict[str, float] = field(default_factory=dict)
+    resumed: int | None = None  # an unfinished batch this run completed first
 
 
 def _session(cfg: Config) -> SparkSession:
@@ -152,7 +153,6 @@ def run_sync(
     lake = Lake(cfg.lake.path)
     lake.layout()  # refuses a lake of the old Parquet layout before touching anything
     accept = cfg.accept_slot_ahead if accept_slot_ahead is None else accept_slot_ahead
-    timings: dict[str, float] = {}
     t_start = time.monotonic()
     with open_source(cfg) as source:
         if not source.try_lock():
@@ -164,138 +164,17 @@ def run_sync(
             start = reconcile(source, lake, cfg, accept)
             for removed in lake.remove_uncommitted():
                 log.info("removed %s left by an attempt that never committed", removed)
-            last = lake.last_commit()
-            batch = last.batch + 1 if last else 1
-            plan = lake.read_plan(batch)
-            if plan is not None:
-                # An earlier attempt pulled this batch and may have written some tables:
-                # finish exactly that batch, never a newer target.
-                if plan.start_lsn != str(start):
-                    raise SyncError(
-                        f"batch {batch}'s plan starts at {plan.start_lsn} but the lake and the "
-                        f"slot are at {start}: remove {lake.path('_pending')} only if you know "
-                        f"no table holds batch {batch}"
-                    )
-                if target_lsn is not None and str(target_lsn) != plan.target_lsn:
-                    log.warning(
-                        "batch %s resumes its first attempt's target %s; --target-lsn %s "
-                        "applies to the next batch",
-                        batch,
-                        plan.target_lsn,
-                        target_lsn,
-                    )
-                progress(
-                    f"batch {batch}: resuming an unfinished attempt "
-                    f"({plan.start_lsn}..{plan.target_lsn}, raw {plan.raw})"
+            result = _run_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
+            if result.resumed is not None and result.status == "committed":
+                # The unfinished batch is done; the run goes on to what arrived since.
+                assert result.end_lsn is not None
+                result.resumed = result.batch
+                following = _run_batch(
+                    cfg, source, lake, result.end_lsn, target_lsn, spark, progress, t_start
                 )
-                timings["pull"] = 0.0
-                raw_local = None
-            else:
-                target = target_lsn if target_lsn is not None else source.current_flush_lsn()
-                if target <= start:
-                    progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
-                    return SyncResult(
-                        status="up_to_date", start_lsn=start, end_lsn=start, target_lsn=target
-                    )
-                attempt = new_attempt()
-                raw_rel = lake.batch_path(RAW, batch, attempt)
-                progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
-                t0 = time.monotonic()
-                # Raw is written with pyarrow: locally in place, or staged and then uploaded.
-                staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-raw-")
-                raw_local = lake.path(raw_rel) if staging is None else os.path.join(staging, "raw")
-                writer = RawWriter(raw_local)
-                pulled = source.pull(
-                    target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
-                )
-                summary = pulled.summary
-                # The peek ran to the target uncut, so everything before it is in this batch.
-                end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
-                if staging is not None:
-                    lake.fs.upload_dir(raw_local, lake.path(raw_rel))
-                    shutil.rmtree(staging, ignore_errors=True)
-                    raw_local = None
-                plan = BatchPlan(
-                    batch=batch,
-                    attempt=attempt,
-                    slot=cfg.source.slot,
-                    start_lsn=str(start),
-                    end_lsn=str(end),
-                    target_lsn=str(target),
-                    raw=raw_rel,
-                    raw_messages=summary.messages,
-                    raw_bytes=summary.payload_bytes,
-                    txn_app_id=lake.app_id(),
-                    created_at=utcnow_iso(),
-                )
-                lake.write_plan(plan)
-                timings["pull"] = time.monotonic() - t0
-                fault_point("after_pull")
-            target, end = Lsn.parse(plan.target_lsn), Lsn.parse(plan.end_lsn)
-            raw_rel, attempt = plan.raw, plan.attempt
-            if spark is None:
-                spark = _session(cfg)
-            t1 = time.monotonic()
-            out = process_batch(
-                spark,
-                lake,
-                raw_rel,
-                batch,
-                plan.txn_app_id,
-                last,
-                progress=progress,
-                fault=fault_point,
-                raw_local=raw_local,
-                workers=cfg.lake.table_workers,
-            )
-            timings["decode_write"] = time.monotonic() - t1
-            timings.update({f"batch.{k}": v for k, v in out.timings.items()})
-            fault_point("before_commit")
-            record = make_record(
-                batch=batch,
-                attempt=attempt,
-                slot=cfg.source.slot,
-                start_lsn=str(start),
-                end_lsn=str(end),
-                target_lsn=str(target),
-                raw=raw_rel,
-                raw_messages=plan.raw_messages,
-                raw_bytes=plan.raw_bytes,
-                transactions=out.transactions,
-                messages=out.messages,
-                transaction_count=out.transaction_count,
-                transactions_version=out.transactions_version,
-                messages_version=out.messages_version,
-                txn_app_id=plan.txn_app_id,
-                tables=out.tables,
-                timings={k: round(v, 3) for k, v in timings.items()},
-            )
-            t2 = time.monotonic()
-            lake.write_commit(record)
-            fault_point("after_commit")
-            source.advance(end)
-            timings["commit_advance"] = time.monotonic() - t2
-            lake.drop_plans(batch)
-            lake.expire_raw(cfg.lake.raw_retention_batches)
-            timings["total"] = time.monotonic() - t_start
-            result = SyncResult(
-                status="committed",
-                batch=batch,
-                start_lsn=start,
-                end_lsn=end,
-                target_lsn=target,
-                messages=plan.raw_messages,
-                raw_bytes=plan.raw_bytes,
-                tables={
-                    n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.written
-                },
-                timings=timings,
-            )
-            progress(
-                f"batch {batch} committed: {plan.raw_messages} messages, {out.transaction_count} transactions, "
-                f"slot advanced to {end} ({timings['total']:.1f}s: pull {timings['pull']:.1f}s, "
-                f"decode+write {timings['decode_write']:.1f}s)"
-            )
+                if following.status == "committed":
+                    following.resumed = result.resumed
+                    result = following
             return result
         except Exception as exc:
             # Errors can quote the DSN (psycopg does): never let a password through.
@@ -304,3 +183,151 @@ def run_sync(
             raise
         finally:
             source.unlock()
+
+
+def _run_batch(
+    cfg: Config,
+    source: SlotSource,
+    lake: Lake,
+    start: Lsn,
+    target_lsn: Lsn | None,
+    spark: SparkSession | None,
+    progress: Callable[[str], None],
+    t_start: float,
+) -> SyncResult:
+    """One batch from ``start``: the unfinished one a plan names, or a fresh pull."""
+    timings: dict[str, float] = {}
+    last = lake.last_commit()
+    batch = last.batch + 1 if last else 1
+    plan = lake.read_plan(batch)
+    if plan is not None:
+        # An earlier attempt pulled this batch and may have written some tables:
+        # finish exactly that batch, never a newer target.
+        if plan.start_lsn != str(start):
+            raise SyncError(
+                f"batch {batch}'s plan starts at {plan.start_lsn} but the lake and the "
+                f"slot are at {start}: remove {lake.path('_pending')} only if you know "
+                f"no table holds batch {batch}"
+            )
+        if target_lsn is not None and str(target_lsn) != plan.target_lsn:
+            log.warning(
+                "batch %s resumes its first attempt's target %s; --target-lsn %s "
+                "applies to the next batch",
+                batch,
+                plan.target_lsn,
+                target_lsn,
+            )
+        progress(
+            f"batch {batch}: resuming an unfinished attempt "
+            f"({plan.start_lsn}..{plan.target_lsn}, raw {plan.raw})"
+        )
+        timings["pull"] = 0.0
+        raw_local = None
+        resumed: int | None = batch
+    else:
+        resumed = None
+        target = target_lsn if target_lsn is not None else source.current_flush_lsn()
+        if target <= start:
+            progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
+            return SyncResult(
+                status="up_to_date", start_lsn=start, end_lsn=start, target_lsn=target
+            )
+        attempt = new_attempt()
+        raw_rel = lake.batch_path(RAW, batch, attempt)
+        progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
+        t0 = time.monotonic()
+        # Raw is written with pyarrow: locally in place, or staged and then uploaded.
+        staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-raw-")
+        raw_local = lake.path(raw_rel) if staging is None else os.path.join(staging, "raw")
+        writer = RawWriter(raw_local)
+        pulled = source.pull(
+            target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
+        )
+        summary = pulled.summary
+        # The peek ran to the target uncut, so everything before it is in this batch.
+        end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
+        if staging is not None:
+            lake.fs.upload_dir(raw_local, lake.path(raw_rel))
+            shutil.rmtree(staging, ignore_errors=True)
+            raw_local = None
+        plan = BatchPlan(
+            batch=batch,
+            attempt=attempt,
+            slot=cfg.source.slot,
+            start_lsn=str(start),
+            end_lsn=str(end),
+            target_lsn=str(target),
+            raw=raw_rel,
+            raw_messages=summary.messages,
+            raw_bytes=summary.payload_bytes,
+            txn_app_id=lake.app_id(),
+            created_at=utcnow_iso(),
+        )
+        lake.write_plan(plan)
+        timings["pull"] = time.monotonic() - t0
+        fault_point("after_pull")
+    target, end = Lsn.parse(plan.target_lsn), Lsn.parse(plan.end_lsn)
+    raw_rel, attempt = plan.raw, plan.attempt
+    if spark is None:
+        spark = _session(cfg)
+    t1 = time.monotonic()
+    out = process_batch(
+        spark,
+        lake,
+        raw_rel,
+        batch,
+        plan.txn_app_id,
+        last,
+        progress=progress,
+        fault=fault_point,
+        raw_local=raw_local,
+        workers=cfg.lake.table_workers,
+    )
+    timings["decode_write"] = time.monotonic() - t1
+    timings.update({f"batch.{k}": v for k, v in out.timings.items()})
+    fault_point("before_commit")
+    record = make_record(
+        batch=batch,
+        attempt=attempt,
+        slot=cfg.source.slot,
+        start_lsn=str(start),
+        end_lsn=str(end),
+        target_lsn=str(target),
+        raw=raw_rel,
+        raw_messages=plan.raw_messages,
+        raw_bytes=plan.raw_bytes,
+        transactions=out.transactions,
+        messages=out.messages,
+        transaction_count=out.transaction_count,
+        transactions_version=out.transactions_version,
+        messages_version=out.messages_version,
+        txn_app_id=plan.txn_app_id,
+        tables=out.tables,
+        timings={k: round(v, 3) for k, v in timings.items()},
+    )
+    t2 = time.monotonic()
+    lake.write_commit(record)
+    lake.drop_plans(batch)  # the record supersedes the plan
+    fault_point("after_commit")
+    source.advance(end)
+    timings["commit_advance"] = time.monotonic() - t2
+    lake.expire_raw(cfg.lake.raw_retention_batches)
+    timings["total"] = time.monotonic() - t_start
+    result = SyncResult(
+        status="committed",
+        resumed=resumed,
+        batch=batch,
+        start_lsn=start,
+        end_lsn=end,
+        target_lsn=target,
+        messages=plan.raw_messages,
+        raw_bytes=plan.raw_bytes,
+        tables={n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.written},
+        timings=timings,
+    )
+    progress(
+        f"batch {batch} committed: {plan.raw_messages} messages, {out.transaction_count} transactions, "
+        f"slot advanced to {end} ({timings['total']:.1f}s: pull {timings['pull']:.1f}s, "
+        f"decode+write {timings['decode_write']:.1f}s)"
+    )
+    return result

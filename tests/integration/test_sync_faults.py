@@ -111,16 +111,33 @@ def workload(c: psycopg.Connection[Any], r: int) -> None:
 
 
 def uncommitted(lake: Lake) -> list[str]:
-    """Attempt directories that no commit record names."""
-    referenced = lake.referenced_dirs()
+    """Raw directories no commit record names, and plans of unfinished batches."""
+    referenced = {rec.raw for rec in lake.commits()}
     root = lake.root
-    return sorted(
+    raw = [
         rel
-        for p in root.rglob("b*")
+        for p in (root / "_raw").glob("b*")
         if p.is_dir()
         and BATCH_DIR.match(p.name)
         and (rel := p.relative_to(root).as_posix()) not in referenced
-    )
+    ]
+    plans = [p.relative_to(root).as_posix() for p in (root / "_pending").glob("*.json")]
+    return sorted(raw + plans)
+
+
+def ahead_of_record(lake: Lake) -> list[str]:
+    """Delta tables whose newest version is past the one the last commit record names."""
+    from deltalake import DeltaTable
+
+    last = lake.last_commit()
+    assert last is not None
+    out = []
+    for name, t in last.tables.items():
+        for rel, version in ((t.changes, t.changes_version), (t.state, t.state_version)):
+            if rel and (lake.root / rel / "_delta_log").is_dir():
+                if version is None or DeltaTable(str(lake.root / rel)).version() > version:
+                    out.append(f"{rel} ({name})")
+    return out
 
 
 def confirmed(c: psycopg.Connection[Any], slot: str) -> Lsn:
@@ -208,10 +225,15 @@ def test_crash_at_step_then_rerun_is_exactly_once(
         assert log_snapshot(chain.lake) == log_before
         leftovers = uncommitted(lake)
         assert any(p.startswith("_raw/") for p in leftovers), leftovers
-        if step in ("changes_written", "before_commit"):
-            assert any(p.startswith("changes/public.kv/") for p in leftovers), leftovers
+        # The batch's plan fixes its content before any table is written.
+        assert any(p.startswith("_pending/") for p in leftovers), leftovers
+        if step in ("table_written", "changes_written", "before_commit"):
+            # Tables already hold batch N, yet readers saw only the last commit (above).
+            assert ahead_of_record(lake), "no Delta table was written before the crash"
 
-    # The source keeps changing while nobody syncs.
+    # The source keeps changing while nobody syncs: the rerun must finish batch N with the
+    # content its first attempt fixed (tables that already hold N would otherwise miss the
+    # changes in between), then sync what arrived since as batch N+1.
     workload(c, next(chain.rounds))
     result = run_sync(chain.cfg, spark=spark)
     assert result.status == "committed"
@@ -219,9 +241,12 @@ def test_crash_at_step_then_rerun_is_exactly_once(
         # The orphan commit was honoured first: this batch starts where it ended.
         assert result.start_lsn == last.end
         assert result.batch == last.batch + 1
+        assert result.resumed is None
     else:
-        assert result.start_lsn == end_before
-        assert result.batch == batches_before[-1] + 1
+        n = batches_before[-1] + 1
+        assert result.resumed == n and result.batch == n + 1
+        resumed = Lake(chain.lake).read_commit(n)
+        assert resumed.start == end_before and resumed.end == result.start_lsn
     assert_exactly_once(c, chain.lake, chain.slot)
 
 
@@ -275,8 +300,9 @@ def test_slot_ahead_of_the_lake_stops_the_run(
 # -- real process deaths: SIGKILL at a random instant, os._exit at a step --------------------
 
 # SLOTLAKE_FAULT=<step>:exit in a real subprocess; a different step per version so that a
-# full run covers both sides of the commit point (15: before it, 16: after it).
-EXIT_STEP = {15: "changes_written", 16: "after_commit"}
+# full run covers both sides of the commit point (15: before it, right after the first
+# table's Delta commits and before the others'; 16: after it).
+EXIT_STEP = {15: "table_written", 16: "after_commit"}
 
 
 def write_config(path: Path, dsn: str, slot: str, lake: str) -> Path:
