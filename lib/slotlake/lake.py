@@ -434,6 +434,7 @@ class Lake:
         A record for an existing batch number is never overwritten: two writers racing
         for the same batch (which the advisory lock prevents) would fail here instead.
         """
+        self.ensure_layout()
         final = self._commit_path(record.batch)
         self.fs.mkdirs(self.path(COMMITS))
         try:
@@ -655,6 +656,8 @@ def read_state(root: str | Path, table: str, batch: int | None = None):  # type:
     except OldLayoutError:
         raise
     except LakeError:
+        if batch is not None:
+            raise
         raise LakeError(f"no committed state for table {table!r} in {root}") from None
     t = rec.tables.get(table)
     if t is None or not t.state or t.state_version is None:
