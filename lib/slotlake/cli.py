@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bootstrap_arguments(p)
 
+    p = sub.add_parser(
+        "maintain",
+        help="OPTIMIZE and VACUUM the lake's Delta tables (keeping lake.state_versions "
+        "batches readable), expire raw batches; under the slot's lock",
+    )
+    _config_args(p)
+
     p = sub.add_parser("demo", help="throwaway PostgreSQL + workload + several sync batches")
     p.add_argument("--lake", default=None, help="lake directory (default: a temporary one)")
     p.add_argument("--pg-version", type=int, default=None, help="15 or 16 (default: newest found)")
@@ -134,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slotlake.bootstrap import run_from_args
 
             return run_from_args(args, load(args))
+        if args.command == "maintain":
+            return cmd_maintain(args)
         if args.command == "demo":
             from slotlake.demo import run_demo
 
@@ -338,6 +347,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         path = lake.path(rec.raw)
     for line in inspect_raw(path, limit=args.limit):
         print(line)
+    return EXIT_OK
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from slotlake.maintain import run_maintain
+
+    cfg = load(args)
+    log.info("maintain: %s", cfg.describe())
+    # One line per table as it finishes, then the summary (stdout).
+    run_maintain(cfg, progress=lambda line: print(line, flush=True))
     return EXIT_OK
 
 

@@ -45,6 +45,9 @@ class LakeConfig:
     # Batches back whose Delta table versions stay readable (time travel, reprocessing
     # start points): `slotlake maintain` never VACUUMs files those versions still use.
     state_versions: int = 3
+    # `slotlake maintain` also keeps every file removed less than this many hours ago
+    # (readers in flight, pinned to a version that has since left the window above).
+    vacuum_min_age_hours: int = 24
     # Tables of one batch written at once (threads over one SparkContext).
     table_workers: int = 4
 

@@ -1,0 +1,407 @@
+"""``slotlake maintain``: compact and VACUUM the lake's Delta tables, expire raw batches.
+
+One run, under the slot's advisory lock (the lock ``sync`` and ``bootstrap`` take, so it
+never runs beside a batch of the same slot; a run that finds it taken does nothing):
+
+1. ``OPTIMIZE`` every Delta table the newest commit record names: small files (one or a
+   few per batch) are compacted, and files whose rows are mostly deleted (deletion
+   vectors left by MERGE) are rewritten. OPTIMIZE changes no row: it is a commit that
+   removes the old files and adds the compacted ones (``dataChange = false``).
+2. ``VACUUM`` every such table with a retention that keeps what readers may still use.
+3. Raw batches beyond ``lake.raw_retention_batches`` are deleted (:meth:`Lake.expire_raw`),
+   and so are leftovers of attempts that never committed (:meth:`Lake.remove_uncommitted`).
+
+**Why the VACUUM retention is safe.** VACUUM deletes a file when no commit of the table's
+current version references it *and* it was removed (its tombstone's deletion timestamp;
+for a file never committed, its modification time) more than ``retention`` hours ago.
+Readers of the lake go through commit records and read each table *as of* the version
+the record names. A file that version *v* of a table uses is therefore either still in
+the table's current version (VACUUM never touches it) or was removed by a commit made
+after *v*. Every commit to a lake table is made by a run holding the slot's lock (a
+sync batch, bootstrap, or maintain itself), and runs are serial: a commit made while
+batch *B* runs happens after record *B-1* was written, and the version record *B* names
+for a table is the table's last commit before record *B* exists. So every commit after
+a version named in record *B* — and with it every tombstone of a file that version uses —
+is younger than the ``created_at`` of record *B-1*. Retaining
+
+    max(lake.vacuum_min_age_hours,
+        ceil(hours since the oldest created_at among the newest K+1 records) + 1)
+
+with K = ``lake.state_versions`` keeps every file of the versions the newest K records
+name: all tables as of any of those batches stay readable (time travel), and so do the
+start points of reprocessing them (the state committed by the batch before). The
+``+ 1`` hour absorbs clock skew between the machine that wrote a record and the one whose
+clock stamps the Delta commits and runs VACUUM; the ceiling absorbs Delta's rounding of
+the retention to whole hours. With fewer than K+1 records, the lake's creation time (its
+layout marker) stands in for record *B-1*. Taking the oldest ``created_at`` of the
+window, not the record *B-1* alone, covers records replaced by ``reprocess --in-place``.
+
+The minimum age protects what the window does not: a reader that pinned a version which
+has since left the window (a long job, a dashboard's cached snapshot), or one reading
+a table's latest version directly; any file removed less than that many hours ago stays.
+Default 24 h (Delta's own default retention is 7 days, which a lake synced every few
+minutes does not need once the commit records bound what readers use).
+
+Delta refuses a retention below the table's ``delta.deletedFileRetentionDuration``
+(default 7 days) unless ``spark.databricks.delta.retentionDurationCheck.enabled`` is
+false, and Delta 4 ignores VACUUM's retention argument altogether (other than 0) while
+``spark.databricks.delta.vacuum.retentionWindowIgnore.enabled`` is true, its default,
+applying the table property instead. maintain sets both to false in the Spark session
+of its own VACUUM only (never the session it was given), after computing the retention
+above, and reads back from the VACUUM START commit which retention Delta applied: if a
+Delta version no longer honours the flag, the table's longer retention applies, which
+keeps more and is reported. A retention *above* that duration is not safe either: Delta drops
+tombstones older than it from the table's state, and VACUUM then treats their files as
+never committed (deleted by modification time). Such a table is not vacuumed, and the run
+says so: keep fewer batches (``lake.state_versions``) or raise the table's
+``delta.deletedFileRetentionDuration``. Time travel also needs the table's log entries,
+which Delta keeps for ``delta.logRetentionDuration`` (30 days by default).
+
+OPTIMIZE and VACUUM commit to the tables, so maintain also refuses to run while a batch
+is unfinished (a plan in ``_pending/``): the next sync finishes that batch first. Pause
+maintain, as you pause sync, while ``reprocess --in-place`` runs: reprocessing takes no
+lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from slotlake.config import Config
+from slotlake.lake import CommitRecord, Lake, is_local
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+CLOCK_SKEW_HOURS = 1
+RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
+RETENTION_WINDOW_IGNORE = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
+TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
+DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
+
+
+class MaintainError(RuntimeError):
+    pass
+
+
+@dataclass
+class Retention:
+    """How long VACUUM keeps removed files, and why."""
+
+    hours: int
+    anchor: datetime | None  # files removed after this instant are kept for the window
+    min_age_hours: int
+
+    def describe(self) -> str:
+        if self.anchor is None:
+            return f"{self.hours} h (the minimum age)"
+        return (
+            f"{self.hours} h (files removed since {self.anchor.isoformat(timespec='seconds')}, "
+            f"at least {self.min_age_hours} h)"
+        )
+
+
+@dataclass
+class TableMaintenance:
+    path: str  # relative to the lake root
+    files_compacted: int = 0  # files OPTIMIZE replaced
+    files_written: int = 0  # files OPTIMIZE wrote in their place
+    vacuumed: bool = False
+    files_deleted: int = 0  # files and directories VACUUM deleted
+    note: str = ""  # why the table was not vacuumed
+    seconds: float = 0.0
+    error: str | None = None
+
+    def describe(self) -> str:
+        parts = [
+            f"compacted {self.files_compacted} files into {self.files_written}"
+            if self.files_compacted
+            else "nothing to compact"
+        ]
+        if self.vacuumed:
+            parts.append(f"VACUUM deleted {self.files_deleted} files")
+            if self.note:
+                parts.append(self.note)
+        elif self.note:
+            parts.append(f"not vacuumed: {self.note}")
+        if self.error:
+            parts.append(f"FAILED: {self.error}")
+        return f"{self.path}: {', '.join(parts)} ({self.seconds:.1f} s)"
+
+
+@dataclass
+class MaintainResult:
+    status: str  # done | locked | empty | unfinished
+    retention: Retention | None = None
+    tables: list[TableMaintenance] = field(default_factory=list)
+    raw_expired: list[str] = field(default_factory=list)
+    uncommitted_removed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def files_compacted(self) -> int:
+        return sum(t.files_compacted for t in self.tables)
+
+    @property
+    def files_written(self) -> int:
+        return sum(t.files_written for t in self.tables)
+
+    @property
+    def files_deleted(self) -> int:
+        return sum(t.files_deleted for t in self.tables)
+
+    def summary(self) -> str:
+        if self.status != "done":
+            return f"status: {self.status}, nothing done"
+        vacuumed = sum(t.vacuumed for t in self.tables)
+        retention = self.retention.describe() if self.retention else "-"
+        return (
+            f"status: done, {len(self.tables)} tables: {self.files_compacted} files compacted "
+            f"into {self.files_written}; {vacuumed} tables vacuumed, retention {retention}, "
+            f"{self.files_deleted} files deleted; {len(self.raw_expired)} raw batches expired "
+            f"({self.seconds:.1f} s)"
+        )
+
+
+def _parse_ts(text: str) -> datetime:
+    ts = datetime.fromisoformat(text)
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def vacuum_retention(
+    created: Sequence[str],
+    keep: int,
+    min_age_hours: int,
+    now: datetime,
+    lake_created: str | None = None,
+) -> Retention:
+    """The VACUUM retention that keeps the versions of the newest ``keep`` commit records.
+
+    ``created``: the ``created_at`` of every commit record, in batch order. See the module
+    docstring for why the anchor is the oldest ``created_at`` among the newest ``keep + 1``
+    records (the lake's creation when there are no more than ``keep``).
+    """
+    keep = max(1, keep)
+    min_age = max(0, min_age_hours)
+    anchors = [_parse_ts(c) for c in created[-(keep + 1) :]]
+    if len(created) <= keep and lake_created:
+        anchors.append(_parse_ts(lake_created))
+    if not anchors:
+        return Retention(min_age, None, min_age)
+    anchor = min(anchors)
+    age_hours = max(0.0, (now - anchor).total_seconds() / 3600)
+    hours = max(min_age, math.ceil(age_hours) + CLOCK_SKEW_HOURS)
+    return Retention(hours, anchor, min_age)
+
+
+_INTERVAL_UNITS = {
+    "week": 168.0,
+    "day": 24.0,
+    "hour": 1.0,
+    "minute": 1 / 60,
+    "second": 1 / 3600,
+    "millisecond": 1 / 3_600_000,
+    "microsecond": 1 / 3_600_000_000,
+}
+_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+
+
+def interval_hours(text: str) -> float | None:
+    """Hours of a Delta interval property ("interval 1 week", "7 days"); None if unknown."""
+    s = text.strip().lower()
+    s = s[len("interval") :].strip() if s.startswith("interval") else s
+    total, pos = 0.0, 0
+    for m in _INTERVAL_PART.finditer(s):
+        if s[pos : m.start()].strip() or m.group(2) not in _INTERVAL_UNITS:
+            return None
+        total += float(m.group(1)) * _INTERVAL_UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0 or s[pos:].strip():
+        return None
+    return total
+
+
+def _session(cfg: Config) -> SparkSession:
+    from slotlake.spark import build_session
+
+    return build_session("slotlake-maintain", cfg.spark)
+
+
+def _optimize(session: SparkSession, path: str) -> tuple[int, int]:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(session, path).optimize().executeCompaction().first()
+    metrics = row["metrics"] if row is not None else None
+    if metrics is None:
+        return 0, 0
+    return int(metrics["numFilesRemoved"] or 0), int(metrics["numFilesAdded"] or 0)
+
+
+def _tombstone_retention(session: SparkSession, path: str) -> float | None:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(session, path).detail().select("properties").first()
+    props = dict(row["properties"] or {}) if row is not None else {}
+    return interval_hours(props.get(TOMBSTONE_RETENTION, DEFAULT_TOMBSTONE_RETENTION))
+
+
+def _vacuum(session: SparkSession, path: str, hours: int) -> tuple[int, float | None]:
+    """VACUUM the table keeping ``hours``.
+
+    Returns the number of files and directories deleted and the retention (hours) Delta
+    actually applied, None if it used the table's own ``delta.deletedFileRetentionDuration``.
+    """
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(session, path)
+    before = table.history(1).select("version").first()
+    table.vacuum(float(hours))
+    # With vacuum logging on, VACUUM START/END commits carry its parameters and metrics.
+    deleted, applied = 0, None
+    rows = table.history(4).select(
+        "version", "operation", "operationParameters", "operationMetrics"
+    )
+    for row in rows.collect():
+        if before is not None and row["version"] <= before[0]:
+            continue
+        if row["operation"] == "VACUUM END":
+            deleted = int((row["operationMetrics"] or {}).get("numDeletedFiles", 0))
+        elif row["operation"] == "VACUUM START":
+            millis = (row["operationParameters"] or {}).get("specifiedRetentionMillis")
+            applied = int(millis) / 3_600_000 if millis is not None else None
+    return deleted, applied
+
+
+def maintain_table(
+    spark: SparkSession, lake: Lake, relative: str, retention: Retention
+) -> TableMaintenance:
+    """OPTIMIZE then VACUUM one Delta table of the lake, in a Spark session of its own."""
+    out = TableMaintenance(relative)
+    t0 = time.monotonic()
+    session = spark.newSession()
+    path = lake.path(relative)
+    try:
+        out.files_compacted, out.files_written = _optimize(session, path)
+        allowed = _tombstone_retention(session, path)
+        if allowed is None:
+            out.note = f"its {TOMBSTONE_RETENTION} is not a plain interval"
+        elif retention.hours > allowed:
+            out.note = (
+                f"the retention the kept batches need ({retention.hours} h) exceeds the "
+                f"table's {TOMBSTONE_RETENTION} ({allowed:g} h), past which Delta forgets "
+                "removed files: keep fewer batches (lake.state_versions) or raise that property"
+            )
+        else:
+            if retention.hours < allowed:
+                # Safe by the argument in the module docstring; this session only.
+                session.conf.set(RETENTION_CHECK, "false")
+            # Delta 4 ignores VACUUM's retention argument (other than 0) unless told not to,
+            # and applies the table's delta.deletedFileRetentionDuration instead.
+            session.conf.set(RETENTION_WINDOW_IGNORE, "false")
+            session.conf.set(VACUUM_LOGGING, "true")
+            out.files_deleted, applied = _vacuum(session, path, retention.hours)
+            out.vacuumed = True
+            if applied != retention.hours:
+                # Keeping longer than asked is safe (allowed >= retention.hours); say so.
+                out.note = (
+                    f"Delta applied the table's {TOMBSTONE_RETENTION} ({allowed:g} h), "
+                    f"not {retention.hours} h"
+                )
+    except Exception as exc:
+        log.debug("maintaining %s failed", path, exc_info=True)
+        out.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def run_maintain(
+    cfg: Config,
+    spark: SparkSession | None = None,
+    progress: Callable[[str], None] = log.info,
+    now: datetime | None = None,
+) -> MaintainResult:
+    """Compact and VACUUM every Delta table of the lake, then expire raw batches."""
+    from slotlake.sync import open_source
+
+    t_start = time.monotonic()
+    if spark is None and not is_local(cfg.lake.path):
+        spark = _session(cfg)
+    lake = Lake(cfg.lake.path)
+    layout = lake.layout()
+    with open_source(cfg) as source:
+        if not source.try_lock():
+            progress(
+                f"another slotlake run holds the lock for slot {cfg.source.slot}; nothing done"
+            )
+            return MaintainResult(status="locked")
+        try:
+            records: list[CommitRecord] = list(lake.commits())
+            if not records:
+                progress(f"lake {lake.uri} has no committed batch; nothing to maintain")
+                return MaintainResult(status="empty")
+            last = records[-1]
+            if last.slot != cfg.source.slot:
+                raise MaintainError(
+                    f"lake {lake.uri} was written from slot {last.slot!r}, not "
+                    f"{cfg.source.slot!r}: its lock would not keep that slot's syncs out"
+                )
+            if lake.read_plan(last.batch + 1) is not None:
+                progress(
+                    f"batch {last.batch + 1} is unfinished (a plan in _pending/): run sync to "
+                    "finish it first; nothing done"
+                )
+                return MaintainResult(status="unfinished")
+            retention = vacuum_retention(
+                [r.created_at for r in records],
+                cfg.lake.state_versions,
+                cfg.lake.vacuum_min_age_hours,
+                now or datetime.now(timezone.utc),
+                (layout or {}).get("created_at"),
+            )
+            result = MaintainResult(status="done", retention=retention)
+            result.uncommitted_removed = lake.remove_uncommitted()
+            for removed in result.uncommitted_removed:
+                progress(f"removed {removed} left by an attempt that never committed")
+            tables = lake.delta_tables()
+            progress(
+                f"maintaining {len(tables)} Delta tables of {lake.uri}, keeping batches "
+                f"{records[-max(1, cfg.lake.state_versions) :][0].batch}..{last.batch} "
+                f"readable; VACUUM retention {retention.describe()}"
+            )
+            if spark is None:
+                spark = _session(cfg)
+            workers = max(1, min(cfg.lake.table_workers, len(tables) or 1))
+            with ThreadPoolExecutor(workers, thread_name_prefix="slotlake-maintain") as pool:
+                futures = [
+                    pool.submit(maintain_table, spark, lake, rel, retention) for rel in tables
+                ]
+                for fut in as_completed(futures):
+                    done = fut.result()
+                    result.tables.append(done)
+                    progress(done.describe())
+            result.tables.sort(key=lambda t: t.path)
+            result.raw_expired = lake.expire_raw(cfg.lake.raw_retention_batches)
+            for removed in result.raw_expired:
+                progress(f"expired raw batch {removed}")
+            result.seconds = time.monotonic() - t_start
+            failed = [t for t in result.tables if t.error]
+            if failed:
+                raise MaintainError(
+                    f"{len(failed)} of {len(result.tables)} tables failed: "
+                    + "; ".join(f"{t.path}: {t.error}" for t in failed)
+                )
+            progress(result.summary())
+            return result
+        finally:
+            source.unlock()

@@ -1,0 +1,203 @@
+"""``slotlake maintain``: OPTIMIZE compacts, VACUUM keeps every retained batch readable.
+
+One lake per PostgreSQL version, three sync batches of updates and deletes (small files and
+deletion vectors in every state table). Then maintain runs: refused while the slot's lock
+is held or a batch is unfinished, touching nothing; then it compacts, vacuums (keeping
+the files the last ``lake.state_versions`` batches use, and files younger than the minimum
+age), expires raw batches, and a sync after it still mirrors the source.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from slotlake.cli import main as cli_main
+from slotlake.lake import BatchPlan, Lake, read_state
+from slotlake.maintain import (
+    CLOCK_SKEW_HOURS,
+    interval_hours,
+    run_maintain,
+    vacuum_retention,
+)
+from slotlake.source import lock_key
+from slotlake.sync import run_sync
+
+from .sync_helpers import assert_mirror, make_config
+
+SCHEMA = """
+CREATE TABLE kv (id int PRIMARY KEY, txt text, n int);
+CREATE PUBLICATION pub FOR TABLE kv;
+"""
+TABLES = ["public.kv"]
+LAST = 3  # batches synced before maintain
+
+
+def _workload(c: psycopg.Connection, batch: int) -> None:
+    base = batch * 100
+    c.execute(
+        "INSERT INTO kv SELECT g, 'v' || g, g FROM generate_series(%s::int, %s::int) g",
+        (base, base + 49),
+    )
+    if batch > 1:
+        prev = base - 100
+        c.execute("UPDATE kv SET txt = 'u' || %s::text, n = n + 1 WHERE id %% 3 = 0", (batch,))
+        c.execute("DELETE FROM kv WHERE id BETWEEN %s AND %s", (prev, prev + 9))
+
+
+def _files(path: str, version: int | None = None) -> set[str]:
+    return set(
+        pa.table(DeltaTable(path, version=version).get_add_actions()).column("path").to_pylist()
+    )
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    return sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "_delta_log" not in p.parts}
+
+
+def test_maintain_compacts_vacuums_and_keeps_retained_batches(
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:
+    lake_dir = tmp_path / "lake"
+    root = str(lake_dir)
+    cfg = make_config(pg_dsn, root, slot)
+    clock = time.monotonic()
+
+    def took(what: str) -> None:
+        nonlocal clock
+        print(f"{what}: {time.monotonic() - clock:.1f} s")
+        clock = time.monotonic()
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(SCHEMA)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        states: dict[int, dict[str, list[tuple]]] = {}
+        for batch in range(1, LAST + 1):
+            _workload(c, batch)
+            assert run_sync(cfg, spark=spark).batch == batch
+            states[batch] = {t: _rows(read_state(root, t)) for t in TABLES}
+        took(f"{LAST} syncs")
+
+        lake = Lake(root)
+        rec = {b: lake.read_commit(b) for b in range(1, LAST + 1)}
+        kv_rel = rec[LAST].tables["public.kv"].state
+        assert kv_rel is not None
+        kv_state = lake.path(kv_rel)
+        files_before = {rel: _files(lake.path(rel)) for rel in lake.delta_tables()}
+        assert len(files_before[kv_rel]) >= LAST
+        # Files no commit references (a killed writer's), one older than the minimum age.
+        old, young = Path(kv_state) / "orphan-old.parquet", Path(kv_state) / "orphan-young.parquet"
+        for p, hours in ((old, 48), (young, 30)):
+            p.write_bytes(b"not committed")
+            stamp = time.time() - hours * 3600
+            os.utime(p, (stamp, stamp))
+
+        mcfg = make_config(pg_dsn, root, slot)
+        mcfg.lake.state_versions = 2
+        mcfg.lake.raw_retention_batches = 1
+        mcfg.lake.vacuum_min_age_hours = 36
+        versions = {rel: DeltaTable(lake.path(rel)).version() for rel in files_before}
+        tree = _tree(lake_dir)
+
+        # Locked by a sync of the slot: nothing done (the command exits 0).
+        with psycopg.connect(pg_dsn, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (lock_key(slot),))
+            assert run_maintain(mcfg, spark=spark).status == "locked"
+            args = [f"source.dsn={pg_dsn}", f"source.slot={slot}", f"lake.path={root}"]
+            assert cli_main(["maintain", *(x for a in args for x in ("--set", a))]) == 0
+        # An unfinished batch (a plan in _pending/): the next sync must finish it first.
+        end = rec[LAST].end_lsn
+        plan = BatchPlan(LAST + 1, "0", slot, end, end, end, "_raw/none", 0, 0, "app")
+        lake.write_plan(plan)
+        assert run_maintain(mcfg, spark=spark).status == "unfinished"
+        (lake_dir / "_pending" / f"{LAST + 1:020d}.json").unlink()
+        assert _tree(lake_dir) == tree
+        assert {rel: DeltaTable(lake.path(rel)).version() for rel in files_before} == versions
+        took("refusals")
+
+        lines: list[str] = []
+        result = run_maintain(mcfg, spark=spark, progress=lines.append)
+        took("maintain")
+        print("\n".join(lines))
+        assert result.status == "done", lines
+        assert result.retention is not None and result.retention.hours == 36
+        assert sorted(t.path for t in result.tables) == sorted(files_before)
+        assert all(any(line.startswith(t.path + ":") for line in lines) for t in result.tables)
+        assert lines[-1].startswith("status: done"), lines
+
+        # Compaction: every table that had several files now has fewer (the state: one).
+        for rel, before in files_before.items():
+            if len(before) > 1:
+                assert len(_files(lake.path(rel))) < len(before), rel
+        assert len(_files(kv_state)) == 1
+        assert result.files_compacted >= len(files_before[kv_rel])
+        # VACUUM ran, removed the old orphan and kept the young one (minimum age).
+        assert all(t.vacuumed for t in result.tables)
+        assert not old.exists() and young.exists()
+        assert result.files_deleted >= 1
+
+        # The retained batches still read exactly as they did, by time travel to versions
+        # whose files are no longer in the tables' current versions.
+        for b in (LAST - 1, LAST):
+            v = rec[b].tables["public.kv"].state_version
+            assert _files(kv_state, v) - _files(kv_state), "nothing for VACUUM to spare"
+            for t in TABLES:
+                assert _rows(read_state(root, t, batch=b)) == states[b][t], (b, t)
+        assert_mirror(c, root, TABLES)
+        # Raw expiry: only the newest batch keeps its raw payloads.
+        assert [lake.exists(rec[b].raw or "-") for b in range(1, LAST + 1)] == [False, False, True]
+        took("checks")
+
+        # The next batch after maintenance: idempotency markers and state intact.
+        _workload(c, LAST + 1)
+        assert run_sync(cfg, spark=spark).batch == LAST + 1
+        assert_mirror(c, root, TABLES)
+        assert _rows(read_state(root, "public.kv", batch=LAST)) == states[LAST]["public.kv"]
+        took("sync after maintain")
+
+
+def test_vacuum_retention_covers_the_window() -> None:
+    now = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
+
+    def at(hours_ago: float) -> str:
+        return (now - timedelta(hours=hours_ago)).isoformat()
+
+    created = [at(h) for h in (100, 50, 20.5, 10, 2)]
+    # keep 2 → the window is batches 4, 5; batch 3's record bounds their commits.
+    r = vacuum_retention(created, 2, 0, now)
+    assert r.hours == 21 + CLOCK_SKEW_HOURS and r.anchor == now - timedelta(hours=20.5)
+    # The minimum age wins when the window is recent.
+    assert vacuum_retention(created, 1, 24, now).hours == 24
+    # A record replaced by an in-place reprocess (newer created_at) does not shorten it.
+    replaced = [*created[:3], at(1), created[4]]
+    assert vacuum_retention(replaced, 2, 0, now).hours == 21 + CLOCK_SKEW_HOURS
+    # Fewer records than the window: the lake's creation bounds every commit.
+    assert vacuum_retention(created[-2:], 3, 0, now, lake_created=at(300)).hours == 301
+    # state_versions below 1 still keeps the newest batch (readers go through it).
+    assert vacuum_retention(created, 0, 0, now).hours == 10 + CLOCK_SKEW_HOURS
+
+
+@pytest.mark.parametrize(
+    ("text", "hours"),
+    [
+        ("interval 1 week", 168),
+        ("interval 7 days", 168),
+        ("interval 1 day 12 hours", 36),
+        ("interval 30 minutes", 0.5),
+        ("interval 1 month", None),
+        ("soon", None),
+    ],
+)
+def test_interval_hours(text: str, hours: float | None) -> None:
+    assert interval_hours(text) == hours
