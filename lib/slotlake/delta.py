@@ -77,7 +77,9 @@ def ensure_table(
     from delta.tables import DeltaTable
 
     if not is_delta_table(spark, path):
-        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        # Delta compares locations in Hadoop's form: file:///x and file:/x would clash.
+        location = "file:/" + path[len("file:///") :] if path.startswith("file:///") else path
+        builder = DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
         for key, value in TABLE_PROPERTIES.items():
             builder = builder.property(key, value)
         builder.execute()

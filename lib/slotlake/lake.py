@@ -479,6 +479,10 @@ class Lake:
             if m and int(m.group(1)) <= upto:
                 self.fs.rmtree(self.path(f"{PENDING}/{name}"))
 
+    def replace_plan(self, plan: BatchPlan) -> None:
+        """Point an unfinished batch at a fresh pull of the same range (same target)."""
+        self.fs.replace(self._plan_path(plan.batch), plan.to_json())
+
     # -- housekeeping ----------------------------------------------------------------------
     def referenced_raw(self) -> set[str]:
         """Raw directories a commit record or a pending plan names."""

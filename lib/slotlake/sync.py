@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from slotlake.batch import process_batch
 from slotlake.config import Config
+from slotlake.decode import RawDataError
 from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
@@ -271,18 +272,40 @@ def _run_batch(
     if spark is None:
         spark = _session(cfg)
     t1 = time.monotonic()
-    out = process_batch(
-        spark,
-        lake,
-        raw_rel,
-        batch,
-        plan.txn_app_id,
-        last,
-        progress=progress,
-        fault=fault_point,
-        raw_local=raw_local,
-        workers=cfg.lake.table_workers,
-    )
+    try:
+        out = process_batch(
+            spark,
+            lake,
+            raw_rel,
+            batch,
+            plan.txn_app_id,
+            last,
+            progress=progress,
+            fault=fault_point,
+            raw_local=raw_local,
+            workers=cfg.lake.table_workers,
+        )
+    except RawDataError:
+        if resumed is None:
+            raise
+        # The raw the first attempt kept does not decode (damaged at rest). The slot has not
+        # moved, and a peek to the same target returns exactly the same transactions: pull
+        # them again under the plan's target, and finish the batch from the fresh copy
+        # (tables that already hold the batch skip it, the others get the same content).
+        log.warning("batch %s: raw %s does not decode; pulling it again", batch, plan.raw)
+        plan = _repull(cfg, source, lake, plan, progress)
+        out = process_batch(
+            spark,
+            lake,
+            plan.raw,
+            batch,
+            plan.txn_app_id,
+            last,
+            progress=progress,
+            fault=fault_point,
+            workers=cfg.lake.table_workers,
+        )
+        raw_rel = plan.raw
     timings["decode_write"] = time.monotonic() - t1
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
     fault_point("before_commit")
@@ -331,3 +354,31 @@ def _run_batch(
         f"decode+write {timings['decode_write']:.1f}s)"
     )
     return result
+
+
+def _repull(
+    cfg: Config, source: SlotSource, lake: Lake, plan: BatchPlan, progress: Callable[[str], None]
+) -> BatchPlan:
+    """Pull batch ``plan.batch`` again, to the same target, into a new raw directory."""
+    attempt = new_attempt()
+    raw_rel = lake.batch_path(RAW, plan.batch, attempt)
+    staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-raw-")
+    raw_local = lake.path(raw_rel) if staging is None else os.path.join(staging, "raw")
+    target, start = Lsn.parse(plan.target_lsn), Lsn.parse(plan.start_lsn)
+    summary = source.pull(
+        target, RawWriter(raw_local), progress=lambda p: progress(f"batch {plan.batch}: pull {p}")
+    ).summary
+    end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
+    if str(end) != plan.end_lsn:
+        raise SyncError(
+            f"batch {plan.batch}: pulled again to {plan.target_lsn} it ends at {end}, not at "
+            f"{plan.end_lsn} as its first attempt did; the slot changed underneath"
+        )
+    if staging is not None:
+        lake.fs.upload_dir(raw_local, lake.path(raw_rel))
+        shutil.rmtree(staging, ignore_errors=True)
+    fresh = BatchPlan(**{**plan.__dict__, "attempt": attempt, "raw": raw_rel})
+    fresh.raw_messages, fresh.raw_bytes = summary.messages, summary.payload_bytes
+    lake.replace_plan(fresh)
+    lake.fs.rmtree(lake.path(plan.raw))
+    return fresh

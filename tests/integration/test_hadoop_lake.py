@@ -31,10 +31,8 @@ def test_hadoop_fs_operations(spark, tmp_path: Path) -> None:
         start_lsn="0/1",
         end_lsn="0/2",
         target_lsn="0/2",
-        raw=None,
-        tables={
-            "public.t": TableCommit(changes=None, state="state/public.t/b00000000000000000001-a1")
-        },
+        raw="_raw/b00000000000000000001-a1",
+        tables={"public.t": TableCommit(changes=None, state="state/public.t", state_version=0)},
     )
     lake.write_commit(record)
     with pytest.raises(LakeError, match="already committed"):
@@ -44,10 +42,12 @@ def test_hadoop_fs_operations(spark, tmp_path: Path) -> None:
     # Only the record is left in _commits: no temporary file survives the rename.
     assert fs.listdir(f"{root}/_commits") == ["00000000000000000001.json"]
 
-    fs.mkdirs(f"{root}/state/public.t/b00000000000000000001-a1")
-    fs.mkdirs(f"{root}/state/public.t/b00000000000000000002-dead")
-    assert lake.remove_uncommitted() == ["state/public.t/b00000000000000000002-dead"]
-    assert fs.isdir(f"{root}/state/public.t/b00000000000000000001-a1")
+    fs.mkdirs(f"{root}/_raw/b00000000000000000001-a1")
+    fs.mkdirs(f"{root}/_raw/b00000000000000000002-dead")
+    assert lake.remove_uncommitted() == ["_raw/b00000000000000000002-dead"]
+    assert fs.isdir(f"{root}/_raw/b00000000000000000001-a1")
+    # Plans and the layout marker go through the same file system.
+    assert fs.exists(f"{root}/_slotlake.json") and lake.layout()["layout"] == "delta"  # type: ignore[index]
 
     local = tmp_path / "upload"
     local.mkdir()

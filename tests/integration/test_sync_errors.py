@@ -287,7 +287,7 @@ def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
         monkeypatch.delenv(FAULT_ENV)
         (raw_dir,) = (lake.root / RAW).iterdir()
         raw_rel = f"{RAW}/{raw_dir.name}"
-        attempt = raw_dir.name.rsplit("-", 1)[1]
+        app_id = lake.read_plan(1).txn_app_id  # type: ignore[union-attr]
 
         cases: list[tuple[str, Callable[[bytes], bytes], str]] = [
             # Insert: 'I', oid(4), 'N', natts(2), then the first column's kind byte at 8.
@@ -298,7 +298,7 @@ def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
             original = {f: f.read_bytes() for f in raw_dir.glob("part-*.parquet")}
             seq, lsn = _corrupt(raw_dir, msg_type, mangle)
             with pytest.raises(RawDataError) as err:
-                process_batch(spark, lake, raw_rel, 1, attempt, None)
+                process_batch(spark, lake, raw_rel, 1, app_id, None)
             msg = one_line(err.value)
             for part in ("batch 1", raw_rel, f"seq {seq}", f"lsn {lsn}", detail):
                 assert part in msg, msg
@@ -309,7 +309,8 @@ def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
         assert lake.commit_batches() == []
         assert slot_confirmed(c, slot) == slot_before
 
-        # The next run drops the corrupt uncommitted raw and pulls afresh: the slot kept it all.
+        # The next run finds the unfinished batch's raw undecodable: the slot has not moved,
+        # so it pulls the same range again (same target) and finishes the batch from that.
         _corrupt(raw_dir, "I", lambda d: d[:3])
         assert run_sync(cfg, spark=spark).status == "committed"
         assert_log_matches_audit(c, lake_root, KEYS)
