@@ -134,9 +134,10 @@ def ahead_of_record(lake: Lake) -> list[str]:
     out = []
     for name, t in last.tables.items():
         for rel, version in ((t.changes, t.changes_version), (t.state, t.state_version)):
-            if rel and (lake.root / rel / "_delta_log").is_dir():
-                if version is None or DeltaTable(str(lake.root / rel)).version() > version:
-                    out.append(f"{rel} ({name})")
+            if not rel or not (lake.root / rel / "_delta_log").is_dir():
+                continue
+            if version is None or DeltaTable(str(lake.root / rel)).version() > version:
+                out.append(f"{rel} ({name})")
     return out
 
 
