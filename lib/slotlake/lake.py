@@ -673,3 +673,25 @@ def read_state(root: str | Path, table: str, batch: int | None = None):  # type:
         copies = out.column(COPIES).to_numpy(zero_copy_only=False)
         out = out.drop_columns([COPIES]).take(np.repeat(np.arange(len(copies)), copies))
     return out
+
+
+def _read_dataset(root: str | Path, kind: str, batch: int | None, order: str):  # type: ignore[no-untyped-def]
+    rec = _record(root, batch)
+    rel, version = (
+        (rec.transactions, rec.transactions_version)
+        if kind == TRANSACTIONS
+        else (rec.messages, rec.messages_version)
+    )
+    if rel is None or version is None:
+        raise LakeError(f"lake {root} has no committed {kind} dataset")
+    return read_delta(root, rel, version).sort_by(order)
+
+
+def read_transactions(root: str | Path, batch: int | None = None):  # type: ignore[no-untyped-def]
+    """Every committed transaction (commit/end LSN, time, xid, origin), in commit order."""
+    return _read_dataset(root, TRANSACTIONS, batch, "commit_lsn")
+
+
+def read_messages(root: str | Path, batch: int | None = None):  # type: ignore[no-untyped-def]
+    """Every committed logical decoding message (pg_logical_emit_message), in LSN order."""
+    return _read_dataset(root, MESSAGES, batch, "lsn")

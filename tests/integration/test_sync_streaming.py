@@ -16,10 +16,9 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from slotlake.lake import Lake, read_changes, read_state
+from slotlake.lake import Lake, read_changes, read_messages, read_state, read_transactions
 from slotlake.pgoutput import StreamAbort, decode
 from slotlake.raw import read_raw
 from slotlake.source import SourceError
@@ -79,14 +78,7 @@ def insert_series(conn: psycopg.Connection, table: str, lo: int, hi: int, tag: s
 
 def committed(lake: str, kind: str) -> pa.Table:
     """Every committed row of the transactions or messages dataset."""
-    lk = Lake(lake)
-    parts = [
-        pq.read_table(lk.path(d))
-        for rec in lk.commits()
-        if (d := rec.transactions if kind == "transactions" else rec.messages)
-    ]
-    assert parts, f"no committed {kind} dataset"
-    return pa.concat_tables(parts)
+    return read_transactions(lake) if kind == "transactions" else read_messages(lake)
 
 
 def stream_aborts(lake: str, batch: int) -> set[tuple[int, int]]:
