@@ -662,6 +662,8 @@ def process_batch(
             batch,
         ).version
     timings["transactions"] = time.monotonic() - t2
+    # Every table thread is done: what the replays persisted can go (shared cache manager).
+    spark.catalog.clearCache()
     return BatchOutput(tables, TRANSACTIONS, msg_rel, tx_count, tx.version, msg_version, timings)
 
 

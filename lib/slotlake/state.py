@@ -13,6 +13,7 @@ Small functions from DataFrame to DataFrame:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,9 @@ STATE_META: list[tuple[str, str]] = [
 # bucket count grows with the batch so a group stays near ROWS_PER_REPLAY_BUCKET rows
 # (8 fixed buckets ran the 2 GB driver heap out at 5M changes).
 MIN_REPLAY_BUCKETS = 8
+# The TOAST fill and each key's final row: Spark SQL window functions (slotlake.replay_sql),
+# or the per-row Python reference (slotlake.toast.replay) with SLOTLAKE_REPLAY=python.
+REPLAY = os.environ.get("SLOTLAKE_REPLAY", "window")
 ROWS_PER_REPLAY_BUCKET = 50_000
 
 
@@ -178,7 +182,7 @@ def fill_keyed(
     # Lineage: a key change links the old key and the new one, so one row's events share
     # a replay bucket. Key changes are rare; collecting their edges is cheap.
     edges = []
-    if stats is not None and stats["key_changes"]:
+    if REPLAY != "window" and stats is not None and stats["key_changes"]:
         edges = [
             (r[0], r[1])
             for r in events.filter(key_change).select("_k_before", "_k_after").collect()
@@ -199,6 +203,43 @@ def fill_keyed(
         prior_rows = prior_rows_for(prior, events.filter(F.size("_unchanged") > 0), keys)
     else:
         prior_rows = prior.limit(0).withColumn("_pk", state_key(prior, keys))
+    data_columns = list(cat.state_columns)
+    if REPLAY == "window":
+        from slotlake.replay_sql import replay_window
+
+        changes, finals = replay_window(
+            events.drop("_gid"), prior_rows, data_columns, list(truncations)
+        )
+        changes = changes.drop("_k_before", "_k_after", "_ka", "_kb")
+    else:
+        changes, finals = _replay_python(
+            events, prior_rows, cat, truncations, expected_rows, root_df, persisted
+        )
+    keymap = (
+        events.select(F.col("_k_after").alias("_k"), F.col("_ka").alias("_key"))
+        .unionByName(events.select(F.col("_k_before").alias("_k"), F.col("_kb").alias("_key")))
+        .filter(F.col("_k").isNotNull())
+        .dropDuplicates(["_k"])
+    )
+    finals = finals.join(keymap, "_k", "left")
+    return changes, finals
+
+
+def _replay_python(
+    events: DataFrame,
+    prior_rows: DataFrame,
+    cat: TableCatalog,
+    truncations: Sequence[tuple[int, int]],
+    expected_rows: int,
+    root_df: DataFrame | None,
+    persisted: list[DataFrame] | None,
+) -> tuple[DataFrame, DataFrame]:
+    """The per-row Python replay (:func:`slotlake.toast.replay`) per lineage bucket: the
+    reference the window replay is tested against, kept selectable (SLOTLAKE_REPLAY=python)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
     prior_rows = _with_lineage(prior_rows, F.col("_pk"), root_df)
     as_events = prior_rows.select(
         *[F.col(f"`{c}`") for c in cat.state_columns],
@@ -212,7 +253,6 @@ def fill_keyed(
     combined = combined.withColumn(
         "_bucket", F.pmod(F.xxhash64("_gid"), F.lit(replay_buckets(expected_rows)))
     )
-
     out_schema = StructType(
         [f for f in events.schema.fields if f.name != "_gid"]
         + [StructField("_kind", StringType()), StructField("_k", StringType())]
@@ -233,13 +273,6 @@ def fill_keyed(
         "_k",
         (F.col("_kind") == "K").alias("_deleted"),
     )
-    keymap = (
-        events.select(F.col("_k_after").alias("_k"), F.col("_ka").alias("_key"))
-        .unionByName(events.select(F.col("_k_before").alias("_k"), F.col("_kb").alias("_key")))
-        .filter(F.col("_k").isNotNull())
-        .dropDuplicates(["_k"])
-    )
-    finals = finals.join(keymap, "_k", "left")
     return changes, finals
 
 
