@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""Delta lake benchmark: does a batch cost what its changes cost?
+
+Two comparisons, each side by side in one run on one throwaway PostgreSQL and one local
+SparkSession (the issue's targets in brackets):
+
+  size    a batch of ``--changes`` changes (80 % updates of random rows, 10 % deletes,
+          10 % inserts) on a ``--big``-row table vs the same batch on a ``--small``-row
+          table                                                          [≤ 1.25×]
+  spread  the same ``--changes`` changes spread over ``--tables`` tables vs all in one
+          table                                                          [≤ 2×]
+
+Each table is first loaded with ``COPY`` and synced once (the initial load is not timed),
+then the timed batch is written and one ``run_sync`` measured. Not a test: run by hand.
+
+    python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
+                               [--tables 100] [--steps size,spread] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from typing import Any
+
+import psycopg
+
+from slotlake.config import Config, LakeConfig, SourceConfig
+from slotlake.localpg import LocalPostgres
+from slotlake.spark import build_session
+from slotlake.sync import run_sync
+
+DDL = "CREATE TABLE {name} (id int8 PRIMARY KEY, v text, n numeric(12,2), ts timestamptz)"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load(c: psycopg.Connection[Any], name: str, rows: int) -> None:
+    c.execute(DDL.format(name=name))
+    c.execute(
+        f"INSERT INTO {name} SELECT g, md5(g::text), g / 7.0, now() FROM generate_series(1, %s) g",
+        (rows,),
+    )
+
+
+def changes(c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random) -> None:
+    """n changes: 80 % updates of random rows, 10 % deletes, 10 % inserts, one transaction."""
+    ids = rng.sample(range(1, rows + 1), min(rows, int(n * 0.9)))
+    updates, deletes = ids[: int(n * 0.8)], ids[int(n * 0.8) :]
+    with c.transaction():
+        c.execute(f"UPDATE {name} SET v = 'u' || v WHERE id = ANY(%s)", (updates,))
+        c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (deletes,))
+        c.execute(
+            f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s, %s) g",
+            (rows + 1, rows + n - len(ids)),
+        )
+
+
+def timed_sync(cfg: Config, spark: Any) -> float:
+    t0 = time.monotonic()
+    result = run_sync(cfg, spark=spark)
+    assert result.status == "committed", result
+    return time.monotonic() - t0
+
+
+def scenario(
+    pg: LocalPostgres, spark: Any, tag: str, tables: dict[str, int], per_table: int
+) -> float:
+    """Load ``tables`` (name → rows), sync once, then time one batch of changes to each."""
+    dsn = pg.create_database(f"bench_{tag}")
+    slot = f"bench_{tag}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for name, rows in tables.items():
+            load(c, name, rows)
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        cfg = Config(
+            source=SourceConfig(dsn=dsn, slot=slot, publications=["pub"]),
+            lake=LakeConfig(path=tempfile.mkdtemp(prefix=f"lake-{tag}-")),
+        )
+        # The rows predate the slot: a full-table UPDATE brings every one of them into the
+        # lake's state (an upsert of each key) in a first, untimed batch.
+        for name in tables:
+            c.execute(f"UPDATE {name} SET n = n")
+        log(f"{tag}: initial sync of {sum(tables.values()):,} rows")
+        first = timed_sync(cfg, spark)
+        log(f"{tag}: initial sync {first:.1f}s")
+        rng = random.Random(tag)
+        for name, rows in tables.items():
+            changes(c, name, rows, per_table, rng)
+        seconds = timed_sync(cfg, spark)
+        log(f"{tag}: batch of {per_table * len(tables):,} changes {seconds:.1f}s")
+        c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--changes", type=int, default=10_000)
+    p.add_argument("--big", type=int, default=5_000_000)
+    p.add_argument("--small", type=int, default=20_000)
+    p.add_argument("--tables", type=int, default=100)
+    p.add_argument("--steps", default="size,spread")
+    p.add_argument("--version", type=int, default=16)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    out: dict[str, Any] = {"load": os.getloadavg()}
+    pg = LocalPostgres(version=args.version).start()
+    spark = build_session("slotlake-lake-bench")
+    try:
+        steps = args.steps.split(",")
+        if "size" in steps:
+            small = scenario(pg, spark, "small", {"t_small": args.small}, args.changes)
+            big = scenario(pg, spark, "big", {"t_big": args.big}, args.changes)
+            out["size"] = {"small_s": small, "big_s": big, "ratio": big / small}
+            log(
+                f"size: {args.big:,} rows {big:.1f}s vs {args.small:,} rows {small:.1f}s "
+                f"= {big / small:.2f}× (target ≤ 1.25×)"
+            )
+        if "spread" in steps:
+            per = max(1, args.changes // args.tables)
+            rows = max(args.small // args.tables, per * 2)
+            one = scenario(pg, spark, "one", {"t_one": rows * args.tables}, per * args.tables)
+            many = scenario(
+                pg, spark, "many", {f"t_{i:03d}": rows for i in range(args.tables)}, per
+            )
+            out["spread"] = {"one_s": one, "many_s": many, "ratio": many / one}
+            log(
+                f"spread: {args.tables} tables {many:.1f}s vs one table {one:.1f}s "
+                f"= {many / one:.2f}× (target ≤ 2×)"
+            )
+    finally:
+        spark.stop()
+        pg.stop()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
