@@ -186,21 +186,18 @@ def txn_version(path: str, app_id: str) -> int | None:
 
 
 def append(df: DataFrame, path: str, app_id: str, batch: int) -> WriteResult:
-    (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", str(batch))
-        .save(path)
-    )
-    return last_commit(df.sparkSession, path)
+    return _write(df, path, "append", app_id, batch)
 
 
 def overwrite(df: DataFrame, path: str, app_id: str, batch: int) -> WriteResult:
     """Replace the table's rows in one commit (a TRUNCATE in the batch)."""
+    return _write(df, path, "overwrite", app_id, batch)
+
+
+def _write(df: DataFrame, path: str, mode: str, app_id: str, batch: int) -> WriteResult:
     (
         df.write.format("delta")
-        .mode("overwrite")
+        .mode(mode)
         .option("txnAppId", app_id)
         .option("txnVersion", str(batch))
         .save(path)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slotlake.batch import process_batch
+from slotlake.batch import BatchOutput, process_batch
 from slotlake.config import Config
 from slotlake.decode import RawDataError
 from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
@@ -272,19 +272,24 @@ def _run_batch(
     if spark is None:
         spark = _session(cfg)
     t1 = time.monotonic()
-    try:
-        out = process_batch(
+
+    def decode_write(raw: str, local: str | None) -> BatchOutput:
+        assert spark is not None and plan is not None
+        return process_batch(
             spark,
             lake,
-            raw_rel,
+            raw,
             batch,
             plan.txn_app_id,
             last,
             progress=progress,
             fault=fault_point,
-            raw_local=raw_local,
+            raw_local=local,
             workers=cfg.lake.table_workers,
         )
+
+    try:
+        out = decode_write(raw_rel, raw_local)
     except RawDataError:
         if resumed is None:
             raise
@@ -294,18 +299,8 @@ def _run_batch(
         # (tables that already hold the batch skip it, the others get the same content).
         log.warning("batch %s: raw %s does not decode; pulling it again", batch, plan.raw)
         plan = _repull(cfg, source, lake, plan, progress)
-        out = process_batch(
-            spark,
-            lake,
-            plan.raw,
-            batch,
-            plan.txn_app_id,
-            last,
-            progress=progress,
-            fault=fault_point,
-            workers=cfg.lake.table_workers,
-        )
         raw_rel = plan.raw
+        out = decode_write(raw_rel, None)
     timings["decode_write"] = time.monotonic() - t1
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
     fault_point("before_commit")
