@@ -7,10 +7,11 @@ and as of an earlier one (time travel to the version its commit record names). A
 multiset table (REPLICA IDENTITY FULL, no key) stores distinct rows with ``_copies``:
 the expansion each reader needs is checked too.
 
-The second half runs a sync in a thread, paused right after a table's Delta commits
-(the ``table_written`` step of SLOTLAKE_FAULT), and reads meanwhile: a reader that goes
-through the commit records sees the previous batch; the table's latest version, read
-directly, already holds the uncommitted one.
+First, a sync runs in a thread, paused once every table holds its batch and before its
+commit record is written (the ``changes_written`` step of SLOTLAKE_FAULT: a pause
+instead of a crash, so the reader really runs beside a live sync), and the test reads
+meanwhile: a reader that goes through the commit records sees the previous batch, whole;
+each table's latest version, read directly, already holds the uncommitted one.
 """
 
 from __future__ import annotations
