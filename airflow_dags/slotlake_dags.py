@@ -5,6 +5,11 @@
   of their own (and the job's advisory lock would turn a second concurrent run away).
 * ``slotlake_reprocess``: triggered by hand, with params, runs jobs/reprocess.py.
 
+Every task spark-submits with Delta Lake on the class path (``delta_packages`` for
+``--packages``, or ``delta_jars`` for ``--jars``) and Delta's SQL extension and catalog in
+its ``--conf``: under spark-submit the job does not add them itself. New jobs (e.g. a
+``slotlake_maintain`` DAG on its own schedule) get the same through :func:`submit_task`.
+
 Settings come from a TOML file (``airflow_dags/slotlake.toml`` beside this file, or the
 path in ``SLOTLAKE_DAGS_CONFIG``); see that file for every key.
 
@@ -53,8 +58,19 @@ DEFAULTS: dict[str, Any] = {
     "execution_timeout_minutes": 60,
     "reprocess_timeout_minutes": 360,
     "spark_conf": {},
+    # Delta Lake for spark-submit. This file must not import slotlake, so the coordinates
+    # are written out: they follow the delta-spark pin and the pyspark line of
+    # pyproject.toml (slotlake.spark.delta_coordinates() gives them; a test checks).
+    "delta_packages": "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "delta_jars": [],
 }
 PATH_KEYS = ("job_config", "jobs_dir", "py_files")
+# Delta's SQL extension and catalog: MERGE/RESTORE/time travel on path tables. Set before
+# the job's session starts; [dags.spark_conf] may override them.
+DELTA_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
 
 
 def load_settings() -> dict[str, Any]:
@@ -69,10 +85,30 @@ def load_settings() -> dict[str, Any]:
         settings.update(loaded)
     base = path.parent
     for key in PATH_KEYS:
-        value = str(settings[key])
-        if "://" not in value:
-            settings[key] = str((base / value).resolve())
+        settings[key] = _resolve(base, str(settings[key]))
+    jars = settings["delta_jars"]
+    if isinstance(jars, str):
+        jars = [j for j in jars.split(",") if j.strip()]
+    settings["delta_jars"] = [_resolve(base, str(j).strip()) for j in jars]
     return settings
+
+
+def _resolve(base: Path, value: str) -> str:
+    return value if "://" in value else str((base / value).resolve())
+
+
+def delta_submit_args(s: dict[str, Any]) -> dict[str, Any]:
+    """``jars``/``packages``/``conf`` of a SparkSubmitOperator that runs a slotlake job.
+
+    ``delta_jars`` (files, no resolution at submit time) replace ``delta_packages`` (Maven
+    coordinates, resolved by spark-submit's Ivy); with both empty the cluster is expected
+    to ship Delta Lake itself.
+    """
+    return {
+        "jars": ",".join(s["delta_jars"]) or None,
+        "packages": None if s["delta_jars"] else (s["delta_packages"] or None),
+        "conf": {**DELTA_CONF, **dict(s["spark_conf"])},
+    }
 
 
 @contextmanager
@@ -156,6 +192,20 @@ def _start_date(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
 
 
+def submit_task(s: dict[str, Any], task_id: str, job: str, **kwargs: Any) -> SlotlakeSubmitOperator:
+    """A task that spark-submits jobs/<job>.py with the slotlake zip and Delta Lake."""
+    return SlotlakeSubmitOperator(
+        task_id=task_id,
+        application=f"{s['jobs_dir']}/{job}.py",
+        application_args=["--config", s["job_config"]],
+        py_files=s["py_files"],
+        conn_id=s["spark_conn_id"],
+        name=f"slotlake-{job}",
+        **delta_submit_args(s),
+        **kwargs,
+    )
+
+
 SETTINGS = load_settings()
 
 with DAG(
@@ -169,16 +219,7 @@ with DAG(
     tags=["slotlake"],
     doc_md=__doc__,
 ) as sync_dag:
-    SlotlakeSubmitOperator(
-        task_id="sync",
-        application=f"{SETTINGS['jobs_dir']}/sync.py",
-        application_args=["--config", SETTINGS["job_config"]],
-        py_files=SETTINGS["py_files"],
-        conn_id=SETTINGS["spark_conn_id"],
-        conf=dict(SETTINGS["spark_conf"]),
-        name="slotlake-sync",
-        pg_conn_id=SETTINGS["pg_conn_id"],
-    )
+    submit_task(SETTINGS, "sync", "sync", pg_conn_id=SETTINGS["pg_conn_id"])
 
 with DAG(
     dag_id="slotlake_reprocess",
@@ -203,13 +244,5 @@ with DAG(
     tags=["slotlake"],
     doc_md=__doc__,
 ) as reprocess_dag:
-    SlotlakeSubmitOperator(
-        task_id="reprocess",
-        application=f"{SETTINGS['jobs_dir']}/reprocess.py",
-        application_args=["--config", SETTINGS["job_config"]],
-        py_files=SETTINGS["py_files"],
-        conn_id=SETTINGS["spark_conn_id"],
-        conf=dict(SETTINGS["spark_conf"]),
-        name="slotlake-reprocess",
-        args_from_params=True,
-    )
+    # Never connects to PostgreSQL: no pg_conn_id.
+    submit_task(SETTINGS, "reprocess", "reprocess", args_from_params=True)

@@ -1,7 +1,7 @@
 """spark-submit entry point: the bootstrap (the same code as ``slotlake bootstrap``).
 
-    spark-submit --py-files dist/slotlake-<version>.zip jobs/bootstrap.py \\
-        --config conf/example.toml [--set key=value …] [--parallel 8] \\
+    spark-submit --py-files dist/slotlake-<version>.zip --jars dist/jars/<the Delta jars> \\
+        jobs/bootstrap.py --config conf/example.toml [--set key=value …] [--parallel 8] \\
         [--rebootstrap] [--onto-existing-lake]
 
 Creates the slot with an exported snapshot, copies every published table in it as Spark

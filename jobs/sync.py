@@ -1,7 +1,7 @@
 """spark-submit entry point: one sync batch (the same code as ``slotlake sync``).
 
-    spark-submit --py-files dist/slotlake-<version>.zip jobs/sync.py \\
-        --config conf/example.toml [--set key=value …] [--target-lsn X/Y]
+    spark-submit --py-files dist/slotlake-<version>.zip --jars dist/jars/<the Delta jars> \\
+        jobs/sync.py --config conf/example.toml [--set key=value …] [--target-lsn X/Y]
 
 The master, deploy mode and resources come from spark-submit; the session is built by
 slotlake.spark.build_session, which leaves them alone when it runs under spark-submit.

@@ -1,28 +1,42 @@
 """Reprocessing: rebuild committed batches from their raw Parquet alone.
 
 No PostgreSQL connection and no slot: each batch of FIRST..LAST is decoded again by
-:func:`slotlake.batch.process_batch` (the code sync runs), starting from the state the
-source lake committed before FIRST, or from nothing.
+:func:`slotlake.batch.process_batch` (the code sync runs) and committed with the same
+batch number and LSNs (``kind = "reprocess"``), starting from the state the lake had
+committed as of batch FIRST-1, or from nothing.
 
 Two modes:
 
-* **into a new root** (``output``): the new lake gets commit records with the same batch
-  numbers and LSNs (``kind = "reprocess"``). Raw directories and the prior state are
-  hard-linked (copied across file systems) so the new root is self-contained: it can be
-  read, reprocessed again, or take over from the old root. A run that failed part-way
-  resumes: an output root whose last commit is FIRST-1 continues from that commit.
-* **in place** (``in_place``): batch by batch, outputs are written under a new attempt id
-  and the batch's commit record is swapped atomically (:meth:`Lake.replace_commit`), so a
-  reader sees every batch either wholly old or wholly new. The range must end at the
-  newest commit (later batches were built on the old states), and sync must not run on
-  the lake meanwhile: without PostgreSQL there is no advisory lock to take (give both
-  Airflow DAGs the same one-slot ``pool``). Directories that only the replaced records
-  named are deleted at the end.
+* **into a new root** (``output``): a lake of its own (own ``lake_id``, so its own Delta
+  ``txnAppId``). Its state tables start as a copy of the source lake's states *as of*
+  batch FIRST-1, read with Delta time travel at the versions commit record FIRST-1 names;
+  its change logs start empty, with the columns the source's logs had then (so later
+  renames and added columns replay exactly as they did). Raw directories are hard-linked
+  (copied across file systems): the new root is self-contained and can be read,
+  reprocessed again or take over from the old one. A run that failed part-way resumes:
+  an output root whose last commit is FIRST-1 continues from that commit (tables that
+  already hold the failed batch skip it, by their txn marker).
+* **in place** (``in_place``): the range must end at the newest commit (later batches
+  were built on the states being replaced) and no sync attempt may be unfinished. Every
+  Delta table the newest commit names is first brought back to its version as of batch
+  FIRST-1 (``RESTORE … TO VERSION AS OF``, one commit per table that changed since);
+  the batches then run again under a fresh ``txnAppId`` (``lake.app_id("reprocess-…")``:
+  the lake's own id has recorded those batch numbers already, so Delta would skip every
+  write) and each batch's commit record is swapped atomically (:meth:`Lake.replace_commit`).
+  A reader sees every batch wholly old or wholly new: the old records' versions stay in
+  the tables' history. If a batch fails, every table is restored to the version the newest
+  commit record names, so sync can go on as if nothing had been tried. Sync must not run
+  meanwhile: without PostgreSQL there is no advisory lock to take (give both Airflow DAGs
+  the same one-slot ``pool``). While it runs, ``_reprocess_in_place.json`` at the lake
+  root names the run; it is left behind only by a run that was killed (see
+  :data:`IN_PLACE_MARKER`).
 
 What must still be there: the raw directory of every batch in the range
-(``lake.raw_retention_batches``) and, unless starting from nothing, the state version of
-every table in force at batch FIRST-1 (``lake.state_versions`` keeps the version in force
-plus K older ones per table, so a reprocess can start up to K batches back).
+(``lake.raw_retention_batches``) and, unless starting from nothing, the Delta versions
+as of batch FIRST-1. Time travel reaches as far back as VACUUM left the files:
+``slotlake maintain`` keeps those of the newest ``lake.state_versions`` batches' versions,
+so a reprocess can start that many batches back; an older start point is refused, before
+anything is written, with the table and version that are gone.
 
 Every raw file is checked (footer, schema, row count against the commit record) before
 anything is written; a file that fails to read or decode later is named in the error
@@ -31,27 +45,36 @@ with its batch, and the batch is not committed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotlake.batch import process_batch
+from slotlake.batch import TABLE_WORKERS, process_batch
+from slotlake.delta import (
+    ensure_table,
+    last_commit,
+    overwrite,
+    table_ref,
+    table_session,
+)
 from slotlake.lake import (
-    CHANGES,
     MESSAGES,
-    STATE,
     TRANSACTIONS,
     CommitRecord,
     Lake,
-    batch_dir_name,
+    OldLayoutError,
+    TableCommit,
     make_record,
     new_attempt,
+    utcnow_iso,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +83,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _PART = re.compile(r"^part-(\d{5})\.parquet$")
+
+# Written at the root of a lake while an in-place reprocess runs; removed when it
+# finishes or has rolled the tables back. Left behind, it means the run was killed and the
+# tables' newest versions may not be what the newest commit record names: run the same
+# in-place reprocess again (it restores the tables first) before syncing.
+IN_PLACE_MARKER = "_reprocess_in_place.json"
 
 
 class ReprocessError(RuntimeError):
@@ -73,7 +102,9 @@ class ReprocessResult:
     batches: list[int] = field(default_factory=list)
     from_batch_state: int | None = None  # the commit whose state the run started from
     tables: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)
-    removed: list[str] = field(default_factory=list)  # in place: directories replaced
+    txn_app_id: str = ""  # the Delta txnAppId the rebuilt batches were written with
+    # In place: Delta table → the version it was restored to before the first batch.
+    restored: dict[str, int] = field(default_factory=dict)
 
 
 def parse_range(text: str | None) -> tuple[int | None, int | None]:
@@ -152,6 +183,8 @@ def _diagnose(files: list[Path], batch: int, exc: BaseException) -> ReprocessErr
     """Turn a failure inside Spark into an error naming the raw file and the batch."""
     import pyarrow.parquet as pq
 
+    from slotlake.decode import RawDataError
+
     for f in files:
         try:
             pq.read_table(f)
@@ -165,8 +198,11 @@ def _diagnose(files: list[Path], batch: int, exc: BaseException) -> ReprocessErr
     ]
     if raised:
         detail = raised[-1]
+    elif isinstance(exc, RawDataError):
+        detail = text.strip()
     else:
-        detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        # Not the raw data's fault (memory, the file system, a bug): say so, briefly.
+        return ReprocessError(f"batch {batch}: {type(exc).__name__}: {_first_line(exc)}")
     m = re.search(r"\bseq (\d+)", detail)
     if m:
         seq = int(m.group(1))
@@ -178,7 +214,104 @@ def _diagnose(files: list[Path], batch: int, exc: BaseException) -> ReprocessErr
     return ReprocessError(f"batch {batch}: raw files {names}: {detail}")
 
 
-# -- file system helpers --------------------------------------------------------------------
+# -- Delta versions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Version:
+    """One Delta table of the lake at the version a commit record names."""
+
+    rel: str  # the table's path relative to the lake root
+    version: int
+    what: str  # e.g. "the state of public.kv"
+
+
+def _record_versions(rec: CommitRecord) -> dict[str, _Version]:
+    """Every Delta table a commit record names, at the version it names (by relative path)."""
+    out: dict[str, _Version] = {}
+    for name, t in sorted(rec.tables.items()):
+        if t.changes and t.changes_version is not None:
+            out[t.changes] = _Version(t.changes, t.changes_version, f"the change log of {name}")
+        if t.state and t.state_version is not None:
+            out[t.state] = _Version(t.state, t.state_version, f"the state of {name}")
+    if rec.transactions and rec.transactions_version is not None:
+        out[rec.transactions] = _Version(
+            rec.transactions, rec.transactions_version, "the transactions table"
+        )
+    if rec.messages and rec.messages_version is not None:
+        out[rec.messages] = _Version(rec.messages, rec.messages_version, "the messages table")
+    return out
+
+
+def _unreadable(lake: Lake, v: _Version) -> str | None:
+    """Why version ``v`` can no longer be read (None when it can).
+
+    Time travel needs the table's log to reach the version and every file the version
+    uses: its data files and deletion vectors. VACUUM deletes those that no retained
+    version uses; log cleanup drops old commits once a checkpoint covers them.
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    path = lake.path(v.rel)
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return f"the Delta table {path} is missing"
+    try:
+        dt = DeltaTable(path, version=v.version)
+    except Exception as exc:
+        return f"its Delta log no longer reaches version {v.version} ({_first_line(exc)})"
+    missing = [f for f in dt.file_uris() if not os.path.exists(_local(f))]
+    if missing:
+        return f"{len(missing)} of its data files are gone (VACUUMed), e.g. {_local(missing[0])}"
+    try:
+        pa.table(dt.deletion_vectors())  # reads every deletion vector file of the version
+    except Exception as exc:
+        return f"a deletion vector file of it is gone (VACUUMed): {_first_line(exc)}"
+    return None
+
+
+def _local(uri: str) -> str:
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_versions(lake: Lake, versions: list[_Version], batch: int, hint: str) -> None:
+    """Refuse, before anything is written, when a version as of ``batch`` is gone."""
+    for v in versions:
+        why = _unreadable(lake, v)
+        if why is not None:
+            raise ReprocessError(
+                f"{v.what} as of batch {batch} ({v.rel}, Delta version {v.version}) is no longer "
+                f"readable: {why}. VACUUM (slotlake maintain) keeps the files of the newest "
+                f"lake.state_versions batches' versions only: {hint}"
+            )
+
+
+def _current_version(lake: Lake, rel: str) -> int | None:
+    from deltalake import DeltaTable
+
+    path = lake.path(rel)
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    return int(DeltaTable(path).version())
+
+
+def _version0_is_empty(lake: Lake, rel: str) -> bool:
+    """Whether the table's first version holds no rows (created empty by ``ensure_table``)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    try:
+        return pa.table(DeltaTable(lake.path(rel), version=0).get_add_actions()).num_rows == 0
+    except Exception:
+        return False
+
+
+# -- a new root -----------------------------------------------------------------------------
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -196,24 +329,122 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=link_or_copy)
 
 
-def _attempt_dirs(lake: Lake, batch: int, attempt: str) -> list[Path]:
-    name = batch_dir_name(batch, attempt)
-    out = []
-    for kind in (CHANGES, STATE):
-        base = lake.root / kind
-        if base.is_dir():
-            out += [p / name for p in base.iterdir() if (p / name).exists()]
-    out += [
-        lake.root / k / name for k in (TRANSACTIONS, MESSAGES) if (lake.root / k / name).exists()
-    ]
+def _seed_output(
+    spark: SparkSession,
+    src: Lake,
+    out: Lake,
+    prior: CommitRecord,
+    app_id: str,
+    workers: int,
+    progress: Callable[[str], None],
+) -> CommitRecord:
+    """Start the new root from the source lake as of batch ``prior.batch``.
+
+    Each table's state is read as of the version ``prior`` names (time travel) and written
+    as the new root's first state version, in one commit carrying ``(app_id, prior.batch)``;
+    each change log is created empty with the columns it had then. Returns the record the
+    first rebuilt batch continues from (it is not written: the new root's first commit is
+    batch FIRST).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str, t: TableCommit) -> tuple[str, TableCommit]:
+        session = table_session(spark)
+        seeded = replace(t, change_rows=0, written=False, renames={})
+        if t.state and t.state_version is not None:
+            df = (
+                session.read.format("delta")
+                .option("versionAsOf", t.state_version)
+                .load(src.path(t.state))
+            )
+            ensure_table(session, out.path(t.state), df.schema)
+            seeded.state_version = overwrite(df, out.path(t.state), app_id, prior.batch).version
+        if t.changes and t.changes_version is not None:
+            try:  # the log's metadata as of the version: no data file is read
+                schema = (
+                    session.read.format("delta")
+                    .option("versionAsOf", t.changes_version)
+                    .load(src.path(t.changes))
+                    .schema
+                )
+            except Exception as exc:
+                # Log entries cleaned up (delta.logRetentionDuration): the first batch
+                # that changes the table creates its log, from that batch's columns.
+                log.warning(
+                    "%s: change log columns as of batch %s unknown: %s",
+                    name,
+                    prior.batch,
+                    _first_line(exc),
+                )
+                seeded.changes, seeded.changes_version = None, None
+            else:
+                ensure_table(session, out.path(t.changes), schema)
+                seeded.changes_version = last_commit(session, out.path(t.changes)).version
+        progress(f"{name}: starting state as of batch {prior.batch} ({t.state_rows} rows)")
+        return name, seeded
+
+    items = sorted(prior.tables.items(), key=lambda kv: (-kv[1].state_rows, kv[0]))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
+        tables = dict(f.result() for f in [pool.submit(one, n, t) for n, t in items])
+    return replace(
+        prior,
+        tables=tables,
+        raw=None,
+        transactions=None,
+        transactions_version=None,
+        messages=None,
+        messages_version=None,
+        txn_app_id=app_id,
+    )
+
+
+# -- in place -----------------------------------------------------------------------------------
+
+
+def _restore_all(
+    spark: SparkSession,
+    lake: Lake,
+    targets: dict[str, _Version | None],
+    first: int,
+    progress: Callable[[str], None],
+) -> dict[str, int]:
+    """Bring each Delta table back: to its target version, or (None: created at batch
+    ``first`` or later) to empty. Tables already at their target are left alone."""
+    out: dict[str, int] = {}
+    for rel, target in sorted(targets.items()):
+        current = _current_version(lake, rel)
+        if current is None:
+            continue  # never created: the batches will create it
+        ref = table_ref(lake.path(rel))
+        if target is not None:
+            if current != target.version:
+                spark.sql(f"RESTORE TABLE {ref} TO VERSION AS OF {target.version}")
+                progress(f"{rel}: restored to version {target.version}")
+            out[rel] = target.version
+        elif rel in (TRANSACTIONS, MESSAGES):
+            # Created by the first batch's append: its rows of batch FIRST on go.
+            spark.sql(f"DELETE FROM {ref} WHERE _batch >= {first}")
+            progress(f"{rel}: rows of batch {first} on deleted")
+            out[rel] = last_commit(spark, lake.path(rel)).version
+        elif _version0_is_empty(lake, rel):
+            # Created empty, by the batch that first saw the table: back to that.
+            if current != 0:
+                spark.sql(f"RESTORE TABLE {ref} TO VERSION AS OF 0")
+                progress(f"{rel}: restored to its empty version 0")
+            out[rel] = 0
+        else:
+            spark.sql(f"DELETE FROM {ref}")
+            progress(f"{rel}: emptied")
+            out[rel] = last_commit(spark, lake.path(rel)).version
     return out
 
 
-def _record_dirs(rec: CommitRecord) -> set[str]:
-    out = {p for p in (rec.raw, rec.transactions, rec.messages) if p}
-    for t in rec.tables.values():
-        out |= {p for p in (t.changes, t.state) if p}
-    return out
+def _write_marker(lake: Lake, info: dict[str, object]) -> None:
+    path = lake.path(IN_PLACE_MARKER)
+    if lake.fs.exists(path):
+        lake.fs.replace(path, json.dumps(info, indent=2))
+    else:
+        lake.fs.create_new(path, json.dumps(info, indent=2))
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -229,12 +460,19 @@ def run_reprocess(
     spark: SparkSession | None = None,
     spark_conf: dict[str, str] | None = None,
     progress: Callable[[str], None] = log.info,
+    workers: int = TABLE_WORKERS,
 ) -> ReprocessResult:
     if "://" in str(source) or (output is not None and "://" in output):
-        # The raw checks, hard links and cleanup below use the local file system.
+        # The raw checks, hard links and version checks below use the local file system.
         raise ReprocessError("reprocess works on local lake roots (plain paths) only for now")
+    if in_place == (output is not None):
+        raise ReprocessError("give either an output root or in_place=True")
     src = Lake(source)
-    committed = src.commit_batches()
+    try:
+        src.layout()  # refuses the old Parquet layout
+        committed = src.commit_batches()
+    except OldLayoutError as exc:
+        raise ReprocessError(f"cannot reprocess: {exc}") from None
     if not committed:
         raise ReprocessError(f"lake {source} has no committed batch to reprocess")
     first = committed[0] if first is None else first
@@ -245,117 +483,245 @@ def run_reprocess(
             f"batches {first}..{last}: batch {missing[0]} is not committed in {source} "
             f"(committed: {committed[0]}..{committed[-1]})"
         )
-    if in_place == (output is not None):
-        raise ReprocessError("give either an output root or in_place=True")
+    has_prior = first != committed[0]  # the range is contiguous: FIRST-1 is committed
     if in_place:
         if last != committed[-1]:
             raise ReprocessError(
                 f"in place, the range must end at the newest commit (batch {committed[-1]}): "
                 f"batches after {last} were built on the states being replaced"
             )
-        out = src
-    else:
-        assert output is not None
-        out = Lake(output)
-        if out.root.resolve() == src.root.resolve():
-            raise ReprocessError("the output root is the source lake: use in_place instead")
+        if from_empty and has_prior:
+            raise ReprocessError(
+                f"in place, --from-empty would replace the lake's tables with states that "
+                f"lack every row not changed since batch {first}: reprocess into a new root "
+                "(--output) instead"
+            )
+        plan = src.read_plan(last + 1)
+        if plan is not None:
+            raise ReprocessError(
+                f"batch {last + 1} has an unfinished sync attempt (plan {src.path('_pending')}, "
+                f"raw {plan.raw}): its tables may already hold it. Run sync to finish it first"
+            )
+        return _in_place(src, first, last, has_prior, spark, spark_conf, progress, workers)
+    assert output is not None
+    out = Lake(output)
+    if out.root.resolve() == src.root.resolve():
+        raise ReprocessError("the output root is the source lake: use in_place instead")
+    try:
+        resumed = out.commit_batches() if out.layout() is not None else []
+    except OldLayoutError as exc:
+        raise ReprocessError(f"cannot reprocess into it: {exc}") from None
+    if resumed and (resumed[-1] != first - 1 or from_empty):
+        raise ReprocessError(
+            f"output {out.uri} already holds batches {resumed[0]}..{resumed[-1]}: "
+            f"use an empty root (or resume with FIRST = {resumed[-1] + 1})"
+        )
+    if not resumed and out.root.exists() and any(out.root.iterdir()):
+        raise ReprocessError(f"output root {out.uri} is not empty")
 
     records = [src.read_commit(b) for b in range(first, last + 1)]
-    # Every raw file of the range is checked before anything is written.
+    # Every raw file of the range, and every version the start needs, is checked before
+    # anything is written.
     raw_files = {rec.batch: check_raw(src, rec) for rec in records}
-
     prior: CommitRecord | None = None
-    resumed = out.commit_batches() if not in_place else []
+    start: CommitRecord | None = None  # the source's record whose state the run starts from
     if resumed:
-        if resumed[-1] != first - 1 or from_empty:
-            raise ReprocessError(
-                f"output {out.uri} already holds batches {resumed[0]}..{resumed[-1]}: "
-                f"use an empty root (or resume with FIRST = {resumed[-1] + 1})"
-            )
-        out.remove_uncommitted()
         prior = out.read_commit(first - 1)
         progress(f"resuming in {out.uri} after its batch {prior.batch}")
-    elif not from_empty and first != committed[0]:
-        prior = src.read_commit(first - 1)
-        for name, t in prior.tables.items():
-            if t.state and not (src.root / t.state).is_dir():
-                raise ReprocessError(
-                    f"the state of {name} in force before batch {first} ({src.root / t.state}) "
-                    "has expired (lake.state_versions keeps the version in force plus that many "
-                    f"older ones per table): start at an earlier batch, or pass --from-empty to "
-                    "start from nothing"
-                )
-        if not in_place:
-            if out.root.exists() and any(out.root.iterdir()):
-                raise ReprocessError(f"output root {out.uri} is not empty")
-            for t in prior.tables.values():
-                if t.state:
-                    _link_tree(src.root / t.state, out.root / t.state)
-    elif not in_place and out.root.exists() and any(out.root.iterdir()):
-        raise ReprocessError(f"output root {out.uri} is not empty")
+    elif has_prior and not from_empty:
+        start = src.read_commit(first - 1)
+        states = [v for v in _record_versions(start).values() if v.what.startswith("the state")]
+        check_versions(
+            src,
+            states,
+            start.batch,
+            "start the range at a later batch, or pass --from-empty to start from nothing",
+        )
 
     if spark is None:
         from slotlake.spark import build_session
 
         spark = build_session("slotlake-reprocess", spark_conf)
-
-    result = ReprocessResult(
-        output=out.uri,
-        in_place=in_place,
-        from_batch_state=prior.batch if prior else None,
-    )
-    replaced: list[CommitRecord] = []
-    for rec in records:
-        b = rec.batch
-        t0 = time.monotonic()
-        assert rec.raw is not None  # check_raw refused records without raw
-        if not in_place:
+    created = not resumed
+    app_id = out.app_id()  # writes the new root's layout marker (its own lake_id)
+    result = ReprocessResult(output=out.uri, in_place=False, txn_app_id=app_id)
+    try:
+        if start is not None:
+            progress(f"copying the state as of batch {start.batch} from {src.uri}")
+            prior = _seed_output(spark, src, out, start, app_id, workers, progress)
+        result.from_batch_state = prior.batch if prior else None
+        for rec in records:
+            assert rec.raw is not None  # check_raw refused records without raw
             _link_tree(src.root / rec.raw, out.root / rec.raw)
-        attempt = new_attempt()
-        progress(f"reprocessing batch {b} ({rec.start_lsn}..{rec.end_lsn}) as attempt {attempt}")
-        try:
-            built = process_batch(spark, out, rec.raw, b, attempt, prior, progress=progress)
-        except Exception as exc:
-            for d in _attempt_dirs(out, b, attempt):
-                shutil.rmtree(d, ignore_errors=True)
-            if not in_place:
+            try:
+                record = _rebuild(spark, out, rec, app_id, prior, raw_files, progress, workers)
+            except BaseException:
                 shutil.rmtree(out.root / rec.raw, ignore_errors=True)
-            raise _diagnose(raw_files[b], b, exc) from exc
-        record = make_record(
-            batch=b,
-            attempt=attempt,
-            slot=rec.slot,
-            start_lsn=rec.start_lsn,
-            end_lsn=rec.end_lsn,
-            target_lsn=rec.target_lsn,
-            raw=rec.raw,
-            raw_messages=rec.raw_messages,
-            raw_bytes=rec.raw_bytes,
-            transactions=built.transactions,
-            messages=built.messages,
-            transaction_count=built.transaction_count,
-            tables=built.tables,
-            timings={"reprocess": round(time.monotonic() - t0, 3)},
-            kind="reprocess",
-        )
-        if in_place:
-            replaced.append(out.replace_commit(record))
-        else:
+                raise
             out.write_commit(record)
-        prior = record
-        result.batches.append(b)
-        result.tables[b] = {
-            n: (t.change_rows, t.state_rows) for n, t in built.tables.items() if t.changes
-        }
-        progress(f"batch {b} reprocessed and committed ({time.monotonic() - t0:.1f}s)")
-    if in_place:
-        # Only now: until the last swap, later old records still named these directories.
-        still = out.referenced_dirs()
-        for old in replaced:
-            for rel in sorted(_record_dirs(old) - still):
-                shutil.rmtree(out.root / rel, ignore_errors=True)
-                result.removed.append(rel)
+            created = False
+            prior = record
+            _account(result, record)
+    except BaseException:
+        if created:
+            # Nothing was committed in a root this run created: leave no half-made lake.
+            shutil.rmtree(out.root, ignore_errors=True)
+        raise
     return result
 
 
-__all__ = ["ReprocessError", "ReprocessResult", "check_raw", "parse_range", "run_reprocess"]
+def _rebuild(
+    spark: SparkSession,
+    lake: Lake,
+    rec: CommitRecord,
+    app_id: str,
+    prior: CommitRecord | None,
+    raw_files: dict[int, list[Path]],
+    progress: Callable[[str], None],
+    workers: int,
+) -> CommitRecord:
+    """Batch ``rec.batch`` decoded again from its raw into ``lake``: the record to commit."""
+    b = rec.batch
+    assert rec.raw is not None
+    t0 = time.monotonic()
+    attempt = new_attempt()
+    progress(f"reprocessing batch {b} ({rec.start_lsn}..{rec.end_lsn}) as attempt {attempt}")
+    try:
+        built = process_batch(
+            spark, lake, rec.raw, b, app_id, prior, progress=progress, workers=workers
+        )
+    except Exception as exc:
+        raise _diagnose(raw_files[b], b, exc) from exc
+    seconds = time.monotonic() - t0
+    progress(f"batch {b} reprocessed ({seconds:.1f}s)")
+    return make_record(
+        batch=b,
+        attempt=attempt,
+        slot=rec.slot,
+        start_lsn=rec.start_lsn,
+        end_lsn=rec.end_lsn,
+        target_lsn=rec.target_lsn,
+        raw=rec.raw,
+        raw_messages=rec.raw_messages,
+        raw_bytes=rec.raw_bytes,
+        transactions=built.transactions,
+        messages=built.messages,
+        transaction_count=built.transaction_count,
+        transactions_version=built.transactions_version,
+        messages_version=built.messages_version,
+        txn_app_id=app_id,
+        tables=built.tables,
+        timings={
+            "reprocess": round(seconds, 3),
+            **{f"batch.{k}": round(v, 3) for k, v in built.timings.items()},
+        },
+        kind="reprocess",
+    )
+
+
+def _account(result: ReprocessResult, record: CommitRecord) -> None:
+    result.batches.append(record.batch)
+    result.tables[record.batch] = {
+        n: (t.change_rows, t.state_rows) for n, t in record.tables.items() if t.written
+    }
+
+
+def _in_place(
+    lake: Lake,
+    first: int,
+    last: int,
+    has_prior: bool,
+    spark: SparkSession | None,
+    spark_conf: dict[str, str] | None,
+    progress: Callable[[str], None],
+    workers: int,
+) -> ReprocessResult:
+    records = [lake.read_commit(b) for b in range(first, last + 1)]
+    raw_files = {rec.batch: check_raw(lake, rec) for rec in records}
+    prior = lake.read_commit(first - 1) if has_prior else None
+    # Every Delta table the newest commit names goes back to its version as of FIRST-1;
+    # one that did not exist then goes back to empty.
+    before = _record_versions(prior) if prior is not None else {}
+    targets: dict[str, _Version | None] = {
+        rel: before.get(rel) for rel in _record_versions(records[-1])
+    }
+    if prior is not None:
+        check_versions(
+            lake,
+            [v for v in targets.values() if v is not None],
+            prior.batch,
+            "start the range at a later batch",
+        )
+    if lake.fs.exists(lake.path(IN_PLACE_MARKER)):
+        progress(
+            f"{IN_PLACE_MARKER}: an earlier in-place reprocess did not finish; "
+            "its tables are restored like the others"
+        )
+    if spark is None:
+        from slotlake.spark import build_session
+
+        spark = build_session("slotlake-reprocess", spark_conf)
+    run = new_attempt()
+    app_id = lake.app_id(f"reprocess-{run}")
+    result = ReprocessResult(
+        output=lake.uri,
+        in_place=True,
+        from_batch_state=prior.batch if prior else None,
+        txn_app_id=app_id,
+    )
+    _write_marker(
+        lake,
+        {"first": first, "last": last, "txn_app_id": app_id, "started_at": utcnow_iso()},
+    )
+    try:
+        result.restored = _restore_all(spark, lake, targets, first, progress)
+        for rec in records:
+            record = _rebuild(spark, lake, rec, app_id, prior, raw_files, progress, workers)
+            lake.replace_commit(record)
+            prior = record
+            _account(result, record)
+    except BaseException as exc:
+        _roll_back(spark, lake, last, first, progress, exc)
+        raise
+    Path(lake.path(IN_PLACE_MARKER)).unlink(missing_ok=True)
+    return result
+
+
+def _roll_back(
+    spark: SparkSession,
+    lake: Lake,
+    last: int,
+    first: int,
+    progress: Callable[[str], None],
+    exc: BaseException,
+) -> None:
+    """After a failed batch: every table back to the version the newest record names.
+
+    The newest record is still the old one (or, if the failure came after its swap, the
+    new one): either way the tables then hold exactly what it says, and sync can go on.
+    """
+    try:
+        newest = lake.read_commit(last)
+        _restore_all(spark, lake, dict(_record_versions(newest)), first, progress)
+    except Exception:
+        log.exception("in-place reprocess: rolling the tables back failed")
+        with contextlib.suppress(Exception):
+            exc.add_note(
+                f"the tables could not be rolled back to batch {last}'s versions: do not sync "
+                f"before an in-place reprocess of batches {first}..{last} succeeds "
+                f"({lake.path(IN_PLACE_MARKER)} marks the lake meanwhile)"
+            )
+        return
+    Path(lake.path(IN_PLACE_MARKER)).unlink(missing_ok=True)
+    progress(f"in-place reprocess failed; every table is back at batch {last}'s version")
+
+
+__all__ = [
+    "IN_PLACE_MARKER",
+    "ReprocessError",
+    "ReprocessResult",
+    "check_raw",
+    "check_versions",
+    "parse_range",
+    "run_reprocess",
+]

@@ -47,6 +47,8 @@ def describe(folder: str) -> dict[str, Any]:
                 "py_files": t.py_files,
                 "env_vars": t.env_vars,
                 "conf": t.conf,
+                "jars": t.jars,
+                "packages": t.packages,
                 "pg_conn_id": getattr(t, "pg_conn_id", None),
             }
         out["dags"][dag_id] = {

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from slotlake.lake import Lake, read_state
+from slotlake.spark import REQUIRED_CONF, delta_coordinates, delta_jars
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_VENV = REPO / ".venv-airflow"
@@ -28,6 +29,9 @@ CHECK = Path(__file__).with_name("airflow_check.py")
 DAGS = REPO / "airflow_dags"
 SPARK_HOME = Path(sysconfig.get_paths()["purelib"]) / "pyspark"
 PASSWORD = "s3cret-never-on-argv"
+DELTA_CONF = {
+    k: REQUIRED_CONF[k] for k in ("spark.sql.extensions", "spark.sql.catalog.spark_catalog")
+}
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +91,25 @@ def test_dags_import_with_the_documented_settings(airflow_python: Path, tmp_path
     # The password never travels as an argument or through the provider's env_vars (which
     # becomes --conf arguments on YARN/Kubernetes): the operator reads the connection.
     assert task["env_vars"] is None and task["pg_conn_id"] == "slotlake_pg"
+    # Delta Lake: spark-submit resolves the coordinates pinned in slotlake.toml (the DAG
+    # file cannot import slotlake to ask), with Delta's SQL extension and catalog.
+    assert task["packages"] == delta_coordinates()[0] and task["jars"] is None
+    assert task["conf"] == DELTA_CONF
 
     rep = out["dags"]["slotlake_reprocess"]
     assert rep["schedule"] is None and rep["max_active_runs"] == 1 and rep["catchup"] is False
     assert rep["params"] == ["batches", "from_empty", "in_place", "output"]
     rtask = rep["tasks"]["reprocess"]
     assert rtask["application"] == str(REPO / "jobs" / "reprocess.py")
+    assert (rtask["packages"], rtask["jars"], rtask["conf"]) == (task["packages"], None, DELTA_CONF)
     assert rtask["pg_conn_id"] is None  # reprocessing never connects to PostgreSQL
 
     # The schedule (and the rest) come from configuration, not from the DAG file.
     custom = tmp_path / "dags.toml"
-    custom.write_text('[dags]\nschedule = "@hourly"\nretries = 5\n')
+    custom.write_text(
+        '[dags]\nschedule = "@hourly"\nretries = 5\ndelta_jars = ["jars/a.jar", "/opt/b.jar"]\n'
+        '[dags.spark_conf]\n"spark.sql.extensions" = "x.Other"\n"spark.ui.enabled" = "false"\n'
+    )
     out = run_check(
         airflow_python,
         airflow_env(tmp_path, SLOTLAKE_DAGS_CONFIG=str(custom)),
@@ -105,7 +117,17 @@ def test_dags_import_with_the_documented_settings(airflow_python: Path, tmp_path
         str(DAGS),
     )
     assert out["dags"]["slotlake_sync"]["schedule"] == "@hourly"
-    assert out["dags"]["slotlake_sync"]["tasks"]["sync"]["retries"] == 5
+    task = out["dags"]["slotlake_sync"]["tasks"]["sync"]
+    assert task["retries"] == 5
+    # Jar files replace the coordinates (relative paths are from the settings file), and
+    # [dags.spark_conf] comes after Delta's settings.
+    assert task["jars"] == f"{tmp_path / 'jars' / 'a.jar'},/opt/b.jar"
+    assert task["packages"] is None
+    assert task["conf"] == {
+        "spark.sql.extensions": "x.Other",
+        "spark.sql.catalog.spark_catalog": DELTA_CONF["spark.sql.catalog.spark_catalog"],
+        "spark.ui.enabled": "false",
+    }
     custom.write_text('[dags]\nschedulee = "@hourly"\n')
     out = run_check(
         airflow_python,
@@ -132,6 +154,8 @@ def test_sync_dag_runs_end_to_end(
         ["make", "-s", "dist", f"DIST_DIR={dist}", f"PY={sys.executable}"], cwd=REPO, check=True
     )
     (zip_path,) = dist.glob("slotlake-*.zip")
+    jars = delta_jars()
+    assert jars, "the Delta jars are not cached in the venv: run `make setup`"
 
     # The job's configuration names no server: host, port, user, database and password
     # come from the Airflow connection, through spark-submit's environment.
@@ -148,6 +172,8 @@ def test_sync_dag_runs_end_to_end(
         f'py_files = "{zip_path}"\n'
         "retries = 0\n"  # a failure must end the run, not wait for a retry
         "execution_timeout_minutes = 15\n"
+        # The jars tools/setup.sh cached: no Maven resolution at submit time.
+        f"delta_jars = {json.dumps(jars)}\n"
         "[dags.spark_conf]\n"
         f'"spark.pyspark.python" = "{sys.executable}"\n'
         f'"spark.pyspark.driver.python" = "{sys.executable}"\n'
@@ -219,6 +245,9 @@ def test_sync_dag_runs_end_to_end(
     assert PASSWORD not in "\n".join(argv)
     assert argv[argv.index("--master") + 1] == "local[2]"
     assert argv[argv.index("--py-files") + 1] == str(zip_path)
+    assert argv[argv.index("--jars") + 1] == ",".join(jars) and "--packages" not in argv
+    confs = [argv[i + 1] for i, a in enumerate(argv) if a == "--conf"]
+    assert {f"{k}={v}" for k, v in DELTA_CONF.items()} <= set(confs)
     assert argv[-3:] == [str(REPO / "jobs" / "sync.py"), "--config", str(job_conf)]
     env_seen = (tmp_path / "env.txt").read_text().splitlines()
     assert f"PGPASSWORD={PASSWORD}" in env_seen and f"PGHOST={pg['host']}" in env_seen

@@ -7,6 +7,7 @@ stopped from the reprocessing's point of view: nothing here passes it a DSN.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,12 @@ import pytest
 from chispa import assert_df_equality
 
 from slotlake import cli
-from slotlake.lake import Lake, read_changes, read_state
+from slotlake.lake import Lake, read_changes, read_delta, read_state
 from slotlake.localpg import LocalPostgres
-from slotlake.reprocess import ReprocessError, parse_range, run_reprocess
+from slotlake.reprocess import IN_PLACE_MARKER, ReprocessError, parse_range, run_reprocess
 from slotlake.sync import run_sync
 
-from .sync_helpers import make_config
+from .sync_helpers import assert_mirror, make_config
 from .test_sync_e2e import KEYS, SCHEMA, _batch1, _batch2, _batch3, _batch5
 
 TABLES = list(KEYS)
@@ -54,6 +55,10 @@ def synced_lake(pg_cluster: LocalPostgres, spark, tmp_path_factory) -> Iterator[
     yield lake
 
 
+def _delta(spark, root: str, rel: str, version: int):  # type: ignore[no-untyped-def]
+    return spark.read.format("delta").option("versionAsOf", version).load(f"{root}/{rel}")
+
+
 def _sortable(df):  # type: ignore[no-untyped-def]
     from pyspark.sql.types import MapType
 
@@ -61,7 +66,11 @@ def _sortable(df):  # type: ignore[no-untyped-def]
     return df.orderBy(*[f.name for f in df.schema.fields if not isinstance(f.dataType, MapType)])
 
 
-def assert_batch_equal(spark, orig: str, new: str, batch: int) -> None:  # type: ignore[no-untyped-def]
+def assert_batch_equal(spark, orig: str, new: str, batch: int, first: int = 1) -> None:  # type: ignore[no-untyped-def]
+    """Batch ``batch`` of ``new`` (rebuilt from batch ``first`` on) equals the original:
+    its record, and every Delta table read as of the versions the two records name."""
+    from pyspark.sql import functions as F
+
     a, b = Lake(orig).read_commit(batch), Lake(new).read_commit(batch)
     assert (b.kind, b.start_lsn, b.end_lsn, b.target_lsn) == (
         "reprocess",
@@ -80,27 +89,36 @@ def assert_batch_equal(spark, orig: str, new: str, batch: int) -> None:  # type:
             ta.key_columns,
             ta.renames,
         ), f"batch {batch} {name}"
-        assert (ta.changes is None) == (tb.changes is None)
-        if ta.changes and tb.changes:
-            # The change log has an order: (commit_lsn, tx_ordinal), kept as written.
-            assert_df_equality(
-                spark.read.parquet(f"{orig}/{ta.changes}"),
-                spark.read.parquet(f"{new}/{tb.changes}"),
-            )
-        assert ta.state and tb.state
-        assert_df_equality(
-            _sortable(spark.read.parquet(f"{orig}/{ta.state}")),
-            _sortable(spark.read.parquet(f"{new}/{tb.state}")),
+        assert tb.written == ta.written, f"batch {batch} {name}"
+        assert ta.changes and tb.changes and ta.changes_version is not None
+        assert tb.changes_version is not None
+        # The change log, in its order (commit_lsn, tx_ordinal); the new root's starts at FIRST.
+        old_log = _delta(spark, orig, ta.changes, ta.changes_version).filter(
+            F.col("_batch") >= first
         )
-    assert a.transactions and b.transactions
+        new_log = _delta(spark, new, tb.changes, tb.changes_version)
+        assert_df_equality(
+            old_log.orderBy("_commit_lsn", "_tx_ordinal"),
+            new_log.orderBy("_commit_lsn", "_tx_ordinal"),
+        )
+        assert ta.state and tb.state and ta.state_version is not None
+        assert tb.state_version is not None
+        assert_df_equality(
+            _sortable(_delta(spark, orig, ta.state, ta.state_version)),
+            _sortable(_delta(spark, new, tb.state, tb.state_version)),
+        )
+    assert a.transactions and b.transactions and a.transactions_version is not None
+    assert b.transactions_version is not None
     assert_df_equality(
-        spark.read.parquet(f"{orig}/{a.transactions}"),
-        spark.read.parquet(f"{new}/{b.transactions}"),
+        _delta(spark, orig, a.transactions, a.transactions_version)
+        .filter(F.col("_batch") >= first)
+        .orderBy("commit_lsn"),
+        _delta(spark, new, b.transactions, b.transactions_version).orderBy("commit_lsn"),
     )
 
 
-def assert_batch_files_equal(orig: str, new: str, batch: int) -> None:
-    """The same comparison without Spark (pyarrow reads the same committed files)."""
+def assert_batch_files_equal(orig: str, new: str, batch: int, first: int = 1) -> None:
+    """The same comparison without Spark: the deltalake readers, as of batch ``batch``."""
     a, b = Lake(orig).read_commit(batch), Lake(new).read_commit(batch)
     assert (b.kind, b.start_lsn, b.end_lsn, b.target_lsn) == (
         "reprocess",
@@ -116,24 +134,42 @@ def assert_batch_files_equal(orig: str, new: str, batch: int) -> None:
             ta.state_rows,
             ta.columns,
         ), f"batch {batch} {name}"
-        if ta.changes or tb.changes:
-            assert ta.changes and tb.changes
-            assert pq.read_table(f"{new}/{tb.changes}").equals(
-                pq.read_table(f"{orig}/{ta.changes}")
-            ), f"batch {batch} {name}"
-        assert ta.state and tb.state
-        assert _rows(pq.read_table(f"{new}/{tb.state}")) == _rows(
-            pq.read_table(f"{orig}/{ta.state}")
-        ), f"batch {batch} {name}"
+        assert _log(new, name, batch) == _log(orig, name, batch, first), f"batch {batch} {name}"
+        assert _rows(read_state(new, name, batch)) == _rows(read_state(orig, name, batch)), (
+            f"batch {batch} {name}"
+        )
+
+
+def _log(root: str, table: str, batch: int | None = None, first: int = 1) -> list[dict]:
+    log = read_changes(root, table, batch)
+    return [r for r in log.to_pylist() if r["_batch"] >= first]
 
 
 def assert_readers_equal(orig: str, new: str, first_batch: int = 1) -> None:
     """What a pandas/pyarrow user reads: the same state, the same change log from FIRST on."""
     for table in TABLES:
         assert _rows(read_state(new, table)) == _rows(read_state(orig, table)), table
-        old_log = read_changes(orig, table)
-        old_log = old_log.filter(pa.compute.greater_equal(old_log["_batch"], first_batch))
-        assert read_changes(new, table).to_pylist() == old_log.to_pylist(), table
+        assert _log(new, table) == _log(orig, table, first=first_batch), table
+
+
+def assert_tables_at_newest_record(root: str) -> None:
+    """Each Delta table's newest version holds what the newest commit record names: the
+    next sync MERGEs into the newest version, so they must agree."""
+    rec = Lake(root).last_commit()
+    assert rec is not None
+    for name, t in rec.tables.items():
+        assert t.state and t.state_version is not None
+        assert _rows(read_delta(root, t.state, None)) == _rows(
+            read_delta(root, t.state, t.state_version)
+        ), name
+        assert t.changes and t.changes_version is not None
+        assert _rows(read_delta(root, t.changes, None)) == _rows(
+            read_delta(root, t.changes, t.changes_version)
+        ), name
+    assert rec.transactions and rec.transactions_version is not None
+    assert _rows(read_delta(root, rec.transactions, None)) == _rows(
+        read_delta(root, rec.transactions, rec.transactions_version)
+    )
 
 
 def _rows(t: pa.Table) -> list[str]:
@@ -151,7 +187,8 @@ def test_parse_range() -> None:
             parse_range(bad)
 
 
-@pytest.mark.timeout(1800)  # includes building the synced lake (five batches)
+# Generous: on two cores shared with other Spark runs a batch can take minutes.
+@pytest.mark.timeout(3600)  # includes building the synced lake (five batches)
 def test_reprocess_every_batch_into_a_fresh_root(synced_lake: str, spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = str(tmp_path / "rebuilt")
     conf = tmp_path / "job.toml"
@@ -161,15 +198,22 @@ def test_reprocess_every_batch_into_a_fresh_root(synced_lake: str, spark, tmp_pa
     )
     assert cli.main(["reprocess", "--config", str(conf), "--output", out]) == 0
     assert Lake(out).commit_batches() == [1, 2, 3, 4, 5]
+    # A lake of its own: its own lake_id, so its own Delta txnAppId.
+    assert Lake(out).app_id() != Lake(synced_lake).app_id()
+    assert {Lake(out).read_commit(b).txn_app_id for b in range(1, 6)} == {Lake(out).app_id()}
     for b in range(1, 6):
-        assert_batch_equal(spark, synced_lake, out, b)
+        assert_batch_files_equal(synced_lake, out, b)
+    # The newest versions, which hold every batch's change rows, once more with Spark.
+    assert_batch_equal(spark, synced_lake, out, 5)
     assert_readers_equal(synced_lake, out)
-    # The new root is self-contained: its raw and states are there to rebuild it in turn.
+    # The new root is self-contained: its raw and its tables' history rebuild it in turn.
     again = str(tmp_path / "again")
-    run_reprocess(out, output=again, first=5, spark=spark)
-    assert_batch_files_equal(synced_lake, again, 5)
+    result = run_reprocess(out, output=again, first=5, spark=spark)
+    assert result.from_batch_state == 4 and Lake(again).commit_batches() == [5]
+    assert_batch_files_equal(synced_lake, again, 5, first=5)
 
 
+@pytest.mark.timeout(2400)
 def test_reprocess_a_middle_range_continues_from_the_retained_state(
     synced_lake: str, spark, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -177,37 +221,58 @@ def test_reprocess_a_middle_range_continues_from_the_retained_state(
     result = run_reprocess(synced_lake, output=out, first=3, last=4, spark=spark)
     assert result.batches == [3, 4] and result.from_batch_state == 2
     assert Lake(out).commit_batches() == [3, 4]
+    # Batch 3 renames, adds, retypes and drops columns of evolve: its log replays them on
+    # the columns the source's log had as of batch 2, to the same columns.
     for b in (3, 4):
-        assert_batch_files_equal(synced_lake, out, b)
+        assert_batch_files_equal(synced_lake, out, b, first=3)
     # Resuming in the same root continues from its batch 4.
     result = run_reprocess(synced_lake, output=out, first=5, spark=spark)
     assert result.from_batch_state == 4
-    assert_batch_files_equal(synced_lake, out, 5)
+    assert_batch_equal(spark, synced_lake, out, 5, first=3)
     assert_readers_equal(synced_lake, out, first_batch=3)
     # A root that already holds other batches is refused.
     with pytest.raises(ReprocessError, match=r"already holds batches 3\.\.5"):
         run_reprocess(synced_lake, output=out, first=2, spark=spark)
 
 
+@pytest.mark.timeout(2400)
 def test_reprocess_in_place(synced_lake: str, spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from deltalake import DeltaTable
+
     lake = str(tmp_path / "copy")
     shutil.copytree(synced_lake, lake)
     with pytest.raises(ReprocessError, match="must end at the newest commit"):
         run_reprocess(lake, in_place=True, first=2, last=3, spark=spark)
+    with pytest.raises(ReprocessError, match="--from-empty would replace"):
+        run_reprocess(lake, in_place=True, first=3, from_empty=True, spark=spark)
     before = {b: Lake(lake).read_commit(b) for b in (1, 2, 3, 4, 5)}
     result = run_reprocess(lake, in_place=True, first=3, spark=spark)
-    assert result.batches == [3, 4, 5]
+    assert result.batches == [3, 4, 5] and result.from_batch_state == 2
+    # Under an id of its own: the lake's id already recorded batches 3..5 in every table.
+    own = Lake(lake).app_id()
+    assert result.txn_app_id.startswith(f"{own}-reprocess-")
+    # Every table that batches 3..5 changed was restored to its version as of batch 2.
+    assert result.restored["state/public.evolve"] == before[2].tables["public.evolve"].state_version
     after = {b: Lake(lake).read_commit(b) for b in (1, 2, 3, 4, 5)}
     assert after[1] == before[1] and after[2] == before[2]
     for b in (3, 4, 5):
         assert after[b].kind == "reprocess" and after[b].attempt != before[b].attempt
+        assert after[b].txn_app_id == result.txn_app_id
         assert after[b].raw == before[b].raw  # raw is the input: never rewritten
         assert_batch_files_equal(synced_lake, lake, b)
+    assert_batch_equal(spark, synced_lake, lake, 5)
     assert_readers_equal(synced_lake, lake)
-    # Directories only the replaced records named are gone; nothing committed points nowhere.
-    assert result.removed and not any((Path(lake) / rel).exists() for rel in result.removed)
-    for rel in Lake(lake).referenced_dirs():
-        assert (Path(lake) / rel).is_dir(), rel
+    # The replaced records' versions stay readable (time travel), and the tables' newest
+    # versions are the new newest record's: sync goes on from there with the lake's own id,
+    # which recorded batch 5 and takes batch 6.
+    kv5 = before[5].tables["public.kv"]
+    assert kv5.state and kv5.state_version is not None
+    assert _rows(read_delta(lake, kv5.state, kv5.state_version)) == _rows(
+        read_state(synced_lake, "public.kv")
+    )
+    assert_tables_at_newest_record(lake)
+    assert DeltaTable(f"{lake}/state/public.kv").transaction_version(own) == 5
+    assert not (Path(lake) / IN_PLACE_MARKER).exists()
 
 
 def _raw_file(lake: str, batch: int) -> Path:
@@ -229,14 +294,24 @@ def test_truncated_raw_file_is_named_and_nothing_is_committed(
         run_reprocess(lake, output=str(out), spark=spark)
     assert f"batch 2: raw file {victim} is corrupted" in str(err.value)
     # Checked before the first write: batch 1 was not written either.
-    assert Lake(out).commit_batches() == [] and not out.exists()
+    assert not out.exists()
+    with pytest.raises(ReprocessError, match=f"batch 2: raw file {victim} is corrupted"):
+        run_reprocess(lake, in_place=True, first=2, spark=spark)
 
     victim.unlink()
     with pytest.raises(ReprocessError, match=f"batch 2: raw file {victim} is missing"):
         run_reprocess(lake, output=str(out), spark=spark)
     assert not out.exists()
+    shutil.rmtree(victim.parent)
+    with pytest.raises(ReprocessError, match=r"batch 2: raw directory .* is missing"):
+        run_reprocess(lake, output=str(out), first=2, spark=spark)
+    assert not out.exists()
+    # The lake itself was not touched.
+    assert [r.kind for r in Lake(lake).commits()] == ["sync"] * 5
+    assert_tables_at_newest_record(lake)
 
 
+@pytest.mark.timeout(2400)
 def test_undecodable_payload_is_named_and_its_batch_not_committed(
     synced_lake: str, spark, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -256,34 +331,145 @@ def test_undecodable_payload_is_named_and_its_batch_not_committed(
     msg = str(err.value)
     assert f"batch 2: raw file {victim}" in msg and "seq" in msg, msg
     assert Lake(out).commit_batches() == [1]
-    # The failed attempt left nothing behind but batch 1's committed directories.
-    on_disk = {
-        p.relative_to(out).as_posix()
-        for p in Path(out).glob("**/b*-*")
-        if p.is_dir() and p.name.startswith("b0")
-    }
-    assert on_disk == Lake(out).referenced_dirs()
+    # The failed attempt's raw is gone; batch 1 reads as it did in the original.
+    assert sorted(p.name for p in (Path(out) / "_raw").iterdir()) == [
+        Path(Lake(out).read_commit(1).raw or "").name
+    ]
+    assert_batch_files_equal(synced_lake, out, 1)
+    # With the raw mended, the root resumes at batch 2; tables the failed attempt had
+    # already written batch 2 into skip it (their txn marker), the others are written.
+    shutil.copy(_raw_file(synced_lake, 2), victim)
+    result = run_reprocess(lake, output=out, first=2, last=2, spark=spark)
+    assert result.from_batch_state == 1
+    assert_batch_files_equal(synced_lake, out, 2)
+    pq.write_table(t, victim)
 
-    # In place, the damaged batch keeps its old outputs: still readable, still committed.
+    # In place, the damaged batch keeps its old outputs: still readable, still committed,
+    # and every table is rolled back to the newest record's versions.
     with pytest.raises(ReprocessError, match="batch 2"):
         run_reprocess(lake, in_place=True, first=2, spark=spark)
-    assert Lake(lake).read_commit(2).kind == "sync"
-    for table in TABLES:
-        assert read_state(lake, table).num_rows == read_state(synced_lake, table).num_rows
+    assert [r.kind for r in Lake(lake).commits()] == ["sync"] * 5
+    assert_readers_equal(synced_lake, lake)
+    assert_tables_at_newest_record(lake)
+    assert not (Path(lake) / IN_PLACE_MARKER).exists()
 
 
-def test_expired_prior_state_is_refused_unless_from_empty(
+def _vacuum_everything(lake: str) -> None:
+    """VACUUM every Delta table of the lake down to its newest version (no retention)."""
+    from deltalake import DeltaTable
+
+    for rel in Lake(lake).delta_tables():
+        DeltaTable(f"{lake}/{rel}").vacuum(
+            retention_hours=0, enforce_retention_duration=False, dry_run=False
+        )
+
+
+@pytest.mark.timeout(2400)
+def test_vacuumed_prior_version_is_refused_unless_from_empty(
     synced_lake: str, spark, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     lake = str(tmp_path / "copy")
     shutil.copytree(synced_lake, lake)
-    Lake(lake).expire_states(0)  # only the versions in force survive
+    _vacuum_everything(lake)  # only the newest versions' files survive
     with pytest.raises(
-        ReprocessError, match=r"the state of public\.\w+ in force before batch 3 .* has expired"
+        ReprocessError,
+        match=r"the state of public\.\w+ as of batch 2 \(state/public\.\w+, Delta version \d+\) "
+        r"is no longer readable: .*VACUUM.* --from-empty",
     ):
         run_reprocess(lake, output=str(tmp_path / "out"), first=3, spark=spark)
     assert not (tmp_path / "out").exists()
+    with pytest.raises(ReprocessError, match=r"as of batch 2 .* is no longer readable"):
+        run_reprocess(lake, in_place=True, first=3, spark=spark)
+    assert [r.kind for r in Lake(lake).commits()] == ["sync"] * 5
     # From nothing it runs: updates of rows it never saw list their TOAST as missing.
     run_reprocess(lake, output=str(tmp_path / "empty"), first=5, from_empty=True, spark=spark)
     kv = read_changes(str(tmp_path / "empty"), "public.kv").to_pylist()
     assert any(r["_missing_toast"] for r in kv)
+
+
+def test_old_layout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A lake written by the Parquet layout (before Delta Lake) is not reprocessed."""
+    old = tmp_path / "old"
+    (old / "_commits").mkdir(parents=True)
+    (old / "_commits" / f"{1:020d}.json").write_text(
+        json.dumps({"batch": 1, "attempt": "a", "raw": "_raw/b00000000000000000001-a"})
+    )
+    (old / "state" / "public.t").mkdir(parents=True)
+    out = tmp_path / "out"
+    with pytest.raises(ReprocessError, match="old Parquet layout"):
+        run_reprocess(str(old), output=str(out))
+    with pytest.raises(ReprocessError, match="old Parquet layout"):
+        run_reprocess(str(old), in_place=True)
+    conf = tmp_path / "job.toml"
+    conf.write_text(f'[source]\nslot = "x"\n[lake]\npath = "{old}"\n')
+    assert cli.main(["reprocess", "--config", str(conf), "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "old Parquet layout (before Delta Lake)" in err and "bootstrap a new lake.path" in err
+    assert not out.exists()
+    # Nor is the old layout taken as an output root.
+    new = tmp_path / "new"
+    (new / "_commits").mkdir(parents=True)
+    (new / "_commits" / f"{1:020d}.json").write_text("{}")
+    (new / "_slotlake.json").write_text(json.dumps({"layout": "delta", "lake_id": "x"}))
+    with pytest.raises(ReprocessError, match="old Parquet layout"):
+        run_reprocess(str(new), output=str(old))
+
+
+@pytest.mark.timeout(2400)
+def test_in_place_from_the_first_batch_then_sync_goes_on(
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """In place, tables (and the messages table) created inside the range go back to empty,
+    and the next sync batch continues on the rebuilt tables."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot, messages=True)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, big text)")
+        c.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute("CREATE TABLE t2 (id int PRIMARY KEY, w text)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t, t2")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute(
+            "INSERT INTO t SELECT g, 'v' || g, repeat(md5(g::text), 400) FROM generate_series(1, 30) g"
+        )
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("UPDATE t SET v = 'second' WHERE id <= 10")  # leaves big out
+        c.execute("DELETE FROM t WHERE id > 25")
+        c.execute("INSERT INTO t2 VALUES (1, 'one'), (2, 'two')")
+        c.execute("SELECT pg_logical_emit_message(true, 'p', 'hello')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        orig = str(tmp_path / "orig")
+        shutil.copytree(lake, orig)
+        first = Lake(lake).read_commit(1)
+        assert "public.t2" not in first.tables and first.messages is None
+
+        # Batch 2 created t2's tables and the messages table: they go back to empty.
+        result = run_reprocess(lake, in_place=True, first=2, spark=spark)
+        assert result.restored["state/public.t2"] == 0 and result.restored["messages"] >= 0
+        assert_batch_files_equal(orig, lake, 2)
+        assert_tables_at_newest_record(lake)
+        rec = Lake(lake).read_commit(2)
+        assert rec.messages and rec.messages_version is not None
+        assert read_delta(lake, rec.messages, rec.messages_version).column(
+            "prefix"
+        ).to_pylist() == ["p"]
+        # From the first batch: every table, the transactions table too, starts empty.
+        result = run_reprocess(lake, in_place=True, spark=spark)
+        assert result.batches == [1, 2] and result.from_batch_state is None
+        for b in (1, 2):
+            assert_batch_files_equal(orig, lake, b)
+        assert_tables_at_newest_record(lake)
+        tx = Lake(lake).read_commit(2)
+        assert read_delta(lake, "transactions", tx.transactions_version).num_rows == sum(
+            Lake(orig).read_commit(b).transaction_count for b in (1, 2)
+        )
+
+        # The next batch: an update that leaves big out needs the rebuilt state.
+        c.execute("UPDATE t SET v = 'third' WHERE id IN (1, 20)")
+        c.execute("INSERT INTO t2 VALUES (3, 'three')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert Lake(lake).read_commit(3).kind == "sync"
+        assert_mirror(c, lake, ["public.t", "public.t2"])
+        log = read_changes(lake, "public.t").to_pylist()
+        assert [r["_op"] for r in log].count("U") == 12
+        assert not any(r["_missing_toast"] for r in log)

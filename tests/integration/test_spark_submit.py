@@ -1,9 +1,11 @@
-"""spark-submit of jobs/sync.py (and reprocess.py) with only the `make dist` zip: the executors get the decoder.
+"""spark-submit of jobs/sync.py (and reprocess.py) with only what `make dist` builds.
 
-The jobs run under an interpreter that has pyarrow, pandas, psycopg and pyspark but not
-slotlake (checked first), from a directory holding only sync.py, the zip and the
-configuration, with PYTHONPATH unset. A committed batch proves that the driver and the
-Python workers that decode payloads imported slotlake from the zip.
+The jobs run under an interpreter that has pyarrow, pandas, psycopg, deltalake and pyspark
+but not slotlake (checked first), from a directory holding only sync.py, the zip, the
+Delta jars of dist/jars and the configuration, with PYTHONPATH unset. A committed batch
+proves that the driver and the Python workers that decode payloads imported slotlake from
+the zip, and that ``--jars`` alone put Delta Lake on the class path (under spark-submit
+the job adds no jars itself; ``--packages io.delta:delta-spark_…`` would resolve them).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ SITE = Path(sysconfig.get_paths()["purelib"])
 SPARK_HOME = SITE / "pyspark"
 
 
-def build_dist(out: Path) -> Path:
+def build_dist(out: Path) -> tuple[Path, list[Path]]:
+    """`make dist`: the zip, and the Delta jars it copies beside it."""
+    from slotlake.spark import delta_jars
+
     proc = subprocess.run(
         ["make", "-s", "dist", f"DIST_DIR={out}", f"PY={sys.executable}"],
         cwd=REPO,
@@ -34,7 +39,12 @@ def build_dist(out: Path) -> Path:
     )
     assert proc.returncode == 0, proc.stderr
     (zip_path,) = out.glob("slotlake-*.zip")
-    return zip_path
+    jars = sorted((out / "jars").glob("*.jar"))
+    cached = delta_jars()
+    assert cached, "the Delta jars are not cached in the venv: run `make setup`"
+    assert [j.name for j in jars] == sorted(Path(p).name for p in cached)
+    assert f"--py-files {zip_path} --jars " in proc.stdout  # how to submit, printed
+    return zip_path, jars
 
 
 def interpreter_without_slotlake(where: Path) -> Path:
@@ -69,13 +79,16 @@ def clean_env(python: Path) -> dict[str, str]:
 def test_spark_submit_with_only_the_zip_commits_a_batch(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:
-    zip_path = build_dist(tmp_path / "dist")
+    zip_path, jars = build_dist(tmp_path / "dist")
     python = interpreter_without_slotlake(tmp_path / "pyenv")
     env = clean_env(python)
     job = tmp_path / "job"
     job.mkdir()
     shutil.copy(REPO / "jobs" / "sync.py", job / "sync.py")
     shutil.copy(zip_path, job / zip_path.name)
+    for jar in jars:
+        shutil.copy(jar, job / jar.name)
+    jars_arg = ",".join(jar.name for jar in jars)
 
     # The proof needs an interpreter that cannot import slotlake by itself …
     probe = subprocess.run(
@@ -84,7 +97,9 @@ def test_spark_submit_with_only_the_zip_commits_a_batch(
     assert probe.returncode != 0 and "No module named 'slotlake'" in probe.stderr, probe.stderr
     # … but has everything else the job imports.
     subprocess.run(
-        [str(python), "-c", "import pyarrow, pandas, psycopg, pyspark"], env=env, check=True
+        [str(python), "-c", "import pyarrow, pandas, psycopg, pyspark, deltalake"],
+        env=env,
+        check=True,
     )
 
     lake = tmp_path / "lake"
@@ -108,6 +123,8 @@ def test_spark_submit_with_only_the_zip_commits_a_batch(
             "local[2]",
             "--py-files",
             zip_path.name,
+            "--jars",
+            jars_arg,
             "sync.py",
             "--config",
             "job.toml",
@@ -142,6 +159,8 @@ def test_spark_submit_with_only_the_zip_commits_a_batch(
             "local[2]",
             "--py-files",
             zip_path.name,
+            "--jars",
+            jars_arg,
             "reprocess.py",
             "--config",
             "job.toml",
