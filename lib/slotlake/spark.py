@@ -84,7 +84,9 @@ def _delta_conf(conf: Mapping[str, str]) -> dict[str, str]:
         existing = conf.get("spark.jars", "")
         return {"spark.jars": ",".join([p for p in existing.split(",") if p] + jars)}
     existing = conf.get("spark.jars.packages", "")
-    return {"spark.jars.packages": ",".join([p for p in existing.split(",") if p] + delta_coordinates())}
+    return {
+        "spark.jars.packages": ",".join([p for p in existing.split(",") if p] + delta_coordinates())
+    }
 
 
 def build_session(
