@@ -57,6 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "max_retry_delay_seconds": 1800,
     "execution_timeout_minutes": 60,
     "reprocess_timeout_minutes": 360,
+    "maintain_schedule": "@daily",
+    "maintain_timeout_minutes": 120,
     "spark_conf": {},
     # Delta Lake for spark-submit. This file must not import slotlake, so the coordinates
     # are written out: they follow the delta-spark pin and the pyspark line of
@@ -246,3 +248,18 @@ with DAG(
 ) as reprocess_dag:
     # Never connects to PostgreSQL: no pg_conn_id.
     submit_task(SETTINGS, "reprocess", "reprocess", args_from_params=True)
+
+with DAG(
+    dag_id="slotlake_maintain",
+    description="OPTIMIZE + VACUUM the lake's Delta tables, expire raw batches (slot lock held)",
+    schedule=SETTINGS["maintain_schedule"],
+    start_date=_start_date(SETTINGS["start_date"]),
+    catchup=False,
+    max_active_runs=1,
+    default_args=_default_args(SETTINGS, SETTINGS["maintain_timeout_minutes"]),
+    tags=["slotlake"],
+    doc_md=__doc__,
+) as maintain_dag:
+    # maintain takes the slot's advisory lock: it needs the PostgreSQL connection, and a
+    # sync holding the lock makes it a no-op for that run.
+    submit_task(SETTINGS, "maintain", "maintain", pg_conn_id=SETTINGS["pg_conn_id"])

@@ -75,7 +75,7 @@ def run_check(python: Path, env: dict[str, str], *args: str, timeout: int = 600)
 def test_dags_import_with_the_documented_settings(airflow_python: Path, tmp_path: Path) -> None:
     out = run_check(airflow_python, airflow_env(tmp_path), "dagbag", str(DAGS))
     assert out["import_errors"] == {}
-    assert set(out["dags"]) == {"slotlake_sync", "slotlake_reprocess"}
+    assert set(out["dags"]) == {"slotlake_sync", "slotlake_reprocess", "slotlake_maintain"}
 
     sync = out["dags"]["slotlake_sync"]
     assert sync["schedule"] == "*/15 * * * *"  # airflow_dags/slotlake.toml
@@ -103,6 +103,13 @@ def test_dags_import_with_the_documented_settings(airflow_python: Path, tmp_path
     assert rtask["application"] == str(REPO / "jobs" / "reprocess.py")
     assert (rtask["packages"], rtask["jars"], rtask["conf"]) == (task["packages"], None, DELTA_CONF)
     assert rtask["pg_conn_id"] is None  # reprocessing never connects to PostgreSQL
+
+    mnt = out["dags"]["slotlake_maintain"]
+    assert mnt["schedule"] == "@daily" and mnt["max_active_runs"] == 1
+    mtask = mnt["tasks"]["maintain"]
+    assert mtask["application"] == str(REPO / "jobs" / "maintain.py")
+    assert mtask["execution_timeout"] == 7200 and mtask["pg_conn_id"] == "slotlake_pg"
+    assert (mtask["packages"], mtask["conf"]) == (task["packages"], DELTA_CONF)
 
     # The schedule (and the rest) come from configuration, not from the DAG file.
     custom = tmp_path / "dags.toml"
