@@ -25,6 +25,7 @@ from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attem
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
+from slotlake.reprocess import IN_PLACE_MARKER
 from slotlake.source import SlotSource
 
 if TYPE_CHECKING:
@@ -153,6 +154,12 @@ def run_sync(
         spark = _session(cfg)
     lake = Lake(cfg.lake.path)
     lake.layout()  # refuses a lake of the old Parquet layout before touching anything
+    if lake.exists(IN_PLACE_MARKER):
+        raise SyncError(
+            f"lake {lake.uri} has {IN_PLACE_MARKER}: an in-place reprocess is running or was "
+            "killed, and its tables may not match the newest commit record; rerun that "
+            "reprocess (it rolls back or finishes) before syncing"
+        )
     accept = cfg.accept_slot_ahead if accept_slot_ahead is None else accept_slot_ahead
     t_start = time.monotonic()
     with open_source(cfg) as source:
