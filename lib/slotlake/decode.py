@@ -109,6 +109,19 @@ def _decode_or_raise(data: bytes, in_stream: bool, where: str) -> Any:
 
 
 CATALOG_TYPES = ("R", "Y", "T", "c", "A", "O")
+# The raw columns the driver-side catalog pass reads.
+CATALOG_SCAN_COLUMNS = [
+    "seq",
+    "lsn",
+    "msg_type",
+    "data",
+    "stream_xid",
+    "commit_lsn",
+    "tx_ordinal",
+    "xid",
+    "commit_ts",
+    "rel_oid",
+]
 
 
 @dataclass
@@ -134,18 +147,7 @@ def scan_raw(path: str) -> RawScan:
 
     from slotlake.raw import raw_files
 
-    columns = [
-        "seq",
-        "lsn",
-        "msg_type",
-        "data",
-        "stream_xid",
-        "commit_lsn",
-        "tx_ordinal",
-        "xid",
-        "commit_ts",
-        "rel_oid",
-    ]
+    columns = CATALOG_SCAN_COLUMNS
     Row = namedtuple("Row", columns)  # type: ignore[misc]
     rows: list[Any] = []
     counts: Counter[int] = Counter()

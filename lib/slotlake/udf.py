@@ -363,20 +363,6 @@ def lsn_text(lsn: Column | str) -> Column:
 
 # -- table shaping -----------------------------------------------------------------------
 
-# The raw columns the driver-side catalog pass reads (as slotlake.decode.scan_raw does).
-_CATALOG_COLUMNS = [
-    "seq",
-    "lsn",
-    "msg_type",
-    "data",
-    "stream_xid",
-    "commit_lsn",
-    "tx_ordinal",
-    "xid",
-    "commit_ts",
-    "rel_oid",
-]
-
 
 def _catalog_rows(raw_df: DataFrame) -> list[Any]:
     """The batch's descriptive rows (R/Y/T/c/A/O) in seq order, collected to the driver."""
@@ -384,12 +370,12 @@ def _catalog_rows(raw_df: DataFrame) -> list[Any]:
 
     from pyspark.sql import functions as F
 
-    from slotlake.decode import CATALOG_TYPES
+    from slotlake.decode import CATALOG_SCAN_COLUMNS, CATALOG_TYPES
 
-    Row = namedtuple("Row", _CATALOG_COLUMNS)  # type: ignore[misc]
+    Row = namedtuple("Row", CATALOG_SCAN_COLUMNS)  # type: ignore[misc]
     table = (
         raw_df.where(F.col("msg_type").isin(*CATALOG_TYPES))
-        .select(*_CATALOG_COLUMNS)
+        .select(*CATALOG_SCAN_COLUMNS)
         .orderBy("seq")
         .toArrow()
     )
