@@ -58,7 +58,7 @@ def changes(c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: rando
         c.execute(f"UPDATE {name} SET v = 'u' || v WHERE id = ANY(%s)", (updates,))
         c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (deletes,))
         c.execute(
-            f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s, %s) g",
+            f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s::int8, %s::int8) g",
             (rows + 1, rows + n - len(ids)),
         )
 

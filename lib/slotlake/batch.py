@@ -34,11 +34,15 @@ from slotlake.decode import (
 from slotlake.delta import (
     WriteResult,
     append,
+    arrow_append,
+    arrow_merge_keyed,
+    arrow_overwrite,
     ensure_table,
     last_commit,
     merge,
     overwrite,
     quote,
+    table_bytes,
     table_session,
     txn_version,
 )
@@ -55,6 +59,7 @@ from slotlake.lake import (
 )
 from slotlake.state import (
     align_prior,
+    arrow_merge_predicate,
     empty_state,
     fill_keyed,
     merge_condition,
@@ -287,13 +292,41 @@ def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
 class _Steps:
     """Debug timings of one table's steps (``--log-level DEBUG`` shows them)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, spark: Any = None) -> None:
         self.what, self.t = what, time.monotonic()
+        self.tracker = spark.sparkContext.statusTracker() if spark is not None else None
+        self.jobs = self._jobs()
+
+    def _jobs(self) -> int:
+        return max(self.tracker.getJobIdsForGroup(None) or [0]) if self.tracker else 0
 
     def __call__(self, step: str) -> None:
-        now = time.monotonic()
-        log.debug("%s: %s in %.2fs", self.what, step, now - self.t)
-        self.t = now
+        now, jobs = time.monotonic(), self._jobs()
+        log.debug("%s: %s in %.2fs (%d jobs)", self.what, step, now - self.t, jobs - self.jobs)
+        self.t, self.jobs = now, jobs
+
+
+@dataclass(frozen=True)
+class DriverWrites:
+    """Which tables the driver-side writer (slotlake.delta.arrow_*) takes: those whose batch
+    and state are both small. The batch's rows are collected to the driver and a MERGE
+    rewrites the state files it touches; above either bound Spark's MERGE with deletion
+    vectors is cheaper (``lake.driver_write_rows`` / ``lake.driver_write_state_mb``)."""
+
+    max_rows: int = 50_000
+    max_state_bytes: int = 64 << 20
+
+    @classmethod
+    def of(cls, lake_cfg: Any) -> DriverWrites:
+        return cls(lake_cfg.driver_write_rows, lake_cfg.driver_write_state_mb << 20)
+
+    def take(self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int) -> bool:
+        if cat.is_multiset or expected_rows > self.max_rows or self.max_state_bytes <= 0:
+            return False
+        if not (lake.local or lake.uri.startswith("file://")):
+            return False  # object stores and HDFS: Spark's Hadoop file systems write
+        size = table_bytes(str(local_path(state_path)))
+        return size is not None and size <= self.max_state_bytes
 
 
 def process_table(
@@ -306,12 +339,14 @@ def process_table(
     batch: int,
     app_id: str,
     expected_rows: int,
+    driver: DriverWrites = DriverWrites(),
 ) -> TableCommit:
     """Decode, fill and write one table for batch ``batch``: append its change log, then
     MERGE its state, each in one idempotent Delta commit, from a session of its own."""
     from pyspark.sql import functions as F
 
     _check_collisions(cat)
+    steps = _Steps(f"batch {batch}: {cat.name}", spark)
     session = table_session(spark)
     changes_rel = Lake.table_path(CHANGES, cat.name)
     state_rel = Lake.table_path(STATE, cat.name)
@@ -337,6 +372,7 @@ def process_table(
             commit.change_rows = int(c.metrics.get("numOutputRows", 0))
             commit.state_rows = _state_rows(prior, s)
             return commit
+    steps("txn versions read")
     dml = raw_dml(session.read.parquet(lake.path(raw_rel)))
     events = decode_table(dml, cat, bcat, batch)
     prior_df = read_prior_state(session, lake, cat, prior)
@@ -349,6 +385,7 @@ def process_table(
         changes, state_source = fill_keyed(
             events, prior_df, cat, truncs, expected_rows, persisted=persisted
         )
+    steps("planned")
     markers = _markers(session, cat, bcat, batch)
     if markers is not None:
         changes = changes.unionByName(markers.select(*changes.columns))
@@ -359,19 +396,24 @@ def process_table(
         changes = changes.repartition(1).sortWithinPartitions("_commit_lsn", "_tx_ordinal")
     else:
         changes = changes.orderBy("_commit_lsn", "_tx_ordinal")
-    steps = _Steps(f"batch {batch}: {cat.name}")
+    changes_path, state_path = lake.path(changes_rel), lake.path(state_rel)
     try:
-        changes_path = lake.path(changes_rel)
         ensure_table(session, changes_path, changes.schema, renames=cat.renames)
         target = session.read.format("delta").load(changes_path).schema
-        steps("change log ready")
-        c = append(conform(changes, target), changes_path, app_id, batch)
-        steps("change log appended")
-        state_path = lake.path(state_rel)
         ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
-        steps("state ready")
-        s = _write_state(session, lake, cat, state_rel, state_source, bool(truncs), app_id, batch)
-        steps("state written")
+        steps("tables ready")
+        if driver.take(lake, cat, state_path, expected_rows):
+            c, s = _write_on_driver(
+                cat, conform(changes, target), state_source, bool(truncs), lake, app_id, batch
+            )
+            steps("written by the driver")
+        else:
+            c = append(conform(changes, target), changes_path, app_id, batch)
+            steps("change log appended")
+            s = _write_state(
+                session, lake, cat, state_rel, state_source, bool(truncs), app_id, batch
+            )
+            steps("state written")
     finally:
         for df in persisted:
             df.unpersist()
@@ -379,6 +421,32 @@ def process_table(
     commit.change_rows = int(c.metrics.get("numOutputRows", 0))
     commit.state_rows = _state_rows(prior, s)
     return commit
+
+
+def _write_on_driver(
+    cat: TableCatalog,
+    changes: DataFrame,
+    finals: DataFrame,
+    truncated: bool,
+    lake: Lake,
+    app_id: str,
+    batch: int,
+) -> tuple[WriteResult, WriteResult]:
+    """A small keyed table's change log and state, each one ``deltalake`` commit."""
+    from pyspark.sql import functions as F
+
+    changes_path = str(local_path(lake.path(Lake.table_path(CHANGES, cat.name))))
+    state_path = str(local_path(lake.path(Lake.table_path(STATE, cat.name))))
+    c = arrow_append(changes_path, changes.toArrow(), app_id, batch)
+    data = [quote(col) for col in cat.state_columns]
+    if truncated:
+        rows = finals.filter(~F.col("_deleted")).select(*data, "_fallback", "_missing_toast")
+        return c, arrow_overwrite(state_path, rows.toArrow(), app_id, batch)
+    rows = finals.select(*data, "_fallback", "_missing_toast", "_key", "_deleted")
+    s = arrow_merge_keyed(
+        state_path, rows.toArrow(), arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch
+    )
+    return c, s
 
 
 def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
@@ -578,6 +646,7 @@ def process_batch(
     fault: Callable[[str], None] = lambda step: None,
     raw_local: str | None = None,
     workers: int = TABLE_WORKERS,
+    driver: DriverWrites = DriverWrites(),
 ) -> BatchOutput:
     """Decode one raw batch and write it into the lake's Delta tables (not yet committed).
 
@@ -616,6 +685,7 @@ def process_batch(
             batch,
             app_id,
             expected[cat.name],
+            driver,
         )
         fault("table_written")
         return cat.name, out, time.monotonic() - t1
@@ -667,4 +737,4 @@ def process_batch(
     return BatchOutput(tables, TRANSACTIONS, msg_rel, tx_count, tx.version, msg_version, timings)
 
 
-__all__ = ["BatchOutput", "process_batch", "state_schema_ddl"]
+__all__ = ["BatchOutput", "DriverWrites", "process_batch", "state_schema_ddl"]

@@ -50,6 +50,11 @@ class LakeConfig:
     vacuum_min_age_hours: int = 24
     # Tables of one batch written at once (threads over one SparkContext).
     table_workers: int = 4
+    # A table whose batch has at most this many rows and whose state at most this many MiB
+    # is written from the driver with `deltalake` (no Spark jobs for its commits); bigger
+    # ones by Spark's MERGE with deletion vectors. 0 sends every table through Spark.
+    driver_write_rows: int = 50_000
+    driver_write_state_mb: int = 64
 
 
 @dataclass

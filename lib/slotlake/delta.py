@@ -230,3 +230,118 @@ def merge(
         session.conf.unset(TXN_APP_ID)
         session.conf.unset(TXN_VERSION)
     return last_commit(session, path)
+
+
+# --- The driver-side writer for small tables -------------------------------------------
+#
+# A Delta commit through Spark costs a chain of jobs however few its rows: measured on the
+# 2-core machine, a MERGE of 50 keys into a 200-row state takes 14 Spark jobs and 3–4 s, an
+# append 1–2 s. A batch that touches a hundred small tables would pay that a hundred times.
+# The ``deltalake`` package (delta-rs, the same transaction log protocol, with deletion
+# vectors and column mapping) writes such a table from the driver in tens of milliseconds.
+# It rewrites the files a MERGE touches instead of writing deletion vectors, which is why
+# it is used only below a state size where rewriting the touched files is cheap; bigger
+# states keep Spark's MERGE with deletion vectors. Both writers record the same
+# (txnAppId, txnVersion) pair in the table's log; the driver-side writer checks it before
+# writing (slotlake holds the lake's lock, so nothing writes between check and commit).
+
+
+def table_bytes(path: str) -> int | None:
+    """Bytes of the live data files of the Delta table at a local ``path`` (None: no table)."""
+    import os
+
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("size_bytes")).as_py() or 0) if actions.num_rows else 0
+
+
+def _commit_properties(app_id: str, batch: int) -> Any:
+    from deltalake.transaction import CommitProperties, Transaction
+
+    return CommitProperties(app_transactions=[Transaction(app_id, batch)])
+
+
+def _done(path: str, app_id: str, batch: int) -> WriteResult | None:
+    """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path)
+    done = table.transaction_version(app_id)
+    if done is None or done < batch:
+        return None
+    return WriteResult(table.version(), {})
+
+
+def arrow_append(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
+    """Append a ``pyarrow.Table`` as batch ``batch`` (skipped if the table holds it)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    done = _done(path, app_id, batch)
+    if done is not None:
+        return done
+    write_deltalake(path, data, mode="append", commit_properties=_commit_properties(app_id, batch))
+    return WriteResult(DeltaTable(path).version(), {"numOutputRows": str(data.num_rows)})
+
+
+def arrow_overwrite(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
+    """Replace the table's rows with a ``pyarrow.Table`` in one commit, as batch ``batch``."""
+    from deltalake import DeltaTable, write_deltalake
+
+    done = _done(path, app_id, batch)
+    if done is not None:
+        return done
+    write_deltalake(
+        path, data, mode="overwrite", commit_properties=_commit_properties(app_id, batch)
+    )
+    return WriteResult(DeltaTable(path).version(), {"numOutputRows": str(data.num_rows)})
+
+
+def sql_ident(name: str) -> str:
+    """A column name in the SQL dialect of ``deltalake`` (DataFusion): double quotes."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def arrow_merge_keyed(
+    path: str,
+    source: Any,
+    predicate: str,
+    helper_columns: list[str],
+    app_id: str,
+    batch: int,
+) -> WriteResult:
+    """MERGE a keyed table's final rows (``s``, with ``_deleted``) into its state (``t``).
+
+    The same clauses as the Spark MERGE: a deleted key's row goes, a matched key's row is
+    replaced, a new key is inserted; ``helper_columns`` of the source are not table columns.
+    """
+    from deltalake import DeltaTable
+
+    done = _done(path, app_id, batch)
+    if done is not None:
+        return done
+    metrics = (
+        DeltaTable(path)
+        .merge(
+            source,
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=_commit_properties(app_id, batch),
+        )
+        .when_matched_delete("s._deleted")
+        .when_matched_update_all(except_cols=helper_columns)
+        .when_not_matched_insert_all(predicate="NOT s._deleted", except_cols=helper_columns)
+        .execute()
+    )
+    return WriteResult(
+        DeltaTable(path).version(),
+        {
+            "numTargetRowsInserted": str(metrics.get("num_target_rows_inserted", 0)),
+            "numTargetRowsDeleted": str(metrics.get("num_target_rows_deleted", 0)),
+        },
+    )

@@ -326,6 +326,24 @@ def merge_condition(cat: TableCatalog) -> str:
     return " AND ".join(parts)
 
 
+def arrow_merge_predicate(cat: TableCatalog) -> str:
+    """:func:`merge_condition` in the SQL of ``deltalake``'s MERGE (DataFusion)."""
+    from slotlake.delta import sql_ident
+
+    def lit(text: str) -> str:
+        return "'" + text.replace("'", "''") + "'"
+
+    types = dict(cat.columns)
+    parts = []
+    for k in cat.key_columns:
+        parts.append(f"(t.{sql_ident(k)} IS NOT DISTINCT FROM get_field(s._key, {lit(k)}))")
+        if types.get(k) != "string":
+            parts.append(
+                f"(t._fallback[{lit(k)}] IS NOT DISTINCT FROM get_field(s._key, {lit('~' + k)}))"
+            )
+    return " AND ".join(parts)
+
+
 def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

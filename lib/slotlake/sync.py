@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slotlake.batch import BatchOutput, process_batch
+from slotlake.batch import BatchOutput, DriverWrites, process_batch
 from slotlake.config import Config
 from slotlake.decode import RawDataError
 from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
@@ -293,6 +293,7 @@ def _run_batch(
             fault=fault_point,
             raw_local=local,
             workers=cfg.lake.table_workers,
+            driver=DriverWrites.of(cfg.lake),
         )
 
     try:

@@ -162,9 +162,28 @@ def _batch5(c: psycopg.Connection) -> None:
     c.execute("INSERT INTO kv (id, txt) VALUES (2, 'reinserted')")
 
 
-def test_varied_workload_in_batches(pg_dsn: str, slot: str, spark, tmp_path: Path) -> None:
+def _writers(root: str, table: str) -> set[str]:
+    """Which engines wrote the data commits of a Delta state table (from its log)."""
+    from deltalake import DeltaTable
+
+    history = DeltaTable(f"{root}/{Lake.table_path('state', table)}").history()
+    return {
+        "delta-rs" if "delta-rs" in str(h.get("clientVersion", "")) else "spark"
+        for h in history
+        if h.get("operation") in ("MERGE", "WRITE")
+    }
+
+
+@pytest.mark.parametrize("writer", ["driver", "spark"])
+def test_varied_workload_in_batches(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str
+) -> None:
+    """The same workload with small keyed tables written from the driver (``deltalake``,
+    the default for them) and with every table through Spark's MERGE."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
+    if writer == "spark":
+        cfg.lake.driver_write_rows = 0
     tables = list(KEYS)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(AUDIT_SQL)
@@ -219,6 +238,8 @@ def test_varied_workload_in_batches(pg_dsn: str, slot: str, spark, tmp_path: Pat
         ops = read_changes(lake, table).column("_op").to_pylist()
         assert ops.count("T") == 1
     assert len(list(Lake(lake).commits())) == 5
+    assert _writers(lake, "public.kv") == ({"delta-rs"} if writer == "driver" else {"spark"})
+    assert _writers(lake, "public.full_t") == {"spark"}  # multisets always go through Spark
 
 
 def test_update_without_prior_state_lists_missing_toast(
