@@ -83,6 +83,7 @@ means no filter, as PostgreSQL's own initial table sync does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import re
@@ -1013,6 +1014,12 @@ def run_bootstrap(
             raise BootstrapError(
                 redact_text(_one_line(f"bootstrap of slot {slot!r} failed: {exc}"), secrets)
             ) from None
+        finally:
+            # Released now, not when the server's backend exits after the close: a sync
+            # started right after the bootstrap must not find the lock still held.
+            if not ctl.closed:
+                with contextlib.suppress(psycopg.Error):
+                    ctl.execute("SELECT pg_advisory_unlock_all()")
 
 
 def _bootstrap(

@@ -49,6 +49,7 @@ ends before the first row leaves the server) plus that per-row receive cost.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import struct
@@ -309,7 +310,12 @@ class SlotSource:
 
     def close(self) -> None:
         if self._conn is not None:
-            # Closing the session releases the advisory lock too.
+            # Closing the session would release the advisory lock too, but only once the
+            # server's backend has exited, which happens after the client has moved on: a
+            # run started right after this one could find the lock still held.
+            if self._locked and not self._conn.closed:
+                with contextlib.suppress(psycopg.Error):
+                    self.unlock()
             try:
                 self._conn.close()
             finally:

@@ -175,14 +175,11 @@ def fill_keyed(
     events = with_keys(events, keys).persist(StorageLevel.DISK_ONLY)
     if persisted is not None:
         persisted.append(events)
-    stats = events.agg(
-        F.sum(F.when(key_change, 1).otherwise(0)).alias("key_changes"),
-        F.sum(F.when(F.size("_unchanged") > 0, 1).otherwise(0)).alias("open_toast"),
-    ).first()
-    # Lineage: a key change links the old key and the new one, so one row's events share
-    # a replay bucket. Key changes are rare; collecting their edges is cheap.
+    # Lineage (Python replay only: the window replay follows key changes itself): a key
+    # change links the old key and the new one, so one row's events share a replay bucket.
+    # Key changes are rare; collecting their edges is cheap.
     edges = []
-    if REPLAY != "window" and stats is not None and stats["key_changes"]:
+    if REPLAY != "window":
         edges = [
             (r[0], r[1])
             for r in events.filter(key_change).select("_k_before", "_k_after").collect()
@@ -197,12 +194,8 @@ def fill_keyed(
     else:
         root_df = None
     events = _with_lineage(events, own_key, root_df)
-    open_toast = bool(stats is not None and stats["open_toast"])
-
-    if open_toast:
-        prior_rows = prior_rows_for(prior, events.filter(F.size("_unchanged") > 0), keys)
-    else:
-        prior_rows = prior.limit(0).withColumn("_pk", state_key(prior, keys))
+    # No count first: finding the keys with open TOAST is the one job, and none → no read.
+    prior_rows = prior_rows_for(prior, events.filter(F.size("_unchanged") > 0), keys)
     data_columns = list(cat.state_columns)
     if REPLAY == "window":
         from slotlake.replay_sql import replay_window

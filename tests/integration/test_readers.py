@@ -131,11 +131,16 @@ def _workload(c: psycopg.Connection, batch: int) -> None:
         c.execute("INSERT INTO kv VALUES (100, 'new', 100)")
 
 
+@pytest.mark.parametrize("writer", ["driver", "spark"])
 def test_readers_without_slotlake(
-    pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch
+    pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch, writer: str
 ) -> None:
+    """Every reader on both writers' tables: ``deltalake`` from the driver (files
+    rewritten by MERGE) and Spark (deletion vectors)."""
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
+    if writer == "spark":
+        cfg.lake.driver_write_rows = 0
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(SCHEMA)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
@@ -198,7 +203,8 @@ def test_readers_without_slotlake(
     # The features every reader must handle are in play.
     config = DeltaTable(kv_path).metadata().configuration
     assert config.get("delta.columnMapping.mode") == "name"
-    assert any(n.startswith("deletion_vector_") for n in os.listdir(kv_path)), os.listdir(kv_path)
+    dvs = any(n.startswith("deletion_vector_") for n in os.listdir(kv_path))
+    assert dvs == (writer == "spark"), os.listdir(kv_path)
     assert "label" in read_state(root, "public.kv").column_names
 
     # -- deltalake: QueryBuilder (DataFusion) reads them; to_pyarrow_table() does not.
