@@ -157,12 +157,29 @@ def _rewrite_with_types(
     )
 
 
+# delta-rs names its commits' operationMetrics in snake case; slotlake reads Spark's names.
+_DELTA_RS_METRICS = {
+    "num_added_rows": "numOutputRows",
+    "num_target_rows_inserted": "numTargetRowsInserted",
+    "num_target_rows_deleted": "numTargetRowsDeleted",
+}
+
+
+def spark_metrics(metrics: dict[str, Any] | None) -> dict[str, str]:
+    """A commit's operationMetrics under Spark's names, whichever writer made it."""
+    out = {str(k): str(v) for k, v in (metrics or {}).items()}
+    for rs, name in _DELTA_RS_METRICS.items():
+        if rs in out and name not in out:
+            out[name] = out[rs]
+    return out
+
+
 def last_commit(spark: SparkSession, path: str) -> WriteResult:
     from delta.tables import DeltaTable
 
     row = DeltaTable.forPath(spark, path).history(1).select("version", "operationMetrics").first()
     assert row is not None
-    return WriteResult(int(row["version"]), dict(row["operationMetrics"] or {}))
+    return WriteResult(int(row["version"]), spark_metrics(row["operationMetrics"]))
 
 
 def txn_version(path: str, app_id: str) -> int | None:
@@ -274,7 +291,9 @@ def _done(path: str, app_id: str, batch: int) -> WriteResult | None:
     done = table.transaction_version(app_id)
     if done is None or done < batch:
         return None
-    return WriteResult(table.version(), {})
+    # Nothing writes the table between its batch and the commit record (the lake lock).
+    last = table.history(1)[0]
+    return WriteResult(table.version(), spark_metrics(last.get("operationMetrics")))
 
 
 def arrow_append(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
