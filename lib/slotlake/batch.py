@@ -381,7 +381,7 @@ def process_table(
         ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
         if fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None:
             assert ddl_input is not None
-            ddl_input.fault("fastdefault_applied")
+            ddl_input.fault(fastdefault.FAULT_STEP)
         steps("state ready")
         s = _write_state(session, lake, cat, state_rel, state_source, bool(truncs), app_id, batch)
         steps("state written")
@@ -690,8 +690,8 @@ def process_batch(
         tx.version,
         msg_version,
         timings,
-        ddl_rel,
-        ddl_version,
+        ddl=ddl_rel,
+        ddl_version=ddl_version,
     )
 
 

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BEFORE_BATCH = -1
+# The fault-injection step right after the UPDATE committed (slotlake.sync.fault_point).
+FAULT_STEP = "fastdefault_applied"
 _END = 1 << 62
 
 
@@ -349,6 +351,7 @@ def _apply(df: DataFrame, seq_col: str, defaults: list[FastDefault]) -> DataFram
 
 __all__ = [
     "BEFORE_BATCH",
+    "FAULT_STEP",
     "FastDefault",
     "convert_missing",
     "fill_events",

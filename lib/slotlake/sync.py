@@ -22,6 +22,7 @@ from slotlake.batch import BatchOutput, process_batch
 from slotlake.config import Config
 from slotlake.ddl import CATALOG_FILE, catalog_to_json
 from slotlake.decode import RawDataError
+from slotlake.fastdefault import FAULT_STEP
 from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
@@ -44,7 +45,7 @@ FAULT_STEPS = (
     "after_commit",
 )
 # Reached only by a batch that applies a fast default (tests of slotlake.fastdefault).
-FAULT_FASTDEFAULT = "fastdefault_applied"
+FAULT_FASTDEFAULT = FAULT_STEP
 
 
 class SyncError(RuntimeError):

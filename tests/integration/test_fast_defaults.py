@@ -230,3 +230,29 @@ def test_capture_ddl_messages_and_privileges(
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute(f"REVOKE ALL ON DATABASE {c.info.dbname} FROM nosuper")
             c.execute("DROP ROLE nosuper")
+
+
+def test_state_update_is_skipped_when_the_batch_already_applied_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A rerun of a batch whose UPDATE committed (its MERGE maybe too) must not apply it
+    again over the MERGE's rows: Delta's txn marker of the UPDATE's own app id skips it."""
+    from slotlake.delta import quote
+    from slotlake.fastdefault import BEFORE_BATCH, FastDefault, update_state
+
+    path = str(tmp_path / "state")
+    spark.createDataFrame(
+        [(1, None, {}), (2, None, {})], "id int, c string, _fallback map<string,string>"
+    ).write.format("delta").save(path)
+
+    def default(value: str) -> FastDefault:
+        return FastDefault("c", BEFORE_BATCH, value, value, None, "string", "catalog", True)
+
+    session = spark.newSession()
+    assert update_state(session, path, [default("first")], "app", 7) is not None
+    spark.sql(f"UPDATE delta.{quote(path)} SET c = 'merged' WHERE id = 2")  # the batch's MERGE
+    update_state(session, path, [default("again")], "app", 7)  # the rerun
+    rows = {r["id"]: r["c"] for r in spark.read.format("delta").load(path).collect()}
+    assert rows == {1: "first", 2: "merged"}
+    update_state(session, path, [default("next")], "app", 8)  # a later batch does apply
+    assert {r["c"] for r in spark.read.format("delta").load(path).collect()} == {"next"}
