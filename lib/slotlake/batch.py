@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slotlake import fastdefault
 from slotlake.catalog import TableCatalog
+from slotlake.ddl import BatchDdl, write_ddl
 from slotlake.decode import (
     META_COLUMNS,
     BatchCatalog,
@@ -101,6 +103,8 @@ class BatchOutput:
     transactions_version: int | None = None
     messages_version: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    ddl: str | None = None
+    ddl_version: int | None = None
 
 
 def _check_collisions(cat: TableCatalog) -> None:
@@ -340,9 +344,13 @@ def process_table(
     app_id: str,
     expected_rows: int,
     driver: DriverWrites = DriverWrites(),
+    ddl_input: BatchDdl | None = None,
 ) -> TableCommit:
     """Decode, fill and write one table for batch ``batch``: append its change log, then
-    MERGE its state, each in one idempotent Delta commit, from a session of its own."""
+    MERGE its state, each in one idempotent Delta commit, from a session of its own.
+
+    ``ddl_input``: the batch's DDL messages and catalog, for fast defaults
+    (:mod:`slotlake.fastdefault`: an UPDATE of the state before the MERGE)."""
     from pyspark.sql import functions as F
 
     _check_collisions(cat)
@@ -360,6 +368,7 @@ def process_table(
         renames=dict(cat.renames),
         written=True,
     )
+    defaults = ddl_input.plan(cat, prior, commit) if ddl_input is not None else []
     if lake.local or lake.uri.startswith("file://"):
         done = [
             txn_version(str(local_path(lake.path(rel))), app_id) for rel in (changes_rel, state_rel)
@@ -380,11 +389,12 @@ def process_table(
     persisted: list[DataFrame] = []
     if cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
-        state_source = multiset_delta(events, cat, truncs)
+        state_source = multiset_delta(fastdefault.fill_events(events, defaults), cat, truncs)
     else:
         changes, state_source = fill_keyed(
             events, prior_df, cat, truncs, expected_rows, persisted=persisted
         )
+        state_source = fastdefault.fill_finals(state_source, events, cat.key_columns, defaults)
     steps("planned")
     markers = _markers(session, cat, bcat, batch)
     if markers is not None:
@@ -401,6 +411,9 @@ def process_table(
         ensure_table(session, changes_path, changes.schema, renames=cat.renames)
         target = session.read.format("delta").load(changes_path).schema
         ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
+        if fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None:
+            assert ddl_input is not None
+            ddl_input.fault(fastdefault.FAULT_STEP)
         steps("tables ready")
         if driver.take(lake, cat, state_path, expected_rows):
             c, s = _write_on_driver(
@@ -671,6 +684,7 @@ def process_batch(
     for cat in busy:
         _check_collisions(cat)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
+    ddl_input = BatchDdl.read(spark, lake, raw_rel, bcat, "M" in types_seen, fault)
     fault("decode")
 
     def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
@@ -686,6 +700,7 @@ def process_batch(
             app_id,
             expected[cat.name],
             driver,
+            ddl_input,
         )
         fault("table_written")
         return cat.name, out, time.monotonic() - t1
@@ -731,10 +746,23 @@ def process_batch(
             app_id,
             batch,
         ).version
+    ddl_rel, ddl_version = (prior.ddl, prior.ddl_version) if prior else (None, None)
+    if ddl_input.messages:
+        ddl_rel, ddl_version = write_ddl(_messages(raw, bcat, batch), lake, app_id, batch)
     timings["transactions"] = time.monotonic() - t2
     # Every table thread is done: what the replays persisted can go (shared cache manager).
     spark.catalog.clearCache()
-    return BatchOutput(tables, TRANSACTIONS, msg_rel, tx_count, tx.version, msg_version, timings)
+    return BatchOutput(
+        tables,
+        TRANSACTIONS,
+        msg_rel,
+        tx_count,
+        tx.version,
+        msg_version,
+        timings,
+        ddl=ddl_rel,
+        ddl_version=ddl_version,
+    )
 
 
 __all__ = ["BatchOutput", "DriverWrites", "process_batch", "state_schema_ddl"]

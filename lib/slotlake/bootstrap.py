@@ -100,6 +100,7 @@ from slotlake.config import Config
 from slotlake.lake import (
     CHANGES,
     COPIES,
+    DDL,
     MESSAGES,
     STATE,
     TRANSACTIONS,
@@ -991,6 +992,8 @@ def run_bootstrap(
                     )
             for removed in lake.remove_uncommitted():
                 log.info("removed %s left by an attempt that never committed", removed)
+            if cfg.source.capture_ddl:
+                _install_ddl_capture(ctl, progress)
             if existing is not None:
                 progress(f"bootstrap: --rebootstrap: dropping replication slot {slot!r} ({where})")
                 _drop_slot(ctl, slot)
@@ -1020,6 +1023,27 @@ def run_bootstrap(
             if not ctl.closed:
                 with contextlib.suppress(psycopg.Error):
                     ctl.execute("SELECT pg_advisory_unlock_all()")
+
+
+def _install_ddl_capture(ctl: psycopg.Connection[Any], progress: Callable[[str], None]) -> None:
+    """The DDL capture trigger (slotlake.ddl), before the slot: every later DDL is in the
+    stream. Without SUPERUSER the bootstrap goes on and says what to run."""
+    from slotlake.ddl import DdlCaptureError, install
+
+    try:
+        created = install(ctl)
+    except DdlCaptureError as exc:
+        log.warning(
+            "bootstrap: DDL capture trigger not installed (%s); fast defaults then rely on "
+            "the catalog read at each batch's target. Install it with: slotlake capture-ddl "
+            "--config <this configuration>, as a superuser",
+            exc,
+        )
+        return
+    progress(
+        "bootstrap: DDL capture trigger "
+        + ("installed" if created else "already installed (function refreshed)")
+    )
 
 
 def _bootstrap(
@@ -1068,7 +1092,7 @@ def _bootstrap(
         if last is None and had_layout:
             # Nothing is committed, so any table here is a dead attempt's (a killed
             # bootstrap or first sync batch): start from a clean lake.
-            for folder in (STATE, CHANGES, TRANSACTIONS, MESSAGES):
+            for folder in (STATE, CHANGES, TRANSACTIONS, MESSAGES, DDL):
                 if lake.exists(folder):
                     log.info("removing %s left by an attempt that never committed", folder)
                     lake.fs.rmtree(lake.path(folder))
@@ -1152,6 +1176,8 @@ def _bootstrap(
             transactions_version=transactions_version,
             messages=last.messages if last is not None else None,
             messages_version=last.messages_version if last is not None else None,
+            ddl=last.ddl if last is not None else None,
+            ddl_version=last.ddl_version if last is not None else None,
             txn_app_id=app_id,
             tables=tables,
             timings={"total": round(total, 3)},

@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_bootstrap_arguments(p)
 
     p = sub.add_parser(
+        "capture-ddl",
+        help="install (or --drop) the DDL capture event trigger on the source (superuser)",
+    )
+    _config_args(p)
+    p.add_argument("--drop", action="store_true", help="remove the trigger and its function")
+
+    p = sub.add_parser(
         "maintain",
         help="OPTIMIZE and VACUUM the lake's Delta tables (keeping lake.state_versions "
         "batches readable), expire raw batches; under the slot's lock",
@@ -143,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_from_args(args, load(args))
         if args.command == "maintain":
             return cmd_maintain(args)
+        if args.command == "capture-ddl":
+            return cmd_capture_ddl(args)
         if args.command == "demo":
             from slotlake.demo import run_demo
 
@@ -347,6 +356,36 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         path = lake.path(rec.raw)
     for line in inspect_raw(path, limit=args.limit):
         print(line)
+    return EXIT_OK
+
+
+def cmd_capture_ddl(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from slotlake import ddl
+    from slotlake.redact import dsn_password, redact_text
+
+    cfg = load(args)
+    where = redact_dsn(cfg.source.dsn)
+    secrets = [p for p in (dsn_password(cfg.source.dsn),) if p]
+    try:
+        with psycopg.connect(cfg.source.dsn, autocommit=True, application_name="slotlake") as conn:
+            if args.drop:
+                removed = ddl.drop(conn)
+                print(
+                    f"DDL capture {'removed from' if removed else 'was not installed in'} {where}"
+                )
+            else:
+                created = ddl.install(conn)
+                state = "installed" if created else "already installed (function refreshed)"
+                print(f"DDL capture {state} in {where}")
+    except ddl.DdlCaptureError as exc:
+        print(f"slotlake capture-ddl: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except psycopg.Error as exc:
+        text = " ".join(str(exc).split())
+        print(f"slotlake capture-ddl: on {where}: {redact_text(text, secrets)}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -33,6 +33,9 @@ class SourceConfig:
     binary: bool = False
     messages: bool = False
     streaming: bool = False
+    # Ask pgoutput for messages so the DDL capture trigger's (slotlake.ddl) reach the
+    # batch; bootstrap installs the trigger when it can (see `slotlake capture-ddl`).
+    capture_ddl: bool = True
     # Session settings for the peek (e.g. logical_decoding_work_mem); never secrets.
     settings: dict[str, str] = field(default_factory=dict)
 

@@ -8,7 +8,7 @@ Layout under the lake root::
     _raw/b00000000000000000007-<attempt>/  raw payloads of batch 7 (plain Parquet, the archive)
     changes/<schema>.<table>/              Delta table: the table's change log (append-only)
     state/<schema>.<table>/                Delta table: the mirror, MERGEd by replica identity
-    transactions/, messages/               Delta tables
+    transactions/, messages/, ddl/         Delta tables
 
 Every Delta table is written at most once per batch: each write carries Delta's
 idempotent-transaction marker (``txnAppId`` = the lake's writer id, ``txnVersion`` = the
@@ -51,6 +51,7 @@ CHANGES = "changes"
 STATE = "state"
 TRANSACTIONS = "transactions"
 MESSAGES = "messages"
+DDL = "ddl"
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
 # The multiset state of a table matched by whole rows (REPLICA IDENTITY FULL, or no key):
 # one row per distinct value and how many copies of it the source holds.
@@ -80,6 +81,9 @@ class TableCommit:
     changes_version: int | None = None  # Delta version of the change log as of this batch
     state_version: int | None = None  # Delta version of the state as of this batch
     written: bool = False  # whether this batch wrote the table
+    # attnum of each column when this table was last written (slotlake.fastdefault: a
+    # column with a new attnum was added, or dropped and added again, since)
+    attnums: dict[str, int] = field(default_factory=dict)
 
     @property
     def multiset(self) -> bool:
@@ -109,6 +113,8 @@ class CommitRecord:
     messages_version: int | None = None
     txn_app_id: str = ""  # Delta txnAppId the batch's writes carried
     layout: str = LAYOUT
+    ddl: str | None = None  # Delta table of the captured DDL (slotlake.ddl messages)
+    ddl_version: int | None = None
 
     @property
     def end(self) -> Lsn:
@@ -539,7 +545,7 @@ class Lake:
         rec = self.last_commit()
         if rec is None:
             return []
-        out = [p for p in (rec.transactions, rec.messages) if p]
+        out = [p for p in (rec.transactions, rec.messages, rec.ddl) if p]
         for t in rec.tables.values():
             out += [p for p in (t.changes, t.state) if p]
         return sorted(set(out))
@@ -677,11 +683,11 @@ def read_state(root: str | Path, table: str, batch: int | None = None):  # type:
 
 def _read_dataset(root: str | Path, kind: str, batch: int | None, order: str):  # type: ignore[no-untyped-def]
     rec = _record(root, batch)
-    rel, version = (
-        (rec.transactions, rec.transactions_version)
-        if kind == TRANSACTIONS
-        else (rec.messages, rec.messages_version)
-    )
+    rel, version = {
+        TRANSACTIONS: (rec.transactions, rec.transactions_version),
+        MESSAGES: (rec.messages, rec.messages_version),
+        DDL: (rec.ddl, rec.ddl_version),
+    }[kind]
     if rel is None or version is None:
         raise LakeError(f"lake {root} has no committed {kind} dataset")
     return read_delta(root, rel, version).sort_by(order)
@@ -695,3 +701,10 @@ def read_transactions(root: str | Path, batch: int | None = None):  # type: igno
 def read_messages(root: str | Path, batch: int | None = None):  # type: ignore[no-untyped-def]
     """Every committed logical decoding message (pg_logical_emit_message), in LSN order."""
     return _read_dataset(root, MESSAGES, batch, "lsn")
+
+
+def read_ddl(root: str | Path, batch: int | None = None):  # type: ignore[no-untyped-def]
+    """Every committed DDL command the capture trigger put into the stream, in LSN order:
+    ``event``, ``tag``, ``query``, ``tables`` (name, oid, rewrite), ``columns``,
+    ``missing``, the message's ``lsn``/``commit_lsn``/``tx_ordinal``/``xid``, ``_batch``."""
+    return _read_dataset(root, DDL, batch, "lsn")

@@ -240,6 +240,8 @@ def _record_versions(rec: CommitRecord) -> dict[str, _Version]:
         )
     if rec.messages and rec.messages_version is not None:
         out[rec.messages] = _Version(rec.messages, rec.messages_version, "the messages table")
+    if rec.ddl and rec.ddl_version is not None:
+        out[rec.ddl] = _Version(rec.ddl, rec.ddl_version, "the ddl table")
     return out
 
 
@@ -394,6 +396,8 @@ def _seed_output(
         transactions_version=None,
         messages=None,
         messages_version=None,
+        ddl=None,
+        ddl_version=None,
         txn_app_id=app_id,
     )
 
@@ -609,6 +613,8 @@ def _rebuild(
         transaction_count=built.transaction_count,
         transactions_version=built.transactions_version,
         messages_version=built.messages_version,
+        ddl=built.ddl,
+        ddl_version=built.ddl_version,
         txn_app_id=app_id,
         tables=built.tables,
         timings={

@@ -497,6 +497,31 @@ class SlotSource:
         )[0]
         return Lsn.parse(value)
 
+    def flush_lsn_and_catalog(self) -> tuple[Lsn, dict[str, Any]]:
+        """The flush LSN and, in the same snapshot, the published tables' columns
+        (:func:`slotlake.ddl.read_catalog`: attnums and fast-default values).
+
+        One REPEATABLE READ transaction: the snapshot is taken by the statement that reads
+        the LSN, so the catalog is the one of (about) the batch's target.
+        """
+        from slotlake.ddl import read_catalog
+
+        conn = self._require()
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                row = conn.execute(
+                    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+                    " ELSE pg_current_wal_flush_lsn() END)::text"
+                ).fetchone()
+                assert row is not None
+                catalog = read_catalog(conn, self.publications)
+        except psycopg.Error as exc:
+            raise self._error(
+                f"reading the flush LSN and the catalog failed on {self.dsn_redacted}", exc
+            ) from None
+        return Lsn.parse(row[0]), catalog
+
     # -- peek ------------------------------------------------------------------------------
     def peek_options(self) -> list[str]:
         """The pgoutput options as the flat name, value list the SQL functions take."""

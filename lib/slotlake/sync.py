@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 from slotlake.batch import BatchOutput, DriverWrites, process_batch
 from slotlake.config import Config
+from slotlake.ddl import CATALOG_FILE, catalog_to_json
 from slotlake.decode import RawDataError
+from slotlake.fastdefault import FAULT_STEP
 from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
@@ -42,6 +44,8 @@ FAULT_STEPS = (
     "before_commit",
     "after_commit",
 )
+# Reached only by a batch that applies a fast default (tests of slotlake.fastdefault).
+FAULT_FASTDEFAULT = FAULT_STEP
 
 
 class SyncError(RuntimeError):
@@ -98,7 +102,8 @@ def open_source(cfg: Config) -> SlotSource:
         src.publications,
         proto_version=src.proto_version,
         binary=src.binary,
-        messages=src.messages,
+        # The DDL capture's messages ride on pgoutput's messages option.
+        messages=src.messages or src.capture_ddl,
         streaming=src.streaming,
         session_settings=src.settings,
     )
@@ -234,7 +239,9 @@ def _run_batch(
         resumed: int | None = batch
     else:
         resumed = None
-        target = target_lsn if target_lsn is not None else source.current_flush_lsn()
+        # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
+        flush, catalog = source.flush_lsn_and_catalog()
+        target = target_lsn if target_lsn is not None else flush
         if target <= start:
             progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
             return SyncResult(
@@ -252,6 +259,9 @@ def _run_batch(
             target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
         )
         summary = pulled.summary
+        os.makedirs(raw_local, exist_ok=True)
+        with open(os.path.join(raw_local, CATALOG_FILE), "w") as fh:
+            fh.write(catalog_to_json(str(target), catalog))
         # The peek ran to the target uncut, so everything before it is in this batch.
         end = max(start, target, Lsn(summary.last_complete_end_lsn or 0))
         if staging is not None:
@@ -327,6 +337,8 @@ def _run_batch(
         transaction_count=out.transaction_count,
         transactions_version=out.transactions_version,
         messages_version=out.messages_version,
+        ddl=out.ddl,
+        ddl_version=out.ddl_version,
         txn_app_id=plan.txn_app_id,
         tables=out.tables,
         timings={k: round(v, 3) for k, v in timings.items()},
@@ -377,6 +389,11 @@ def _repull(
             f"batch {plan.batch}: pulled again to {plan.target_lsn} it ends at {end}, not at "
             f"{plan.end_lsn} as its first attempt did; the slot changed underneath"
         )
+    # The catalog read at the first attempt's target belongs to the batch: keep it.
+    old_catalog = lake.path(f"{plan.raw}/{CATALOG_FILE}")
+    if lake.fs.exists(old_catalog):
+        with open(os.path.join(raw_local, CATALOG_FILE), "w") as fh:
+            fh.write(lake.fs.read_text(old_catalog))
     if staging is not None:
         lake.fs.upload_dir(raw_local, lake.path(raw_rel))
         shutil.rmtree(staging, ignore_errors=True)

@@ -24,6 +24,7 @@ from slotlake import bootstrap as bootstrap_module
 from slotlake import cli
 from slotlake.bootstrap import BootstrapError, read_plan, run_bootstrap, split_ranges
 from slotlake.config import Config
+from slotlake.ddl import installed as ddl_installed
 from slotlake.lake import COPIES, Lake, OldLayoutError, read_changes, read_delta, read_state
 from slotlake.localpg import LocalPostgres
 from slotlake.lsn import Lsn
@@ -265,6 +266,9 @@ def test_bootstrap_then_syncs(pg_dsn: str, slot: str, spark, tmp_path: Path) -> 
         assert rec is not None and rec.kind == "bootstrap" and rec.batch == 1
         assert rec.start_lsn == rec.end_lsn == rec.target_lsn == str(result.consistent_point)
         assert slot_confirmed(c, slot) == str(result.consistent_point)
+        # As a superuser, bootstrap installed the DDL capture trigger (slotlake.ddl).
+        assert ddl_installed(c)
+        assert "bootstrap: DDL capture trigger installed" in lines
         assert set(rec.tables) == set(TABLES)
         assert result.tables["public.kv"].ranges == 3  # the copy really was split
         assert any(

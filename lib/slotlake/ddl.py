@@ -1,0 +1,475 @@
+"""DDL capture: an event trigger that puts every DDL command touching a table into the WAL.
+
+Logical decoding carries no DDL. A fast-default ``ADD COLUMN`` changes every existing row
+without a WAL record for any of them, and a rewrite (``ALTER COLUMN … TYPE … USING``, a
+volatile default) changes them without decoded changes. ``install`` creates, in schema
+``slotlake`` of the source database, a plpgsql function and two event triggers
+(``ddl_command_end`` and ``table_rewrite``) that emit, inside the DDL's own transaction::
+
+    pg_logical_emit_message(true, 'slotlake.ddl', <json>)
+
+so the message is decoded at the DDL's position in the change stream, only if the DDL
+commits. **Message contract** (other parts of slotlake consume it; keep it stable): UTF-8
+JSON object with
+
+* ``event``: ``"ddl_command_end"`` or ``"table_rewrite"``
+* ``tag``: the command tag (``"ALTER TABLE"``), ``query``: ``current_query()``
+* ``tables``: ``[{"name": "<schema>.<table>", "oid": <int>, "rewrite": <bool>}]`` (the
+  name as :func:`slotlake.catalog.table_name` writes it); a ``table_rewrite`` event emits
+  its own message with ``"rewrite": true`` before the rewrite, and the command's
+  ``ddl_command_end`` message flags the tables it rewrote as well
+* ``columns``: ``{"<table>": {"<column>": <attnum>}}``, every live column after the
+  command (a DROP and re-ADD of a same-named column shows as a new attnum)
+* ``missing``: ``{"<table>": {"<column>": "<attmissingval text>"}}``, every column with a
+  fast default (``atthasmissing``), as text in the peek session's formats (ISO dates,
+  UTC, ISO 8601 intervals, hex bytea, ``extra_float_digits = 3``)
+
+Creating event triggers needs a superuser on PostgreSQL 15 and 16. The function is
+``SECURITY DEFINER`` (owned by that superuser, fixed ``search_path``) so DDL run by any
+role can emit. It never fails a DDL command: an error inside it becomes a WARNING (and
+the message is then missing, which is what a sync without the trigger sees).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+    from pyspark.sql import DataFrame, SparkSession
+
+    from slotlake.catalog import TableCatalog
+    from slotlake.decode import BatchCatalog
+    from slotlake.lake import Lake, TableCommit
+
+log = logging.getLogger(__name__)
+
+DDL_PREFIX = "slotlake.ddl"
+SCHEMA = "slotlake"
+FUNCTION = "slotlake.capture_ddl"
+TRIGGERS = ("slotlake_ddl_end", "slotlake_table_rewrite")
+# Transaction-local: the table_rewrite event leaves the oids it saw for ddl_command_end.
+_REWRITE_GUC = "slotlake.rewritten"
+
+# The text of attmissingval must be what pgoutput would send for the value: the function
+# runs with the peek session's formats whatever the DDL session uses (SET clauses).
+FUNCTION_SQL = f"""
+CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET DateStyle = 'ISO, YMD' SET TimeZone = 'UTC' SET IntervalStyle = 'iso_8601'
+SET extra_float_digits = 3 SET bytea_output = 'hex'
+AS $fn$
+DECLARE
+  rels oid[];
+  rewritten oid[];
+  msg jsonb;
+BEGIN
+  BEGIN
+    IF TG_EVENT = 'table_rewrite' THEN
+      rels := ARRAY[pg_event_trigger_table_rewrite_oid()];
+      PERFORM set_config('{_REWRITE_GUC}',
+        concat_ws(',', nullif(current_setting('{_REWRITE_GUC}', true), ''), rels[1]::text), true);
+      rewritten := rels;
+    ELSE
+      SELECT array_agg(DISTINCT c.oid) INTO rels
+      FROM pg_event_trigger_ddl_commands() d
+      JOIN pg_class c ON c.oid = d.objid AND d.classid = 'pg_class'::regclass
+      WHERE c.relkind IN ('r', 'p');
+      rewritten := string_to_array(nullif(current_setting('{_REWRITE_GUC}', true), ''), ',')::oid[];
+      PERFORM set_config('{_REWRITE_GUC}', '', true);
+    END IF;
+    IF rels IS NULL OR cardinality(rels) = 0 THEN
+      RETURN;
+    END IF;
+    SELECT jsonb_build_object(
+      'event', TG_EVENT,
+      'tag', TG_TAG,
+      'query', current_query(),
+      'tables', (SELECT jsonb_agg(jsonb_build_object(
+                   'name', n.nspname || '.' || c.relname, 'oid', c.oid::bigint,
+                   'rewrite', c.oid = ANY(coalesce(rewritten, '{{}}'::oid[])))
+                   ORDER BY c.oid)
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.oid = ANY(rels)),
+      'columns', (SELECT coalesce(jsonb_object_agg(t.name, t.cols), '{{}}'::jsonb) FROM (
+                   SELECT n.nspname || '.' || c.relname AS name,
+                          jsonb_object_agg(a.attname, a.attnum) AS cols
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                   JOIN pg_attribute a ON a.attrelid = c.oid
+                   WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
+                   GROUP BY 1) t),
+      'missing', (SELECT coalesce(jsonb_object_agg(t.name, t.vals), '{{}}'::jsonb) FROM (
+                   SELECT n.nspname || '.' || c.relname AS name,
+                          jsonb_object_agg(a.attname, (a.attmissingval::text::text[])[1]) AS vals
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                   JOIN pg_attribute a ON a.attrelid = c.oid
+                   WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
+                     AND a.atthasmissing
+                   GROUP BY 1) t)
+    ) INTO msg;
+    PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', msg::text);
+  EXCEPTION WHEN OTHERS THEN
+    -- Never fail the user's DDL: the sync then behaves as without the trigger.
+    RAISE WARNING 'slotlake DDL capture failed (%: %); the DDL is not in the change stream',
+      SQLSTATE, SQLERRM;
+  END;
+END
+$fn$;
+"""
+
+
+class DdlCaptureError(RuntimeError):
+    """The DDL capture trigger cannot be installed or removed; the message says why."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def is_superuser(conn: psycopg.Connection[Any]) -> tuple[str, bool]:
+    row = conn.execute(
+        "SELECT current_user::text, rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), bool(row[1])
+
+
+def installed(conn: psycopg.Connection[Any]) -> bool:
+    """Whether both event triggers exist and are enabled in this database."""
+    (n,) = conn.execute(
+        "SELECT count(*) FROM pg_event_trigger WHERE evtname = ANY(%s) AND evtenabled <> 'D'",
+        (list(TRIGGERS),),
+    ).fetchone() or (0,)
+    return int(n) == len(TRIGGERS)
+
+
+def install(conn: psycopg.Connection[Any]) -> bool:
+    """Install (or refresh) the DDL capture in the connection's database.
+
+    Idempotent: the function is replaced, a trigger that exists is kept. Returns True when
+    something was created. Raises DdlCaptureError naming the missing privilege.
+    """
+    role, superuser = is_superuser(conn)
+    if not superuser:
+        raise DdlCaptureError(
+            f"role {role!r} lacks SUPERUSER, which creating event triggers needs on "
+            f"PostgreSQL 15/16: run `slotlake capture-ddl` as a superuser (or ALTER ROLE "
+            f'"{role}" SUPERUSER)'
+        )
+    was = installed(conn)
+    with conn.transaction():
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        conn.execute(FUNCTION_SQL)
+        existing = {
+            r[0]
+            for r in conn.execute(
+                "SELECT evtname::text FROM pg_event_trigger WHERE evtname = ANY(%s)",
+                (list(TRIGGERS),),
+            )
+        }
+        if TRIGGERS[0] not in existing:
+            conn.execute(
+                f"CREATE EVENT TRIGGER {TRIGGERS[0]} ON ddl_command_end "
+                f"EXECUTE FUNCTION {FUNCTION}()"
+            )
+        if TRIGGERS[1] not in existing:
+            conn.execute(
+                f"CREATE EVENT TRIGGER {TRIGGERS[1]} ON table_rewrite EXECUTE FUNCTION {FUNCTION}()"
+            )
+        for name in TRIGGERS:
+            conn.execute(f"ALTER EVENT TRIGGER {name} ENABLE")
+    return not was
+
+
+def drop(conn: psycopg.Connection[Any]) -> bool:
+    """Remove the triggers and the function (and the schema when nothing else is in it)."""
+    role, superuser = is_superuser(conn)
+    if not superuser:
+        raise DdlCaptureError(
+            f"role {role!r} lacks SUPERUSER, which dropping event triggers needs: run "
+            "`slotlake capture-ddl --drop` as a superuser"
+        )
+    (existed,) = conn.execute(
+        "SELECT count(*) > 0 FROM pg_event_trigger WHERE evtname = ANY(%s)", (list(TRIGGERS),)
+    ).fetchone() or (False,)
+    with conn.transaction():
+        for name in TRIGGERS:
+            conn.execute(f"DROP EVENT TRIGGER IF EXISTS {name}")
+        conn.execute(f"DROP FUNCTION IF EXISTS {FUNCTION}()")
+        (others,) = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s",
+            (SCHEMA,),
+        ).fetchone() or (0,)
+        (procs,) = conn.execute(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = %s",
+            (SCHEMA,),
+        ).fetchone() or (0,)
+        if not others and not procs:
+            conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA}")
+    return bool(existed)
+
+
+# -- the messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DdlTable:
+    name: str
+    oid: int
+    rewrite: bool
+
+
+@dataclass(frozen=True)
+class DdlMessage:
+    """One ``slotlake.ddl`` message, parsed; ``seq`` is its position in the raw batch."""
+
+    seq: int
+    event: str
+    tag: str
+    query: str
+    tables: tuple[DdlTable, ...]
+    columns: dict[str, dict[str, int]] = field(default_factory=dict)
+    missing: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+
+def parse_message(content: bytes | str, seq: int = -1) -> DdlMessage:
+    """The content of a ``slotlake.ddl`` message → DdlMessage; ValueError says what is wrong."""
+    try:
+        text = content.decode("utf-8") if isinstance(content, bytes | bytearray) else content
+        obj = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"slotlake.ddl message at seq {seq} is not UTF-8 JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"slotlake.ddl message at seq {seq} is not a JSON object")
+    try:
+        tables = tuple(
+            DdlTable(str(t["name"]), int(t["oid"]), bool(t.get("rewrite", False)))
+            for t in obj.get("tables") or ()
+        )
+        columns = {
+            str(t): {str(c): int(n) for c, n in (cols or {}).items()}
+            for t, cols in (obj.get("columns") or {}).items()
+        }
+        missing = {
+            str(t): {str(c): (None if v is None else str(v)) for c, v in (vals or {}).items()}
+            for t, vals in (obj.get("missing") or {}).items()
+        }
+        return DdlMessage(
+            seq=seq,
+            event=str(obj.get("event", "ddl_command_end")),
+            tag=str(obj["tag"]),
+            query=str(obj.get("query", "")),
+            tables=tables,
+            columns=columns,
+            missing=missing,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"slotlake.ddl message at seq {seq} is malformed: {exc!r}") from exc
+
+
+def ddl_messages_from_rows(
+    rows: list[Any], committed_streams: set[int] | None = None
+) -> list[DdlMessage]:
+    """Raw rows of type 'M' (``seq``, ``data``, ``stream_xid``) → the batch's DDL messages.
+
+    A message inside a stream that did not commit in the batch (``committed_streams``:
+    the xids whose Stream Commit is in it) is left out like its transaction's changes.
+    """
+    from slotlake.pgoutput import decode
+
+    out = []
+    for r in rows:
+        in_stream = r.stream_xid is not None
+        if in_stream and r.stream_xid not in (committed_streams or set()):
+            continue
+        msg = decode(bytes(r.data), in_stream=in_stream)
+        if getattr(msg, "prefix", None) != DDL_PREFIX or not msg.transactional:
+            continue
+        out.append(parse_message(msg.content, r.seq))
+    return sorted(out, key=lambda m: m.seq)
+
+
+@dataclass
+class BatchDdl:
+    """What one batch knows about DDL: its ``slotlake.ddl`` messages and the catalog sync
+    read at its target (None for a batch pulled before slotlake recorded it)."""
+
+    messages: list[DdlMessage]
+    catalog: dict[str, TableColumns] | None
+    fault: Callable[[str], None] = lambda step: None
+
+    @classmethod
+    def read(
+        cls,
+        spark: SparkSession,
+        lake: Lake,
+        raw_rel: str,
+        bcat: BatchCatalog,
+        has_messages: bool,
+        fault: Callable[[str], None] = lambda step: None,
+    ) -> BatchDdl:
+        """From the raw Parquet (only 'M' rows mentioning the prefix reach the driver: user
+        messages can be many) and the catalog file beside it."""
+        from pyspark.sql import functions as F
+
+        messages: list[DdlMessage] = []
+        if has_messages:
+            # A pre-filter on the hex text (binary-safe; payloads are not valid UTF-8);
+            # the decoder checks the prefix exactly.
+            mentions = F.hex(F.col("data")).contains(DDL_PREFIX.encode().hex().upper())
+            rows = (
+                spark.read.parquet(lake.path(raw_rel))
+                .filter((F.col("msg_type") == "M") & mentions)
+                .select("seq", "data", "stream_xid")
+                .collect()
+            )
+            messages = ddl_messages_from_rows(rows, set(bcat.streams.commits))
+        path = lake.path(f"{raw_rel}/{CATALOG_FILE}")
+        catalog = catalog_from_json(lake.fs.read_text(path)) if lake.fs.exists(path) else None
+        return cls(messages, catalog, fault)
+
+    def plan(self, cat: TableCatalog, prior: TableCommit | None, commit: TableCommit) -> list[Any]:
+        """The table's fast defaults (slotlake.fastdefault); records its attnums in ``commit``."""
+        from slotlake.fastdefault import final_attnums, plan_defaults
+
+        table_catalog = None if self.catalog is None else self.catalog.get(cat.name)
+        commit.attnums = final_attnums(prior, self.messages, table_catalog, cat.name)
+        return plan_defaults(cat, prior, self.messages, table_catalog)
+
+
+def write_ddl(messages: DataFrame, lake: Lake, app_id: str, batch: int) -> tuple[str, int]:
+    """Append the batch's DDL messages (from its decoded messages) to the ``ddl`` dataset,
+    idempotently for the batch: the dataset and version the commit record names."""
+    from slotlake.delta import append
+    from slotlake.lake import DDL
+
+    rows = ddl_frame(messages).repartition(1).sortWithinPartitions("lsn")
+    version = append(rows, lake.path(DDL), app_id, batch).version
+    return DDL, version
+
+
+DDL_SCHEMA = (
+    "lsn bigint, commit_lsn bigint, tx_ordinal bigint, xid bigint, event string, tag string, "
+    "query string, tables array<struct<name: string, oid: bigint, rewrite: boolean>>, "
+    "columns map<string, map<string, int>>, missing map<string, map<string, string>>, "
+    "content string, _batch bigint"
+)
+
+
+def ddl_frame(messages: DataFrame) -> DataFrame:
+    """The ``ddl`` dataset's rows from the batch's decoded messages (slotlake.batch)."""
+    from pyspark.sql import functions as F
+
+    parsed = F.from_json(
+        F.col("text"),
+        "event string, tag string, query string, "
+        "tables array<struct<name: string, oid: bigint, rewrite: boolean>>, "
+        "columns map<string, map<string, int>>, missing map<string, map<string, string>>",
+    )
+    rows = (
+        messages.filter((F.col("prefix") == DDL_PREFIX) & F.col("transactional"))
+        .withColumn("text", F.col("content").cast("string"))
+        .withColumn("p", parsed)
+    )
+    return rows.select(
+        "lsn",
+        "commit_lsn",
+        "tx_ordinal",
+        "xid",
+        F.coalesce(F.col("p.event"), F.lit("ddl_command_end")).alias("event"),
+        F.col("p.tag").alias("tag"),
+        F.col("p.query").alias("query"),
+        F.col("p.tables").alias("tables"),
+        F.col("p.columns").alias("columns"),
+        F.col("p.missing").alias("missing"),
+        F.col("text").alias("content"),
+        "_batch",
+    )
+
+
+# -- the catalog at the batch's target ---------------------------------------------------
+
+CATALOG_FILE = "_slotlake_catalog.json"
+
+# Every live column of every published table: its attnum (a DROP and re-ADD shows as a new
+# one) and, for a fast default, the text of attmissingval in the session's formats.
+CATALOG_SQL = """
+SELECT n.nspname::text || '.' || c.relname::text, a.attname::text, a.attnum::int,
+       CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
+       a.atthasmissing
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE c.oid IN (
+    SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass
+    FROM pg_publication_tables WHERE pubname = ANY(%s))
+"""
+
+
+@dataclass
+class TableColumns:
+    """One table's columns at one point: attnum of each, fast-default text of some."""
+
+    attnums: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, str | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attnums": self.attnums, "missing": self.missing}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TableColumns:
+        return cls(
+            {str(k): int(v) for k, v in (obj.get("attnums") or {}).items()},
+            {
+                str(k): (None if v is None else str(v))
+                for k, v in (obj.get("missing") or {}).items()
+            },
+        )
+
+
+def read_catalog(conn: psycopg.Connection[Any], publications: list[str]) -> dict[str, TableColumns]:
+    out: dict[str, TableColumns] = {}
+    for table, column, attnum, missing, has_missing in conn.execute(CATALOG_SQL, (publications,)):
+        tc = out.setdefault(table, TableColumns())
+        tc.attnums[column] = attnum
+        if has_missing:
+            tc.missing[column] = missing
+    return out
+
+
+def catalog_to_json(target: str, tables: dict[str, TableColumns]) -> str:
+    return json.dumps(
+        {"target_lsn": target, "tables": {k: v.to_json() for k, v in sorted(tables.items())}},
+        indent=1,
+        sort_keys=True,
+    )
+
+
+def catalog_from_json(text: str) -> dict[str, TableColumns]:
+    obj = json.loads(text)
+    return {str(k): TableColumns.from_json(v) for k, v in (obj.get("tables") or {}).items()}
+
+
+__all__ = [
+    "CATALOG_FILE",
+    "DDL_PREFIX",
+    "BatchDdl",
+    "DdlCaptureError",
+    "DdlMessage",
+    "TableColumns",
+    "catalog_from_json",
+    "catalog_to_json",
+    "ddl_frame",
+    "drop",
+    "install",
+    "installed",
+    "parse_message",
+    "read_catalog",
+]

@@ -1,0 +1,362 @@
+"""Fast defaults, exactly: the value ``ADD COLUMN … DEFAULT x`` gives rows the WAL never shows.
+
+``ALTER TABLE t ADD COLUMN c … DEFAULT <non-volatile>`` writes nothing per row: existing
+rows read ``c`` from ``pg_attribute.attmissingval``. The rule slotlake applies per table
+and batch (documented in the README, "Schema changes"):
+
+* Find, for every state column ``c``, the last time it was (re-)added. A column's
+  identity is its attnum (never reused: a DROP and re-ADD of the same name gets a new
+  one). The points in time known to a batch, in order: the attnums the table had when
+  the lake last wrote it (``TableCommit.attnums``), each ``slotlake.ddl`` message of the
+  DDL capture trigger (``slotlake.ddl``; at its exact position in the stream), and the
+  catalog read by sync in the transaction that chose the batch's target LSN (the file
+  ``_slotlake_catalog.json`` beside the raw batch). ``c`` is added at the first point
+  where its attnum is new.
+* The value: the ``missing`` text of that point (the trigger's message, else the catalog),
+  converted by the decoder's own type conversion (:mod:`slotlake.pgtypes`), so it equals
+  what a decoded row carries (a value the Spark type cannot hold goes to ``_fallback``).
+* Where: at the message's position (``seq``); when only the catalog saw the ADD, at the
+  Relation message from which on every version of the table has ``c`` (pgoutput sends
+  one before the first change after an ALTER), or before the batch when all have it.
+* Every row that existed before that point gets the value: the prior state's rows (one
+  Delta UPDATE of the state before the batch's MERGE, idempotent through its own Delta
+  txnAppId) and the rows whose final image in the batch was decoded before the point.
+  Rows inserted or updated after it keep their decoded values. The change log keeps
+  the images as decoded.
+
+Everything here works from raw Parquet, the commit records and the catalog file: a
+reprocess recomputes the same values without PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from slotlake.catalog import ColumnSpec, RelationVersion, TableCatalog
+from slotlake.ddl import DdlMessage, TableColumns
+from slotlake.pgtypes import Fallback, resolve_type
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from slotlake.lake import TableCommit
+
+log = logging.getLogger(__name__)
+
+BEFORE_BATCH = -1
+# The fault-injection step right after the UPDATE committed (slotlake.sync.fault_point).
+FAULT_STEP = "fastdefault_applied"
+_END = 1 << 62
+
+
+@dataclass(frozen=True)
+class FastDefault:
+    """Column ``column`` was (re-)added at ``seq`` (BEFORE_BATCH: before this batch's first
+    change of the table): rows older than that hold ``value`` (``fallback`` is the text of
+    a value kept in ``_fallback`` instead, the column then NULL)."""
+
+    column: str
+    seq: int
+    text: str | None
+    value: Any
+    fallback: str | None
+    spark_type: str
+    source: str  # "trigger" or "catalog"
+    update_prior: bool  # the prior state's rows need the value
+
+
+def _latest(renames: dict[str, str], name: str) -> str:
+    seen: set[str] = set()
+    while name in renames and name not in seen:
+        seen.add(name)
+        name = renames[name]
+    return name
+
+
+def _version_after(cat: TableCatalog, column: str, seq: int) -> tuple[RelationVersion, ColumnSpec]:
+    """The Relation version (and its spec of ``column``) in force right after ``seq``."""
+    for v in cat.versions:
+        if v.seq > seq:
+            for c in v.columns:
+                if c.name == column:
+                    return v, c
+    v = cat.versions[-1]
+    return v, next(c for c in v.columns if c.name == column)
+
+
+def convert_missing(
+    cat: TableCatalog, column: str, seq: int, text: str | None
+) -> tuple[Any, str | None]:
+    """(value, fallback text) of attmissingval text, as the decoder shapes a text datum."""
+    if text is None:
+        return None, None
+    if column in cat.text_columns:
+        # A column forced to string by a type change keeps PostgreSQL's text as sent.
+        return text, None
+    version, spec = _version_after(cat, column, seq)
+    names = {oid: (ns, nm) for oid, ns, nm in version.type_names}
+    value = resolve_type(spec.type_oid, spec.typmod, names).from_text(text)
+    if isinstance(value, Fallback):
+        return None, value.text
+    return value, None
+
+
+def plan_defaults(
+    cat: TableCatalog,
+    prior: TableCommit | None,
+    messages: list[DdlMessage],
+    catalog: TableColumns | None,
+) -> list[FastDefault]:
+    """The fast defaults one table's batch must apply (pure: tested with crafted input)."""
+    prior_cols = set()
+    if prior is not None:
+        prior_cols = {
+            _latest(cat.renames, c[0]) for c in prior.columns if len(c) > 2 and c[2] == "state"
+        }
+    has_prior_rows = prior is not None and bool(prior.state) and prior.state_version is not None
+    baseline = dict(prior.attnums) if prior is not None and prior.attnums else None
+    points: list[tuple[int, dict[str, int], dict[str, str | None], str]] = []
+    for m in messages:
+        cols = m.columns.get(cat.name)
+        if cols is None:
+            continue
+        points.append((m.seq, cols, m.missing.get(cat.name, {}), "trigger"))
+    if catalog is not None:
+        points.append((_END, catalog.attnums, catalog.missing, "catalog"))
+    out = []
+    for col in cat.state_columns:
+        found = _last_add(cat, col, prior_cols, baseline, points)
+        if found is None:
+            continue
+        seq, text, source = found
+        if seq == _END:
+            seq = _relation_add_point(cat, col)
+        if seq == BEFORE_BATCH and not has_prior_rows:
+            continue  # no row is older than the column
+        update_prior = has_prior_rows and (text is not None or col in prior_cols)
+        if text is None and not update_prior:
+            # NULL for older rows: only images decoded under an earlier column of the same
+            # name (DROP and re-ADD inside the batch) carry something to overwrite.
+            earlier = any(
+                v.seq < seq and any(c.name == col for c in v.columns) for v in cat.versions
+            )
+            if seq == BEFORE_BATCH or not earlier:
+                continue
+        value, fallback = convert_missing(cat, col, seq, text)
+        out.append(
+            FastDefault(
+                column=col,
+                seq=seq,
+                text=text,
+                value=value,
+                fallback=fallback,
+                spark_type=dict(cat.columns)[col],
+                source=source,
+                update_prior=update_prior,
+            )
+        )
+    return out
+
+
+def _last_add(
+    cat: TableCatalog,
+    col: str,
+    prior_cols: set[str],
+    baseline: dict[str, int] | None,
+    points: list[tuple[int, dict[str, int], dict[str, str | None], str]],
+) -> tuple[int, str | None, str] | None:
+    """(seq, missing text, source) of the last point at which ``col`` got a new attnum."""
+    prev: set[int] | None = None if baseline is None else set(baseline.values())
+    found = None
+    for seq, cols, missing, source in points:
+        # Message names are those of their time; a later RENAME is followed by attnum.
+        by_latest = {_latest(cat.renames, n): a for n, a in cols.items()}
+        attnum = by_latest.get(col)
+        if attnum is not None:
+            if prev is not None:
+                new = attnum not in prev
+            elif source == "trigger":
+                # No earlier attnums known (first batch since the lake began recording
+                # them): a column the lake never had and no earlier Relation showed.
+                new = col not in prior_cols and not any(
+                    v.seq < seq and any(c.name == col for c in v.columns) for v in cat.versions
+                )
+            else:
+                new = col not in prior_cols or any(
+                    all(c.name != col for c in v.columns) for v in cat.versions
+                )
+            if new:
+                text = next((t for n, t in missing.items() if _latest(cat.renames, n) == col), None)
+                found = (seq, text, source)
+        prev = set(cols.values())
+    return found
+
+
+def _relation_add_point(cat: TableCatalog, col: str) -> int:
+    """Seq of the first Relation version from which every version has ``col``."""
+    start = BEFORE_BATCH
+    for v in cat.versions:
+        if all(c.name != col for c in v.columns):
+            start = _END
+        elif start == _END:
+            start = v.seq
+    return BEFORE_BATCH if start == _END else start
+
+
+def final_attnums(
+    prior: TableCommit | None, messages: list[DdlMessage], catalog: TableColumns | None, name: str
+) -> dict[str, int]:
+    """The attnums to record for the table after this batch (the next batch's baseline)."""
+    if catalog is not None:
+        return dict(catalog.attnums)
+    for m in reversed(messages):
+        if name in m.columns:
+            return dict(m.columns[name])
+    return dict(prior.attnums) if prior is not None else {}
+
+
+# -- Spark -------------------------------------------------------------------------------
+
+
+def _value(d: FastDefault) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.lit(d.value).cast(d.spark_type)
+
+
+def _fallback_with(fallback: Column, defaults: list[FastDefault], prefix: str = "") -> Column:
+    """``_fallback`` without the defaults' columns, plus the texts of values kept as text."""
+    from pyspark.sql import functions as F
+
+    names = [prefix + d.column for d in defaults]
+    kept = F.map_filter(fallback, lambda k, v: ~k.isin(names))
+    extra = [(prefix + d.column, d.fallback) for d in defaults if d.fallback is not None]
+    if not extra:
+        return kept
+    added = F.create_map(*[F.lit(x) for kv in extra for x in kv])
+    return F.map_concat(kept, added)
+
+
+def update_state(
+    session: SparkSession,
+    path: str,
+    defaults: list[FastDefault],
+    app_id: str,
+    batch: int,
+) -> int | None:
+    """UPDATE the state's rows to the defaults' values: one Delta commit, before the MERGE.
+
+    It carries its own txnAppId (``<app>.fastdefault``) with the batch as version, so a rerun
+    of the batch skips it once it committed — it would otherwise overwrite what the
+    batch's MERGE wrote after it. Returns the Delta version written (None: nothing to do).
+    """
+    from delta.tables import DeltaTable
+
+    from slotlake.delta import TXN_APP_ID, TXN_VERSION, last_commit, quote
+
+    todo = [d for d in defaults if d.update_prior]
+    if not todo:
+        return None
+    from pyspark.sql import functions as F
+
+    table = DeltaTable.forPath(session, path)
+    sets = {quote(d.column): _value(d) for d in todo}
+    sets["_fallback"] = _fallback_with(F.col("_fallback"), todo)
+    log.info(
+        "%s: fast default(s) %s applied to the state's existing rows",
+        path,
+        ", ".join(f"{d.column}={d.text!r} ({d.source})" for d in todo),
+    )
+    session.conf.set(TXN_APP_ID, f"{app_id}.fastdefault")
+    session.conf.set(TXN_VERSION, str(batch))
+    try:
+        table.update(set=sets)
+    finally:
+        session.conf.unset(TXN_APP_ID)
+        session.conf.unset(TXN_VERSION)
+    return last_commit(session, path).version
+
+
+def in_batch(defaults: list[FastDefault]) -> list[FastDefault]:
+    """Defaults whose column was added inside the batch (older rows of the batch need them)."""
+    return [d for d in defaults if d.seq != BEFORE_BATCH]
+
+
+def fill_finals(
+    finals: DataFrame, events: DataFrame, keys: list[str], defaults: list[FastDefault]
+) -> DataFrame:
+    """A keyed table's final rows: those whose final image was decoded before the column
+    was added get its default (the MERGE then writes it)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from slotlake.state import with_keys
+
+    todo = in_batch(defaults)
+    if not todo:
+        return finals
+    # The final image of key k is the last event (in commit order) that left the row at k.
+    w = Window.partitionBy("_k").orderBy(F.col("_commit_lsn").desc(), F.col("_tx_ordinal").desc())
+    last = (
+        with_keys(events, keys)
+        .filter(F.col("_op").isin("I", "U"))
+        .select(F.col("_k_after").alias("_k"), "_seq", "_commit_lsn", "_tx_ordinal")
+        .withColumn("_rn", F.row_number().over(w))
+        .filter(F.col("_rn") == 1)
+        .select("_k", F.col("_seq").alias("_fd_seq"))
+    )
+    out = finals.join(last, "_k", "left")
+    return _apply(out, "_fd_seq", todo).drop("_fd_seq")
+
+
+def fill_events(events: DataFrame, defaults: list[FastDefault]) -> DataFrame:
+    """A multiset table's events for its state: images decoded before the column was added
+    (new and old) carry its default, as the prior rows will after the UPDATE."""
+    from pyspark.sql import functions as F
+
+    todo = in_batch(defaults)
+    if not todo:
+        return events
+    out = _apply(events, "_seq", todo)
+    old = F.col("_old")
+    for d in todo:
+        if d.column in events.schema["_old"].dataType.fieldNames():  # type: ignore[attr-defined]
+            old = old.withField(
+                d.column,
+                F.when(F.col("_seq") < d.seq, _value(d)).otherwise(old.getField(d.column)),
+            )
+    out = out.withColumn("_old", F.when(F.col("_old").isNull(), None).otherwise(old))
+    # _fallback of the old image ("_old.<column>" entries).
+    fb = F.col("_fallback")
+    for d in todo:
+        before = F.col("_seq") < d.seq
+        fb = F.when(before, _fallback_with(fb, [d], "_old.")).otherwise(fb)
+    return out.withColumn("_fallback", fb)
+
+
+def _apply(df: DataFrame, seq_col: str, defaults: list[FastDefault]) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+
+    fb = F.col("_fallback")
+    for d in defaults:
+        before = F.col(seq_col).isNotNull() & (F.col(seq_col) < d.seq)
+        df = df.withColumn(d.column, F.when(before, _value(d)).otherwise(F.col(quote(d.column))))
+        fb = F.when(before, _fallback_with(fb, [d])).otherwise(fb)
+    return df.withColumn("_fallback", fb)
+
+
+__all__ = [
+    "BEFORE_BATCH",
+    "FAULT_STEP",
+    "FastDefault",
+    "convert_missing",
+    "fill_events",
+    "fill_finals",
+    "final_attnums",
+    "plan_defaults",
+    "update_state",
+]

@@ -1,0 +1,258 @@
+"""Fast defaults (ADD COLUMN … DEFAULT) and the DDL capture trigger, against real servers.
+
+After each sync the state equals ``SELECT *`` of the source, although PostgreSQL writes
+nothing to the WAL for the rows that get a fast default's value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from slotlake import ddl
+from slotlake.cli import main as cli_main
+from slotlake.lake import Lake, read_ddl, read_state
+from slotlake.sync import FAULT_ENV, FAULT_FASTDEFAULT, InjectedFault, run_sync
+from slotlake.verify import compare_table
+
+from .sync_helpers import assert_mirror, make_config
+
+TABLES = ["public.k", "public.m"]
+
+
+def setup(c: psycopg.Connection[Any], slot: str, trigger: bool) -> None:
+    if trigger:
+        ddl.install(c)
+    c.execute("CREATE TABLE k (id int PRIMARY KEY, v text)")
+    # A multiset: REPLICA IDENTITY FULL and no key, rows matched by their whole value.
+    c.execute("CREATE TABLE m (a int, b text)")
+    c.execute("ALTER TABLE m REPLICA IDENTITY FULL")
+    c.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    c.execute("CREATE PUBLICATION pub FOR TABLE k, m, other")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    c.execute("INSERT INTO k SELECT g, 'v' || g FROM generate_series(1, 8) g")
+    c.execute("INSERT INTO m VALUES (1, 'x'), (1, 'x'), (2, 'y'), (3, 'z')")
+
+
+def test_constant_defaults_untouched_and_touched_rows(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+) -> None:
+    """Without the trigger: the values come from the catalog read at the batch's target."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=False)
+        run_sync(cfg, spark=spark)
+        # Touched before the ADD (final image without the columns), then the ADD, then
+        # touched after it (own values), in one batch.
+        c.execute("UPDATE k SET v = 'before' WHERE id = 1")
+        c.execute("UPDATE m SET b = 'before' WHERE a = 2")
+        c.execute("DELETE FROM m WHERE a = 3")
+        c.execute(
+            "ALTER TABLE k ADD COLUMN c text DEFAULT 'dflt', ADD COLUMN d date DEFAULT 'infinity',"
+            " ADD COLUMN n numeric(6,2) DEFAULT 1.5"
+        )
+        c.execute("ALTER TABLE m ADD COLUMN c text DEFAULT 'mdflt'")
+        c.execute("UPDATE k SET v = 'after' WHERE id = 2")
+        c.execute("UPDATE k SET c = 'own', n = 9 WHERE id = 3")
+        c.execute("INSERT INTO k (id, v) VALUES (9, 'new')")
+        c.execute("INSERT INTO k VALUES (10, 'new', 'given', '2020-01-01', 2)")
+        c.execute("UPDATE m SET b = 'after' WHERE b = 'before'")
+        c.execute("INSERT INTO m (a, b) VALUES (4, 'w')")
+        c.execute("DELETE FROM m WHERE ctid = (SELECT min(ctid) FROM m WHERE a = 1)")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, TABLES)
+        state = {r["id"]: r for r in read_state(lake, "public.k").to_pylist()}
+        assert state[5]["c"] == "dflt" and dict(state[5]["_fallback"]) == {"d": "infinity"}
+        assert state[3]["c"] == "own"
+        # Added in a batch where the table has no change, seen in the next one; and later
+        # changes of rows that took a default.
+        c.execute("ALTER TABLE k ADD COLUMN e int DEFAULT 7")
+        c.execute("INSERT INTO other VALUES (1)")
+        run_sync(cfg, spark=spark)
+        c.execute("UPDATE k SET v = 'later' WHERE id IN (4, 9)")
+        c.execute("UPDATE m SET b = 'later' WHERE a = 4")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, TABLES)
+        assert {r["e"] for r in read_state(lake, "public.k").to_pylist()} == {7}
+
+
+def test_drop_and_readd_with_the_trigger(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+) -> None:
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=True)
+        run_sync(cfg, spark=spark)
+        # One batch: ADD, a change under the first column, DROP, re-ADD, a change after.
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'first'")
+        c.execute("UPDATE k SET v = 'under first' WHERE id = 1")
+        c.execute("ALTER TABLE k DROP COLUMN c")
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'second'")
+        c.execute("UPDATE k SET c = 'own' WHERE id = 2")
+        c.execute("ALTER TABLE m ADD COLUMN c int DEFAULT 1")
+        c.execute("INSERT INTO m VALUES (5, 'q', 50)")
+        c.execute("ALTER TABLE m DROP COLUMN c")
+        c.execute("ALTER TABLE m ADD COLUMN c int DEFAULT 2")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, TABLES)
+        # Across batches: DROP and re-ADD with no change of the table in that batch.
+        c.execute("ALTER TABLE k DROP COLUMN c")
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'third'")
+        c.execute("INSERT INTO other VALUES (1)")
+        run_sync(cfg, spark=spark)
+        c.execute("UPDATE k SET v = 'next' WHERE id = 3")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, TABLES)
+        tags = [(r["tag"], r["query"]) for r in read_ddl(lake).to_pylist()]
+        assert ("ALTER TABLE", "ALTER TABLE k ADD COLUMN c text DEFAULT 'third'") in tags
+
+
+def test_drop_and_readd_without_the_trigger_is_exact_only_across_changes(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+) -> None:
+    """Documented: without the trigger, a row changed under the first column and not
+    after the re-ADD in the same batch keeps the first column's value."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=False)
+        run_sync(cfg, spark=spark)
+        # Across batches (the catalog's attnum tells a re-ADD): exact.
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'first'")
+        c.execute("UPDATE k SET v = 'under first' WHERE id = 1")
+        run_sync(cfg, spark=spark)
+        c.execute("ALTER TABLE k DROP COLUMN c")
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'second'")
+        c.execute("UPDATE k SET v = 'under second' WHERE id = 2")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.k"])
+        # Inside one batch: row 4 changed between ADD and DROP keeps 'third'.
+        c.execute("ALTER TABLE k ADD COLUMN d text DEFAULT 'third'")
+        c.execute("UPDATE k SET v = 'under third' WHERE id = 4")
+        c.execute("ALTER TABLE k DROP COLUMN d")
+        c.execute("ALTER TABLE k ADD COLUMN d text DEFAULT 'fourth'")
+        c.execute("UPDATE k SET v = 'under fourth' WHERE id = 5")
+        run_sync(cfg, spark=spark)
+        cmp = compare_table(c, lake, "public.k")
+        assert [r[0] for r in cmp.only_in_lake] == [4] and cmp.only_in_lake[0][-1] == "third"
+        assert [r[0] for r in cmp.only_in_source] == [4]
+
+
+def test_rerun_after_a_crash_past_the_default_update(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=False)
+        run_sync(cfg, spark=spark)
+        c.execute("UPDATE k SET v = 'before' WHERE id = 1")
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'dflt'")
+        c.execute("UPDATE k SET c = 'own' WHERE id = 2")
+        c.execute("ALTER TABLE m ADD COLUMN c text DEFAULT 'mdflt'")
+        c.execute("INSERT INTO m VALUES (9, 'n', 'own')")
+        monkeypatch.setenv(FAULT_ENV, FAULT_FASTDEFAULT)
+        with pytest.raises(InjectedFault):
+            run_sync(cfg, spark=spark)
+        monkeypatch.delenv(FAULT_ENV)
+        # Meanwhile the source changes again; the rerun finishes the batch, then the next.
+        c.execute("UPDATE k SET c = 'later' WHERE id = 3")
+        result = run_sync(cfg, spark=spark)
+        assert result.resumed == 2 and result.batch == 3
+        assert_mirror(c, lake, TABLES)
+
+
+def test_capture_ddl_messages_and_privileges(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = str(tmp_path / "lake")
+    conf = tmp_path / "job.toml"
+    conf.write_text(
+        f'[source]\ndsn = "{pg_dsn}"\nslot = "{slot}"\npublications = ["pub"]\n'
+        f'[lake]\npath = "{lake}"\n'
+    )
+    assert cli_main(["capture-ddl", "--config", str(conf)]) == 0
+    assert "installed" in capsys.readouterr().out
+    assert cli_main(["capture-ddl", "--config", str(conf)]) == 0  # idempotent
+    assert "already installed" in capsys.readouterr().out
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        assert ddl.installed(c)
+        c.execute("CREATE TABLE r (id int PRIMARY KEY, n int)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE r")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO r VALUES (1, 1)")
+        c.execute("ALTER TABLE r ADD COLUMN c text DEFAULT 'x'")
+        c.execute("ALTER TABLE r ALTER COLUMN n TYPE bigint USING n * 10")
+        c.execute("ALTER TABLE r ADD COLUMN ts timestamptz DEFAULT clock_timestamp()")
+        run_sync(make_config(pg_dsn, lake, slot), spark=spark)
+        rows = read_ddl(lake).to_pylist()
+        got = [
+            (r["event"], r["tag"], r["query"], [(t["name"], t["rewrite"]) for t in r["tables"]])
+            for r in rows
+        ]
+        add = "ALTER TABLE r ADD COLUMN c text DEFAULT 'x'"
+        typ = "ALTER TABLE r ALTER COLUMN n TYPE bigint USING n * 10"
+        vol = "ALTER TABLE r ADD COLUMN ts timestamptz DEFAULT clock_timestamp()"
+        assert got == [
+            ("ddl_command_end", "ALTER TABLE", add, [("public.r", False)]),
+            ("table_rewrite", "ALTER TABLE", typ, [("public.r", True)]),
+            ("ddl_command_end", "ALTER TABLE", typ, [("public.r", True)]),
+            ("table_rewrite", "ALTER TABLE", vol, [("public.r", True)]),
+            ("ddl_command_end", "ALTER TABLE", vol, [("public.r", True)]),
+        ]  # fmt: skip
+        # (deltalake returns maps as lists of pairs)
+        assert {t: dict(v) for t, v in rows[0]["missing"]} == {"public.r": {"c": "x"}}
+        oid = c.execute("SELECT 'r'::regclass::oid::bigint").fetchone()
+        assert oid is not None and all(r["tables"][0]["oid"] == oid[0] for r in rows)
+        rec = Lake(lake).last_commit()
+        assert rec is not None and rec.ddl == "ddl" and rec.ddl_version is not None
+        # A role without SUPERUSER: one line naming the privilege.
+        c.execute("CREATE ROLE nosuper LOGIN")
+        c.execute(f"GRANT ALL ON DATABASE {c.info.dbname} TO nosuper")
+    conf2 = tmp_path / "nosuper.toml"
+    conf2.write_text(
+        conf.read_text().replace(pg_dsn, pg_dsn.replace("user=postgres", "user=nosuper"))
+    )
+    try:
+        assert cli_main(["capture-ddl", "--config", str(conf2)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert "lacks SUPERUSER" in err and "'nosuper'" in err and "\n" not in err
+        assert cli_main(["capture-ddl", "--config", str(conf), "--drop"]) == 0
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            assert not ddl.installed(c)
+            c.execute("ALTER TABLE r ADD COLUMN z int")  # DDL still works without it
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute(f"REVOKE ALL ON DATABASE {c.info.dbname} FROM nosuper")
+            c.execute("DROP ROLE nosuper")
+
+
+def test_state_update_is_skipped_when_the_batch_already_applied_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A rerun of a batch whose UPDATE committed (its MERGE maybe too) must not apply it
+    again over the MERGE's rows: Delta's txn marker of the UPDATE's own app id skips it."""
+    from slotlake.delta import quote
+    from slotlake.fastdefault import BEFORE_BATCH, FastDefault, update_state
+
+    path = str(tmp_path / "state")
+    spark.createDataFrame(
+        [(1, None, {}), (2, None, {})], "id int, c string, _fallback map<string,string>"
+    ).write.format("delta").save(path)
+
+    def default(value: str) -> FastDefault:
+        return FastDefault("c", BEFORE_BATCH, value, value, None, "string", "catalog", True)
+
+    session = spark.newSession()
+    assert update_state(session, path, [default("first")], "app", 7) is not None
+    spark.sql(f"UPDATE delta.{quote(path)} SET c = 'merged' WHERE id = 2")  # the batch's MERGE
+    update_state(session, path, [default("again")], "app", 7)  # the rerun
+    rows = {r["id"]: r["c"] for r in spark.read.format("delta").load(path).collect()}
+    assert rows == {1: "first", 2: "merged"}
+    update_state(session, path, [default("next")], "app", 8)  # a later batch does apply
+    assert {r["c"] for r in spark.read.format("delta").load(path).collect()} == {"next"}
