@@ -642,7 +642,11 @@ def process_batch(
     if snapshots:
         from slotlake.snapshot import catalog_for
 
-        busy += [catalog_for(s) for n, s in sorted(snapshots.items()) if n not in bcat.tables]
+        busy += [
+            catalog_for(s, prior_tables.get(n))
+            for n, s in sorted(snapshots.items())
+            if n not in bcat.tables
+        ]
     for cat in busy:
         _check_collisions(cat)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}

@@ -53,7 +53,15 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from slotlake.lake import STATE, CommitRecord, Lake, batch_dir_name, table_dir_name, utcnow_iso
+from slotlake.lake import (
+    STATE,
+    CommitRecord,
+    Lake,
+    TableCommit,
+    batch_dir_name,
+    table_dir_name,
+    utcnow_iso,
+)
 from slotlake.lsn import Lsn
 from slotlake.redact import dsn_password, redact_text
 
@@ -605,14 +613,23 @@ def remove_orphans(lake: Lake) -> list[str]:
 # -- the batch side: re-basing one table on its copy ----------------------------------------
 
 
-def catalog_for(snap: TableSnapshot) -> TableCatalog:
-    """The table's catalog from its copy, for a snapshot table without changes in the batch."""
+def catalog_for(snap: TableSnapshot, prior: TableCommit | None) -> TableCatalog:
+    """The table's catalog from its copy, for a snapshot table without changes in the batch.
+
+    Columns the change log still has but the table no longer has (dropped at the source)
+    follow the copy's, as the batch catalog orders a dropped column, so the log's schema
+    (and its ``_old`` struct) stays the one it has.
+    """
     from slotlake.catalog import TableCatalog
 
+    columns = [(c[0], c[1]) for c in snap.columns]
+    have = {c[0] for c in columns}
+    if prior is not None:
+        columns += [(c[0], c[1]) for c in prior.columns if c[0] not in have]
     return TableCatalog(
         name=snap.table,
         versions=[],
-        columns=[(c[0], c[1]) for c in snap.columns],
+        columns=columns,
         state_columns=[c[0] for c in snap.columns],
         key_columns=list(snap.key_columns),
         replica_identity=snap.replica_identity,

@@ -9,6 +9,7 @@ snapshot's 'S' marker aside).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import Counter
 from pathlib import Path
@@ -199,3 +200,119 @@ def test_new_table_rewrites_and_resnapshot(
         assert not list((Path(lake) / "_snapshots" / "requests").glob("*.json"))
         assert_log_once(lake, "public.c")
         assert len(markers(lake, "public.c")) == 4
+
+
+# -- exactly once across the hand-over ------------------------------------------------------
+
+
+def _writes(c: psycopg.Connection[Any], r: int) -> None:
+    """Changes to both tables, some leaving b's TOAST column out."""
+    base = 10_000 + r * 100
+    c.execute("INSERT INTO a SELECT g, 'r' || g FROM generate_series(%s, %s) g", (base, base + 4))
+    c.execute(
+        "INSERT INTO b SELECT g, 'r' || g, %s FROM generate_series(%s, %s) g",
+        (big(r), base, base + 4),
+    )
+    c.execute("UPDATE b SET v = 'round ' || %s WHERE id IN (%s, %s)", (r, r, base + 1))
+    c.execute("UPDATE b SET id = id + 50 WHERE id = %s", (base + 2,))
+    c.execute("DELETE FROM b WHERE id IN (%s, %s)", (r + 500, base + 3))
+
+
+def _check(c: psycopg.Connection[Any], lake: str, slot: str) -> None:
+    assert_mirror(c, lake, ["public.a", "public.b"])
+    for t in ("a", "b"):
+        assert logged(lake, f"public.{t}") == audited_ops(c, t), t
+        assert_log_once(lake, f"public.{t}")
+    root = Lake(lake)
+    assert not list((root.root / "_pending").glob("*.json"))
+    from slotlake.snapshot import remove_orphans
+
+    assert remove_orphans(root) == []
+    (slots,) = c.execute(
+        "SELECT array_agg(slot_name::text) FROM pg_replication_slots WHERE database = current_database()"
+    ).fetchone()  # type: ignore[misc]
+    assert slots == [slot], "a temporary snapshot slot outlived its run"
+
+
+def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pg_cluster: Any,
+) -> None:
+    import random
+    import signal
+    import time
+
+    from slotlake.sync import FAULT_ENV, InjectedFault
+
+    from .test_sync_faults import start_cli, wait_gone
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE b (id int PRIMARY KEY, v text, big text)")
+        c.execute("ALTER TABLE b ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute("INSERT INTO b SELECT g, 'old', %s FROM generate_series(1, 2000) g", (big(0),))
+        c.execute("CREATE PUBLICATION pub FOR TABLE a")
+        audit(c, "a", "id")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO a VALUES (1, 'one')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("ALTER PUBLICATION pub ADD TABLE b")
+        audit(c, "b", "id")
+
+        snapshots = 0
+        for r, step in enumerate(("snapshot_copied", "snapshot_rebased", "before_commit"), 1):
+            _writes(c, r)
+            if r > 1:  # the first round's snapshot is the new table's
+                assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+            monkeypatch.setenv(FAULT_ENV, step)
+            with pytest.raises(InjectedFault, match=step):
+                run_sync(cfg, spark=spark)
+            monkeypatch.delenv(FAULT_ENV)
+            _writes(c, r + 10)
+            assert run_sync(cfg, spark=spark).status == "committed"
+            snapshots += 1
+            assert len(markers(lake, "public.b")) == snapshots, step
+            _check(c, lake, slot)
+
+        # A real SIGKILL at a random instant of a run that takes a snapshot.
+        _writes(c, 30)
+        assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+        log = tmp_path / "cli.log"
+        t0 = time.monotonic()
+        proc = start_cli(config, log)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+        normal = time.monotonic() - t0
+        snapshots += 1
+        _check(c, lake, slot)
+        _writes(c, 31)
+        assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+        delay = random.Random(f"snapshot-pg{pg_cluster.version}").uniform(1.0, 0.8 * normal)
+        proc = start_cli(config, log)
+        time.sleep(delay)
+        killed = proc.poll() is None
+        if killed:
+            os.killpg(proc.pid, signal.SIGKILL)
+        wait_gone(proc, c, pg_dsn)
+        print(f"SIGKILL after {delay:.1f}s of a {normal:.1f}s run: killed={killed}")
+        _writes(c, 32)
+        run_sync(cfg, spark=spark)
+        # The request is honoured once: by the killed run if it committed, else by the rerun.
+        assert len(markers(lake, "public.b")) == snapshots + 1
+        # The slot of a killed run's snapshot goes with its connection.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            (n,) = c.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+            ).fetchone()  # type: ignore[misc]
+            if n == 1:
+                break
+            time.sleep(0.2)
+        _check(c, lake, slot)
