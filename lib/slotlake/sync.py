@@ -240,7 +240,9 @@ def _run_batch(
         attempt = new_attempt()
         # Tables that need a copy are copied now, before the target: the target must not
         # be below their consistent point (slotlake.snapshot).
-        prepared = snapshot.prepare(cfg, lake, last, batch, attempt, progress)
+        prepared = snapshot.prepare(
+            cfg, lake, last, batch, attempt, progress, lambda: spark or _session(cfg)
+        )
         target = target_lsn if target_lsn is not None else source.current_flush_lsn()
         cp = prepared.consistent_point
         if cp is not None and target < cp:

@@ -208,9 +208,12 @@ def test_new_table_rewrites_and_resnapshot(
 def _writes(c: psycopg.Connection[Any], r: int) -> None:
     """Changes to both tables, some leaving b's TOAST column out."""
     base = 10_000 + r * 100
-    c.execute("INSERT INTO a SELECT g, 'r' || g FROM generate_series(%s, %s) g", (base, base + 4))
     c.execute(
-        "INSERT INTO b SELECT g, 'r' || g, %s FROM generate_series(%s, %s) g",
+        "INSERT INTO a SELECT g, 'r' || g FROM generate_series(%s::int, %s::int) g",
+        (base, base + 4),
+    )
+    c.execute(
+        "INSERT INTO b SELECT g, 'r' || g, %s FROM generate_series(%s::int, %s::int) g",
         (big(r), base, base + 4),
     )
     c.execute("UPDATE b SET v = 'round ' || %s WHERE id IN (%s, %s)", (r, r, base + 1))
@@ -282,27 +285,34 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
             assert len(markers(lake, "public.b")) == snapshots, step
             _check(c, lake, slot)
 
-        # A real SIGKILL at a random instant of a run that takes a snapshot.
-        _writes(c, 30)
-        assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+        # A real SIGKILL at a random instant after the copy of a run that takes a snapshot
+        # (between the copy and the commit: the hand-over).
+        rng = random.Random(f"snapshot-pg{pg_cluster.version}")
         log = tmp_path / "cli.log"
-        t0 = time.monotonic()
-        proc = start_cli(config, log)
-        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
-        normal = time.monotonic() - t0
-        snapshots += 1
-        _check(c, lake, slot)
-        _writes(c, 31)
-        assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
-        delay = random.Random(f"snapshot-pg{pg_cluster.version}").uniform(1.0, 0.8 * normal)
-        proc = start_cli(config, log)
-        time.sleep(delay)
-        killed = proc.poll() is None
-        if killed:
-            os.killpg(proc.pid, signal.SIGKILL)
-        wait_gone(proc, c, pg_dsn)
-        print(f"SIGKILL after {delay:.1f}s of a {normal:.1f}s run: killed={killed}")
-        _writes(c, 32)
+        progress_file = Path(lake) / "_snapshots" / "progress.json"
+        killed = False
+        for attempt in range(3):
+            _writes(c, 30 + attempt)
+            assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+            progress_file.unlink(missing_ok=True)
+            proc = start_cli(config, log)
+            deadline = time.monotonic() + 300
+            while not progress_file.exists() and proc.poll() is None:
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            delay = rng.uniform(0.0, 20.0)
+            time.sleep(delay)
+            killed = proc.poll() is None
+            if killed:
+                os.killpg(proc.pid, signal.SIGKILL)
+            wait_gone(proc, c, pg_dsn)
+            print(f"SIGKILL {delay:.1f}s after the copy: killed={killed}")
+            if killed:
+                break
+            assert proc.returncode == 0, log.read_text()[-3000:]
+            snapshots += 1
+        assert killed, "every run finished before its kill instant"
+        _writes(c, 40)
         run_sync(cfg, spark=spark)
         # The request is honoured once: by the killed run if it committed, else by the rerun.
         assert len(markers(lake, "public.b")) == snapshots + 1
