@@ -493,10 +493,14 @@ def _raw_messages(
         from slotlake.raw import raw_files
 
         rows = []
+        wanted = pa.array(["T", "M"], pa.string())
         for f in raw_files(str(local_path(lake.path(raw_rel)))):
-            t = pq.read_table(f, columns=cols)
-            t = t.filter(pc.is_in(t.column("msg_type"), pa.array(["T", "M"], pa.string())))
-            rows.extend(t.to_pylist())
+            with pq.ParquetFile(f) as pf:
+                # Payloads are read only for the row groups that hold such messages.
+                for i in range(pf.num_row_groups):
+                    mask = pc.is_in(pf.read_row_group(i, columns=["msg_type"])[0], wanted)
+                    if pc.any(mask).as_py():
+                        rows.extend(pf.read_row_group(i, columns=cols).filter(mask).to_pylist())
     else:
         assert spark is not None
         from pyspark.sql import functions as F
