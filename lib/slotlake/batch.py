@@ -74,6 +74,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from slotlake.snapshot import TableSnapshot
+
 log = logging.getLogger(__name__)
 
 RESERVED = {n for n, _ in META_COLUMNS} | {
@@ -345,12 +347,16 @@ def process_table(
     expected_rows: int,
     driver: DriverWrites = DriverWrites(),
     ddl_input: BatchDdl | None = None,
+    snap: TableSnapshot | None = None,
 ) -> TableCommit:
     """Decode, fill and write one table for batch ``batch``: append its change log, then
     MERGE its state, each in one idempotent Delta commit, from a session of its own.
 
     ``ddl_input``: the batch's DDL messages and catalog, for fast defaults
-    (:mod:`slotlake.fastdefault`: an UPDATE of the state before the MERGE)."""
+    (:mod:`slotlake.fastdefault`: an UPDATE of the state before the MERGE).
+    ``snap``: the table was copied for this batch (slotlake.snapshot): its state is first
+    replaced by the copy, then the changes from the copy's consistent point are merged.
+    """
     from pyspark.sql import functions as F
 
     _check_collisions(cat)
@@ -380,14 +386,29 @@ def process_table(
             commit.changes_version, commit.state_version = c.version, s.version
             commit.change_rows = int(c.metrics.get("numOutputRows", 0))
             commit.state_rows = _state_rows(prior, s)
+            if snap is not None:
+                commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
             return commit
     steps("txn versions read")
-    dml = raw_dml(session.read.parquet(lake.path(raw_rel)))
-    events = decode_table(dml, cat, bcat, batch)
+    if cat.versions:
+        events = decode_table(raw_dml(session.read.parquet(lake.path(raw_rel))), cat, bcat, batch)
+    else:  # a snapshot table without changes in this batch
+        from slotlake.decode import change_schema
+
+        events = session.createDataFrame([], change_schema(cat))
     prior_df = read_prior_state(session, lake, cat, prior)
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     persisted: list[DataFrame] = []
-    if cat.is_multiset:
+    truncated = bool(truncs)
+    rebased = None
+    if snap is not None:
+        from slotlake.snapshot import rebase
+
+        rebased = rebase(
+            session, lake, cat, snap, events, prior_df, truncs, expected_rows, persisted, batch
+        )
+        changes, state_source, truncated = rebased.changes, rebased.state_source, rebased.truncated
+    elif cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state_source = multiset_delta(fastdefault.fill_events(events, defaults), cat, truncs)
     else:
@@ -415,17 +436,20 @@ def process_table(
             assert ddl_input is not None
             ddl_input.fault(fastdefault.FAULT_STEP)
         steps("tables ready")
-        if driver.take(lake, cat, state_path, expected_rows):
+        if rebased is not None:
+            from slotlake.snapshot import write_base
+
+            write_base(session, lake, cat, rebased.base, app_id, batch)
+            steps("state re-based on the snapshot")
+        if rebased is None and driver.take(lake, cat, state_path, expected_rows):
             c, s = _write_on_driver(
-                cat, conform(changes, target), state_source, bool(truncs), lake, app_id, batch
+                cat, conform(changes, target), state_source, truncated, lake, app_id, batch
             )
             steps("written by the driver")
         else:
             c = append(conform(changes, target), changes_path, app_id, batch)
             steps("change log appended")
-            s = _write_state(
-                session, lake, cat, state_rel, state_source, bool(truncs), app_id, batch
-            )
+            s = _write_state(session, lake, cat, state_rel, state_source, truncated, app_id, batch)
             steps("state written")
     finally:
         for df in persisted:
@@ -433,6 +457,8 @@ def process_table(
     commit.changes_version, commit.state_version = c.version, s.version
     commit.change_rows = int(c.metrics.get("numOutputRows", 0))
     commit.state_rows = _state_rows(prior, s)
+    if snap is not None:
+        commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
     return commit
 
 
@@ -460,6 +486,12 @@ def _write_on_driver(
         state_path, rows.toArrow(), arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch
     )
     return c, s
+
+
+def _snapshot_rows(session: SparkSession, lake: Lake, state_rel: str, version: int) -> int:
+    from slotlake.snapshot import state_rows
+
+    return state_rows(session, lake.path(state_rel), version)
 
 
 def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
@@ -660,11 +692,14 @@ def process_batch(
     raw_local: str | None = None,
     workers: int = TABLE_WORKERS,
     driver: DriverWrites = DriverWrites(),
+    snapshots: dict[str, TableSnapshot] | None = None,
 ) -> BatchOutput:
     """Decode one raw batch and write it into the lake's Delta tables (not yet committed).
 
     Each table's writes carry ``(app_id, batch)`` as Delta's idempotent-transaction marker,
     so calling this again for the same batch (a rerun) writes no table twice.
+    ``snapshots``: tables copied for this batch (see slotlake.snapshot), re-based on their
+    copies whether or not the batch has changes of theirs.
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -679,8 +714,18 @@ def process_batch(
     busy = [
         c
         for c in bcat.tables.values()
-        if any(counts.get(o) for o in c.oids) or any(c.name in t.tables for t in bcat.truncates)
+        if any(counts.get(o) for o in c.oids)
+        or any(c.name in t.tables for t in bcat.truncates)
+        or c.name in (snapshots or {})
     ]
+    if snapshots:
+        from slotlake.snapshot import catalog_for
+
+        busy += [
+            catalog_for(s, prior_tables.get(n))
+            for n, s in sorted(snapshots.items())
+            if n not in bcat.tables
+        ]
     for cat in busy:
         _check_collisions(cat)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
@@ -701,6 +746,7 @@ def process_batch(
             expected[cat.name],
             driver,
             ddl_input,
+            (snapshots or {}).get(cat.name),
         )
         fault("table_written")
         return cat.name, out, time.monotonic() - t1

@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue when the slot is ahead of the lake (accepts the loss of the changes in between)",
     )
 
+    p = sub.add_parser(
+        "resnapshot",
+        help="have the next sync copy one table again, consistently with the stream (repair)",
+    )
+    _config_args(p)
+    p.add_argument("--table", required=True, help="schema.table, as published")
+
     p = sub.add_parser("status", help="slot state, last committed batch, per-table row counts")
     _config_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -140,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_sync(args)
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "resnapshot":
+            return cmd_resnapshot(args)
         if args.command == "inspect":
             return cmd_inspect(args)
         if args.command == "reprocess":
@@ -188,6 +197,39 @@ def cmd_sync(args: argparse.Namespace) -> int:
     print(
         f"status: {result.status}"
         + (f", batch {result.batch}, slot at {result.end_lsn}" if result.batch else "")
+    )
+    return EXIT_OK
+
+
+def cmd_resnapshot(args: argparse.Namespace) -> int:
+    """Record a request the next sync honours (no lock needed: sync reads it at its start)."""
+    import psycopg
+
+    from slotlake.lake import Lake
+    from slotlake.snapshot import published_tables, request
+
+    cfg = load(args)
+    lake = Lake(cfg.lake.path)
+    lake.layout()
+    if lake.last_commit() is None:
+        print(
+            f"slotlake resnapshot: lake {cfg.lake.path} has no committed batch: start it with "
+            "`slotlake bootstrap`, which copies every published table",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    with psycopg.connect(cfg.source.dsn, autocommit=True, application_name="slotlake") as conn:
+        published = published_tables(conn, cfg.source.publications)
+    if args.table not in published:
+        print(
+            f"slotlake resnapshot: table {args.table} is not published by "
+            f"{', '.join(cfg.source.publications)} (published: {', '.join(sorted(published)) or 'none'})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    entry = request(lake, args.table)
+    print(
+        f"status: requested, {args.table} is copied again by the next sync (request {entry['id']})"
     )
     return EXIT_OK
 
@@ -252,6 +294,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     }
     with open_source(cfg) as source:
         info = source.slot_info()
+    from slotlake import snapshot
+
+    try:
+        import psycopg
+
+        with psycopg.connect(cfg.source.dsn, autocommit=True, application_name="slotlake") as conn:
+            published: dict[str, tuple[int, int]] | None = snapshot.published_tables(
+                conn, cfg.source.publications
+            )
+    except Exception as exc:  # status must still show the lake
+        log.warning("could not read the published tables: %s", exc)
+        published = None
+    in_progress = snapshot.read_progress(lake)
+    plan = lake.read_plan(last.batch + 1 if last else 1)
+    if plan is not None:
+        for name, t in plan.snapshot.get("tables", {}).items():
+            in_progress.setdefault(name, {"batch": plan.batch, "reason": t["reason"]})
+            in_progress[name].update(state="copied, batch unfinished", rows=t["rows"])
+    out["snapshots"] = {
+        "waiting": {
+            k: v for k, v in snapshot.waiting(lake, published).items() if k not in in_progress
+        },
+        "in_progress": in_progress,
+    }
     if info is None:
         out["slot_state"] = None
     else:
@@ -293,6 +359,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  confirmed_flush {st['confirmed_flush_lsn']}  restart {st['restart_lsn']}  "
             f"wal retained {st['retained_wal_bytes']} bytes  wal_status {st['wal_status']}"
+        )
+    snaps = out["snapshots"]
+    assert isinstance(snaps, dict)
+    for name, reason in sorted(snaps["waiting"].items()):
+        print(f"  snapshot waiting: {name} ({reason}): the next sync copies it")
+    for name, p in sorted(snaps["in_progress"].items()):
+        print(
+            f"  snapshot in progress: {name} ({p.get('reason', '')}): {p.get('state', '')}, "
+            f"{int(p.get('rows', 0)):,} rows copied (batch {p.get('batch')})"
         )
     if last is None:
         print(f"lake {cfg.lake.path}: no committed batch")

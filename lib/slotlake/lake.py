@@ -115,6 +115,10 @@ class CommitRecord:
     layout: str = LAYOUT
     ddl: str | None = None  # Delta table of the captured DDL (slotlake.ddl messages)
     ddl_version: int | None = None
+    # Per-table snapshots (slotlake.snapshot): the published set and relfilenodes read
+    # before the target, the tables copied and re-based in this batch, and those the
+    # next run must snapshot ("wanted").
+    snapshot: dict[str, Any] = field(default_factory=dict)
 
     @property
     def end(self) -> Lsn:
@@ -152,6 +156,9 @@ class BatchPlan:
     txn_app_id: str
     kind: str = "sync"
     created_at: str = ""
+    # Tables copied before the target (slotlake.snapshot.Prepared.to_plan): a rerun
+    # re-bases them on the same copies at the same consistent points.
+    snapshot: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

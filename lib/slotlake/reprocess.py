@@ -557,6 +557,10 @@ def run_reprocess(
         for rec in records:
             assert rec.raw is not None  # check_raw refused records without raw
             _link_tree(src.root / rec.raw, out.root / rec.raw)
+            for snap in rec.snapshot.get("tables", {}).values():
+                # A batch that re-based a table on a copy replays it from the same copy.
+                if (src.root / snap["staging"]).is_dir():
+                    _link_tree(src.root / snap["staging"], out.root / snap["staging"])
             try:
                 record = _rebuild(spark, out, rec, app_id, prior, raw_files, progress, workers)
             except BaseException:
@@ -590,9 +594,26 @@ def _rebuild(
     t0 = time.monotonic()
     attempt = new_attempt()
     progress(f"reprocessing batch {b} ({rec.start_lsn}..{rec.end_lsn}) as attempt {attempt}")
+    from slotlake.snapshot import table_snapshots
+
+    snapshots = table_snapshots(rec.snapshot)
+    for name, snap in snapshots.items():
+        if not lake.exists(snap.staging):
+            raise ReprocessError(
+                f"batch {b} re-based {name} on a snapshot whose copy {lake.path(snap.staging)} "
+                "is gone (expired with the batch's raw): it cannot be reprocessed"
+            )
     try:
         built = process_batch(
-            spark, lake, rec.raw, b, app_id, prior, progress=progress, workers=workers
+            spark,
+            lake,
+            rec.raw,
+            b,
+            app_id,
+            prior,
+            progress=progress,
+            workers=workers,
+            snapshots=snapshots,
         )
     except Exception as exc:
         raise _diagnose(raw_files[b], b, exc) from exc
@@ -622,6 +643,7 @@ def _rebuild(
             **{f"batch.{k}": round(v, 3) for k, v in built.timings.items()},
         },
         kind="reprocess",
+        snapshot=rec.snapshot,
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slotlake import snapshot
 from slotlake.batch import BatchOutput, DriverWrites, process_batch
 from slotlake.config import Config
 from slotlake.ddl import CATALOG_FILE, catalog_to_json
@@ -177,6 +178,8 @@ def run_sync(
             start = reconcile(source, lake, cfg, accept)
             for removed in lake.remove_uncommitted():
                 log.info("removed %s left by an attempt that never committed", removed)
+            for removed in snapshot.remove_orphans(lake):
+                log.info("removed snapshot copy %s (no plan names it, or its raw expired)", removed)
             result = _run_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
             if result.resumed is not None and result.status == "committed":
                 # The unfinished batch is done; the run goes on to what arrived since.
@@ -239,15 +242,27 @@ def _run_batch(
         resumed: int | None = batch
     else:
         resumed = None
+        attempt = new_attempt()
+        # Tables that need a copy are copied now, before the target: the target must not
+        # be below their consistent point (slotlake.snapshot).
+        prepared = snapshot.prepare(
+            cfg, lake, last, batch, attempt, progress, lambda: spark or _session(cfg)
+        )
         # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
         flush, catalog = source.flush_lsn_and_catalog()
         target = target_lsn if target_lsn is not None else flush
-        if target <= start:
+        cp = prepared.consistent_point
+        if cp is not None and target < cp:
+            if target_lsn is not None:
+                log.warning(
+                    "batch %s: --target-lsn %s raised to the snapshot's %s", batch, target, cp
+                )
+            target = cp
+        if target <= start and not prepared.tables:
             progress(f"slot {cfg.source.slot} is up to date at {start} (target {target})")
             return SyncResult(
                 status="up_to_date", start_lsn=start, end_lsn=start, target_lsn=target
             )
-        attempt = new_attempt()
         raw_rel = lake.batch_path(RAW, batch, attempt)
         progress(f"batch {batch}: pulling {cfg.source.slot} from {start} up to {target}")
         t0 = time.monotonic()
@@ -280,6 +295,7 @@ def _run_batch(
             raw_bytes=summary.payload_bytes,
             txn_app_id=lake.app_id(),
             created_at=utcnow_iso(),
+            snapshot=prepared.to_plan(),
         )
         lake.write_plan(plan)
         timings["pull"] = time.monotonic() - t0
@@ -304,6 +320,7 @@ def _run_batch(
             raw_local=local,
             workers=cfg.lake.table_workers,
             driver=DriverWrites.of(cfg.lake),
+            snapshots=snapshot.table_snapshots(plan.snapshot),
         )
 
     try:
@@ -321,6 +338,7 @@ def _run_batch(
         out = decode_write(raw_rel, None)
     timings["decode_write"] = time.monotonic() - t1
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
+    snap_record = snapshot.for_record(spark, lake, plan.snapshot, last, raw_rel)
     fault_point("before_commit")
     record = make_record(
         batch=batch,
@@ -342,10 +360,14 @@ def _run_batch(
         txn_app_id=plan.txn_app_id,
         tables=out.tables,
         timings={k: round(v, 3) for k, v in timings.items()},
+        snapshot=snap_record,
     )
     t2 = time.monotonic()
     lake.write_commit(record)
     lake.drop_plans(batch)  # the record supersedes the plan
+    snapshot.drop_requests(lake, snap_record.get("requests", []))
+    if snap_record.get("tables"):
+        snapshot.clear_progress(lake)
     fault_point("after_commit")
     source.advance(end)
     timings["commit_advance"] = time.monotonic() - t2

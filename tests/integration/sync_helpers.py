@@ -52,6 +52,8 @@ def logged_ops(root: str, qualified: str, key: str) -> list[tuple[str, str | Non
     out: list[tuple[str, str | None]] = []
     for row in read_changes(root, qualified).to_pylist():
         op = row["_op"]
+        if op == "S":
+            continue  # a snapshot's marker (the state was re-based), not a change
         if op == "T":
             out.append(("T", None))
             continue

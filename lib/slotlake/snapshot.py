@@ -1,0 +1,770 @@
+"""Per-table snapshots while syncing: rows the slot never carries, copied consistently.
+
+A table added to a publication keeps the rows it already had out of the stream, and a
+table rewrite (``ALTER COLUMN … TYPE … USING``, a volatile ``ADD COLUMN … DEFAULT``)
+changes rows without decoding them. Both are repaired by re-basing the table's state on a
+copy taken consistently with the change stream — PostgreSQL's own table-sync method:
+
+1. Before a sync run chooses its target LSN, it opens a replication connection and
+   creates a **temporary** logical slot with an exported snapshot
+   (``CREATE_REPLICATION_SLOT … TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')``). The
+   reply's consistent point CP splits the history: a transaction whose commit record
+   starts before CP is in the snapshot, one at or after CP is not (a slot created there
+   would decode it). One temporary slot serves every table snapshotted by the run.
+2. Each table is copied in that snapshot (``SET TRANSACTION SNAPSHOT`` on a plain
+   connection: a plain ``SELECT``'s lock, nothing more) by the bootstrap's COPY and Arrow
+   conversion (:func:`slotlake.bootstrap.copy_range`) into staging Parquet inside the lake
+   (``_snapshots/b<N>-<attempt>/<table>/``). Then the replication connection is closed,
+   which drops the temporary slot; the main slot never moves for it.
+3. The batch's target is chosen (at least CP) and the batch plan records the snapshot
+   tables, their staging directories and CP before any table is written: a rerun after a
+   kill at any instant finishes the same batch from them.
+4. In that batch the table's change log gets every change the slot delivered, in order,
+   plus one marker row ``_op = 'S'`` at (``_commit_lsn`` = CP, ``_tx_ordinal`` = -1): the
+   state was re-based on a copy there; changes before the marker are inside the copy.
+   The state is replaced by the copy (one overwrite commit, idempotent under the txnAppId
+   ``<lake app id>-snapshot``) and the changes with commit LSN ≥ CP are applied on top
+   (the usual MERGE, under the usual txn marker); their unchanged TOAST is filled from
+   the copy. Changes before CP are filled from the previous state, as always.
+
+When: (a) a table in ``pg_publication_tables`` now that was not in the previous commit's
+published set (each commit records it), except on a lake's very first batch (start with
+``slotlake bootstrap`` to copy existing rows); (b) a table rewritten at the source — a
+transactional ``slotlake.ddl`` message with ``"rewrite": true`` for it (the DDL capture
+trigger), or, without the trigger, a changed ``pg_class.relfilenode`` that no TRUNCATE in
+the stream explains (logged as a warning; VACUUM FULL and CLUSTER change it too and cost
+a needless but harmless snapshot) — snapshotted by the next run; (c) by hand,
+``slotlake resnapshot --table schema.table`` records a request the next sync honours.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from slotlake.lake import (
+    STATE,
+    CommitRecord,
+    Lake,
+    TableCommit,
+    batch_dir_name,
+    table_dir_name,
+    utcnow_iso,
+)
+from slotlake.lsn import Lsn
+from slotlake.redact import dsn_password, redact_text
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from slotlake.bootstrap import TablePlan
+    from slotlake.catalog import TableCatalog
+    from slotlake.config import Config
+
+log = logging.getLogger(__name__)
+
+SNAPSHOTS = "_snapshots"
+REQUESTS = f"{SNAPSHOTS}/requests"
+PROGRESS = f"{SNAPSHOTS}/progress.json"
+DDL_PREFIX = "slotlake.ddl"
+SNAPSHOT_OP = "S"
+APPLICATION_NAME = "slotlake-snapshot"
+# Fault steps of the hand-over (tests of the exactly-once contract; see sync.fault_point).
+FAULT_STEPS = ("snapshot_copied", "snapshot_rebased")
+_STAGING = re.compile(r"^b\d{20}-[0-9a-f]+$")
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot that cannot be taken; the message names the table and what to do."""
+
+
+@dataclass
+class TableSnapshot:
+    """One table's copy for batch N: where it is, and where the stream takes over."""
+
+    table: str
+    oid: int
+    reason: str
+    consistent_point: str  # CP: changes committing at or after it are applied on the copy
+    staging: str  # Parquet directory of the copied rows, relative to the lake root
+    rows: int
+    columns: list[list[str]]  # [name, spark ddl] of the copy, in attnum order
+    key_columns: list[str]
+    replica_identity: str
+
+    @property
+    def cp_signed(self) -> int:
+        return Lsn.parse(self.consistent_point).to_signed()
+
+
+def _fault(step: str) -> None:
+    from slotlake.sync import fault_point
+
+    fault_point(step)
+
+
+# -- what the source publishes ---------------------------------------------------------------
+
+
+def published_tables(
+    conn: psycopg.Connection[Any], publications: Sequence[str]
+) -> dict[str, tuple[int, int]]:
+    """schema.table → (oid, relfilenode) of every table the publications publish now."""
+    rows = conn.execute(
+        """
+        SELECT DISTINCT pt.schemaname::text || '.' || pt.tablename::text, c.oid::int,
+               c.relfilenode::bigint
+        FROM pg_publication_tables pt
+        JOIN pg_namespace n ON n.nspname = pt.schemaname
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+        WHERE pt.pubname = ANY(%s)
+        """,
+        (list(publications),),
+    ).fetchall()
+    return {r[0]: (int(r[1]), int(r[2])) for r in rows}
+
+
+def _baseline(last: CommitRecord | None) -> dict[str, int | None] | None:
+    """The previous commit's published set (name → oid), or None when it is unknown."""
+    if last is None:
+        return None
+    known = last.snapshot.get("published")
+    if known is not None:
+        return {k: int(v) for k, v in known.items()}
+    if last.kind == "bootstrap":
+        # A bootstrap copied every table published then; its record predates the field.
+        return dict.fromkeys(last.tables)
+    return None
+
+
+# -- hand-made requests (slotlake resnapshot) ------------------------------------------------
+
+
+def request(lake: Lake, table: str, reason: str = "requested by hand") -> dict[str, str]:
+    """Record that the next sync must snapshot ``table`` (a file under _snapshots/requests)."""
+    entry = {"id": uuid.uuid4().hex[:12], "table": table, "reason": reason, "at": utcnow_iso()}
+    lake.fs.mkdirs(lake.path(REQUESTS))
+    lake.fs.replace(lake.path(f"{REQUESTS}/{table_dir_name(table)}.json"), json.dumps(entry))
+    return entry
+
+
+def pending_requests(lake: Lake) -> list[dict[str, str]]:
+    out = []
+    for name in lake.fs.listdir(lake.path(REQUESTS)):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            out.append(json.loads(lake.fs.read_text(lake.path(f"{REQUESTS}/{name}"))))
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable snapshot request %s/%s: %s", REQUESTS, name, exc)
+    return sorted(out, key=lambda r: r.get("table", ""))
+
+
+def drop_requests(lake: Lake, ids: Sequence[str]) -> None:
+    """Remove the request files a committed batch honoured (a newer request stays)."""
+    done = set(ids)
+    for entry in pending_requests(lake):
+        if entry.get("id") in done:
+            lake.fs.rmtree(lake.path(f"{REQUESTS}/{table_dir_name(entry['table'])}.json"))
+
+
+# -- progress (slotlake status) --------------------------------------------------------------
+
+
+def _write_progress(lake: Lake, progress: dict[str, Any]) -> None:
+    lake.fs.mkdirs(lake.path(SNAPSHOTS))
+    lake.fs.replace(lake.path(PROGRESS), json.dumps(progress, indent=2, sort_keys=True))
+
+
+def read_progress(lake: Lake) -> dict[str, Any]:
+    if not lake.fs.exists(lake.path(PROGRESS)):
+        return {}
+    try:
+        return dict(json.loads(lake.fs.read_text(lake.path(PROGRESS))))
+    except (OSError, ValueError):
+        return {}
+
+
+def clear_progress(lake: Lake) -> None:
+    lake.fs.rmtree(lake.path(PROGRESS))
+
+
+def waiting(lake: Lake, published: dict[str, tuple[int, int]] | None) -> dict[str, str]:
+    """Tables the next sync will snapshot, and why (for status)."""
+    last = lake.last_commit()
+    out: dict[str, str] = {}
+    if last is not None:
+        out.update(last.snapshot.get("wanted", {}))
+        base = _baseline(last)
+        if published is not None and base is not None:
+            for name, (oid, _) in published.items():
+                if name not in base or (base[name] is not None and base[name] != oid):
+                    out[name] = "new in the publication"
+    for r in pending_requests(lake):
+        out.setdefault(r["table"], r.get("reason", "requested by hand"))
+    return out
+
+
+# -- step 1-2: the copy, before the batch's target -------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """What a run learnt and copied before its target: goes into the batch plan as is."""
+
+    published: dict[str, int] = field(default_factory=dict)
+    relfilenodes: dict[str, int] = field(default_factory=dict)
+    tables: dict[str, TableSnapshot] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)  # ids of the requests honoured
+
+    def to_plan(self) -> dict[str, Any]:
+        return {
+            "published": self.published,
+            "relfilenodes": self.relfilenodes,
+            "tables": {k: asdict(v) for k, v in self.tables.items()},
+            "requests": self.requests,
+        }
+
+    @property
+    def consistent_point(self) -> Lsn | None:
+        cps = [Lsn.parse(t.consistent_point) for t in self.tables.values()]
+        return max(cps) if cps else None
+
+
+def table_snapshots(plan_snapshot: dict[str, Any]) -> dict[str, TableSnapshot]:
+    return {k: TableSnapshot(**v) for k, v in plan_snapshot.get("tables", {}).items()}
+
+
+def _wanted(
+    lake: Lake, last: CommitRecord | None, published: dict[str, tuple[int, int]]
+) -> tuple[dict[str, str], list[str]]:
+    """Tables to snapshot in this run (name → reason) and the request ids honoured."""
+    if last is None:
+        # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
+        return {}, []
+    drop_requests(lake, last.snapshot.get("requests", []))
+    wanted: dict[str, str] = {}
+    base = _baseline(last)
+    if base is not None:
+        for name, (oid, _) in sorted(published.items()):
+            if name not in base:
+                wanted[name] = "new in the publication"
+            elif base[name] is not None and base[name] != oid:
+                wanted[name] = f"recreated (oid {base[name]} → {oid})"
+    for name, reason in last.snapshot.get("wanted", {}).items():
+        if name in published:
+            wanted.setdefault(name, reason)
+    ids = []
+    for entry in pending_requests(lake):
+        name = entry.get("table", "")
+        if name not in published:
+            log.warning(
+                "snapshot request for %s: not published by the slot's publications; dropped",
+                name,
+            )
+            lake.fs.rmtree(lake.path(f"{REQUESTS}/{table_dir_name(name)}.json"))
+            continue
+        wanted.setdefault(name, entry.get("reason", "requested by hand"))
+        ids.append(entry["id"])
+    return wanted, ids
+
+
+def _create_temporary_slot(dsn: str, name: str) -> tuple[psycopg.Connection[Any], Lsn, str]:
+    """A temporary logical slot with an exported snapshot: (connection, CP, snapshot name).
+
+    The snapshot lives while the connection stays idle; closing it drops the slot.
+    """
+    repl = psycopg.connect(
+        dsn, autocommit=True, replication="database", application_name=APPLICATION_NAME
+    )
+    try:
+        version = int(repl.info.server_version)
+        command = (
+            f"CREATE_REPLICATION_SLOT {name} TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+            if version >= 150000
+            else f"CREATE_REPLICATION_SLOT {name} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT"
+        )
+        row = repl.execute(command).fetchone()
+    except BaseException:
+        repl.close()
+        raise
+    assert row is not None
+    return repl, Lsn.parse(row[1]), str(row[2])
+
+
+def _earlier_types(last: CommitRecord | None, table: str) -> dict[str, str]:
+    if last is None or table not in last.tables:
+        return {}
+    from slotlake.bootstrap import _simple_type
+
+    return {c[0]: _simple_type(c[1]) for c in last.tables[table].columns}
+
+
+def prepare(
+    cfg: Config,
+    lake: Lake,
+    last: CommitRecord | None,
+    batch: int,
+    attempt: str,
+    progress: Callable[[str], None] = log.info,
+    session: Callable[[], SparkSession] | None = None,
+) -> Prepared:
+    """Read the published set, and copy every table that needs a snapshot (before the target).
+
+    ``session`` gives the run's SparkSession (started only when a table is copied: the
+    copy's Arrow schema comes from Spark's DDL parser).
+    """
+    dsn = cfg.source.dsn
+    secrets = [p for p in (dsn_password(dsn),) if p]
+    try:
+        with psycopg.connect(dsn, autocommit=True, application_name=APPLICATION_NAME) as conn:
+            published = published_tables(conn, cfg.source.publications)
+    except psycopg.Error as exc:
+        raise SnapshotError(
+            redact_text(f"cannot read the published tables: {' '.join(str(exc).split())}", secrets)
+        ) from None
+    prep = Prepared(
+        published={k: v[0] for k, v in published.items()},
+        relfilenodes={k: v[1] for k, v in published.items()},
+    )
+    wanted, ids = _wanted(lake, last, published)
+    if not wanted:
+        return prep
+    prep.requests = ids
+    progress(f"batch {batch}: snapshot of {', '.join(f'{n} ({r})' for n, r in wanted.items())}")
+    try:
+        if session is not None:
+            session()
+        prep.tables = _copy(cfg, lake, last, batch, attempt, wanted, progress)
+    except psycopg.Error as exc:
+        raise SnapshotError(
+            redact_text(
+                f"snapshot of {', '.join(wanted)} failed: {' '.join(str(exc).split())}", secrets
+            )
+        ) from None
+    return prep
+
+
+def _copy(
+    cfg: Config,
+    lake: Lake,
+    last: CommitRecord | None,
+    batch: int,
+    attempt: str,
+    wanted: dict[str, str],
+    progress: Callable[[str], None],
+) -> dict[str, TableSnapshot]:
+    from pyspark.sql.types import StructType
+
+    from slotlake.bootstrap import (
+        CopyTask,
+        _state_ddl,
+        keep_history_types,
+        missing_privileges,
+        open_snapshot_connection,
+        read_plan,
+    )
+    from slotlake.decode import arrow_schema_for
+    from slotlake.source import SESSION_SETTINGS
+
+    dsn = cfg.source.dsn
+    # Lower-case letters, digits and '_' only, at most 63 bytes: a slot name.
+    slot_name = re.sub(r"[^a-z0-9_]", "_", f"{cfg.source.slot}"[:40].lower()) + f"_snap_{attempt}"
+    repl, cp, snapshot_name = _create_temporary_slot(dsn, slot_name)
+    out: dict[str, TableSnapshot] = {}
+    status: dict[str, Any] = {
+        name: {"batch": batch, "reason": r, "rows": 0, "state": "waiting"}
+        for name, r in wanted.items()
+    }
+    try:
+        progress(f"batch {batch}: temporary slot {slot_name} consistent at {cp}")
+        settings = tuple(
+            {**SESSION_SETTINGS, **cfg.source.settings, "client_encoding": "UTF8"}.items()
+        )
+        with open_snapshot_connection(dsn, snapshot_name, APPLICATION_NAME, settings) as conn:
+            plans = {
+                p.name: p
+                for p in read_plan(conn, cfg.source.publications, parallel=1)
+                if p.name in wanted
+            }
+            lacking = missing_privileges(conn, list(plans.values()))
+            conn.rollback()
+        if lacking:
+            raise SnapshotError(
+                f"cannot snapshot {', '.join(lacking)}: the role lacks SELECT (GRANT SELECT ON … "
+                "to the sync role)"
+            )
+        for name, reason in wanted.items():
+            plan = plans.get(name)
+            if plan is None:
+                # Unpublished between the two reads: nothing to copy, no state to repair.
+                log.warning("snapshot of %s skipped: no longer published", name)
+                status.pop(name, None)
+                continue
+            keep_history_types(plan, _earlier_types(last, name))
+            schema = arrow_schema_for(StructType.fromDDL(_state_ddl(plan)))
+            task = CopyTask(dsn, snapshot_name, APPLICATION_NAME, settings, plan, schema)
+            rel = f"{SNAPSHOTS}/{batch_dir_name(batch, attempt)}/{table_dir_name(name)}"
+            status[name]["state"] = "copying"
+            t0 = time.monotonic()
+            rows = _copy_table(lake, task, rel, status, name)
+            secs = time.monotonic() - t0
+            status[name].update(state="copied", rows=rows)
+            _write_progress(lake, status)
+            progress(
+                f"batch {batch}: snapshot {name}: {rows:,} rows in {secs:.1f}s "
+                f"({rows / max(secs, 1e-9):,.0f} rows/s), consistent point {cp}"
+            )
+            out[name] = _table_snapshot(plan, reason, cp, rel, rows)
+        _fault("snapshot_copied")
+    finally:
+        # Ends the exported snapshot and drops the temporary slot.
+        repl.close()
+    return out
+
+
+def _table_snapshot(plan: TablePlan, reason: str, cp: Lsn, rel: str, rows: int) -> TableSnapshot:
+    return TableSnapshot(
+        table=plan.name,
+        oid=plan.oid,
+        reason=reason,
+        consistent_point=str(cp),
+        staging=rel,
+        rows=rows,
+        columns=[[c.name, c.spark_ddl] for c in plan.columns],
+        key_columns=list(plan.key_columns),
+        replica_identity=plan.replica_identity,
+    )
+
+
+def _copy_table(lake: Lake, task: Any, rel: str, status: dict[str, Any], name: str) -> int:
+    """COPY one table (one range) into a Parquet file under ``rel``; returns its rows."""
+    import pyarrow.parquet as pq
+
+    from slotlake.bootstrap import copy_range
+
+    staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-snapshot-")
+    local = lake.path(rel) if staging is None else os.path.join(staging, "t")
+    os.makedirs(local, exist_ok=True)
+    rows = 0
+    last_report = time.monotonic()
+    with pq.ParquetWriter(os.path.join(local, "part-00000.parquet"), task.arrow_schema) as w:
+        for rb in copy_range(task, 0):
+            w.write_batch(rb)
+            rows += rb.num_rows
+            if time.monotonic() - last_report > 2:
+                status[name]["rows"] = rows
+                _write_progress(lake, status)
+                last_report = time.monotonic()
+    if staging is not None:
+        lake.fs.upload_dir(local, lake.path(rel))
+        shutil.rmtree(staging, ignore_errors=True)
+    return rows
+
+
+# -- after the batch: what the next run must snapshot ---------------------------------------
+
+
+def _raw_messages(
+    spark: SparkSession | None, lake: Lake, raw_rel: str
+) -> list[tuple[str, int | None, Any]]:
+    """(msg_type, commit_lsn, decoded message) of the raw batch's Truncate and Message rows."""
+    from slotlake.pgoutput import decode
+
+    cols = ["msg_type", "data", "stream_xid", "commit_lsn"]
+    rows: list[dict[str, Any]]
+    if lake.local or lake.uri.startswith("file://"):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        from slotlake.lake import local_path
+        from slotlake.raw import raw_files
+
+        rows = []
+        wanted = pa.array(["T", "M"], pa.string())
+        for f in raw_files(str(local_path(lake.path(raw_rel)))):
+            with pq.ParquetFile(f) as pf:
+                # Payloads are read only for the row groups that hold such messages.
+                for i in range(pf.num_row_groups):
+                    mask = pc.is_in(pf.read_row_group(i, columns=["msg_type"])[0], wanted)
+                    if pc.any(mask).as_py():
+                        rows.extend(pf.read_row_group(i, columns=cols).filter(mask).to_pylist())
+    else:
+        assert spark is not None
+        from pyspark.sql import functions as F
+
+        df = spark.read.parquet(lake.path(raw_rel)).filter(F.col("msg_type").isin("T", "M"))
+        rows = [r.asDict() for r in df.select(*cols).collect()]
+    out = []
+    for r in rows:
+        msg = decode(bytes(r["data"]), in_stream=r["stream_xid"] is not None)
+        out.append((r["msg_type"], r["commit_lsn"], msg))
+    return out
+
+
+def _truncated_oids(messages: list[tuple[str, int | None, Any]]) -> set[int]:
+    return {oid for t, _, m in messages if t == "T" for oid in m.relation_oids}
+
+
+def rewritten_by_ddl(messages: list[tuple[str, int | None, Any]]) -> dict[str, int | None]:
+    """Tables the DDL capture trigger reported rewritten: name → commit LSN (signed)."""
+    out: dict[str, int | None] = {}
+    for t, commit_lsn, m in messages:
+        if t != "M" or m.prefix != DDL_PREFIX or not m.transactional:
+            continue
+        try:
+            content = json.loads(bytes(m.content).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            log.warning("ignoring a %s message at %s that is not JSON: %s", DDL_PREFIX, m.lsn, exc)
+            continue
+        for entry in content.get("tables") or []:
+            if entry.get("rewrite") and entry.get("name"):
+                prev = out.get(entry["name"])
+                out[entry["name"]] = (
+                    commit_lsn if prev is None or commit_lsn is None else max(prev, commit_lsn)
+                )
+    return out
+
+
+def for_record(
+    spark: SparkSession | None,
+    lake: Lake,
+    plan_snapshot: dict[str, Any],
+    last: CommitRecord | None,
+    raw_rel: str,
+) -> dict[str, Any]:
+    """The commit record's ``snapshot`` entry: the plan's, plus the tables the next run must
+    snapshot (``wanted``). Derived from the plan, the raw batch and the previous record
+    alone, so a rerun of the batch records the same."""
+    out = dict(plan_snapshot)
+    taken = table_snapshots(plan_snapshot)
+    messages = _raw_messages(spark, lake, raw_rel)
+    wanted: dict[str, str] = {}
+    for name, commit_lsn in rewritten_by_ddl(messages).items():
+        snap = taken.get(name)
+        if snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed:
+            continue  # rewritten before the copy's consistent point: the copy has it
+        where = "" if commit_lsn is None else f" at {Lsn.from_signed(commit_lsn)}"
+        wanted[name] = f"rewritten (DDL message{where})"
+    truncated_now = _truncated_oids(messages)
+    truncated_before = set((last.snapshot.get("truncated_oids") if last else None) or [])
+    before = (last.snapshot.get("relfilenodes") if last else None) or {}
+    now = plan_snapshot.get("relfilenodes", {})
+    oids = plan_snapshot.get("published", {})
+    for name, node in sorted(now.items()):
+        old = before.get(name)
+        if old is None or int(old) == int(node) or name in taken or name in wanted:
+            continue
+        oid = oids.get(name)
+        # The reading before a run's target sees changes from the previous batch and this
+        # one: a TRUNCATE in either explains a new relfilenode.
+        if oid in truncated_now or oid in truncated_before:
+            continue
+        log.warning(
+            "table %s was rewritten at the source (relfilenode %s → %s) without a TRUNCATE in "
+            "the stream: its rows may have changed without being decoded; the next sync "
+            "re-snapshots it (install the DDL capture trigger to know exactly)",
+            name,
+            old,
+            node,
+        )
+        wanted[name] = f"relfilenode changed ({old} → {node})"
+    out["wanted"] = wanted
+    out["truncated_oids"] = sorted(truncated_now)
+    return out
+
+
+# -- housekeeping ----------------------------------------------------------------------------
+
+
+def _referenced(lake: Lake) -> set[str]:
+    out: set[str] = set()
+    for rec in lake.commits():
+        out.update(t["staging"] for t in rec.snapshot.get("tables", {}).values())
+    for name in lake.fs.listdir(lake.path("_pending")):
+        m = re.match(r"^(\d{20})\.json$", name)
+        if m and (plan := lake.read_plan(int(m.group(1)))) is not None:
+            out.update(t["staging"] for t in plan.snapshot.get("tables", {}).values())
+    return out
+
+
+def remove_orphans(lake: Lake) -> list[str]:
+    """Staging copies no plan or commit names (a run killed before its plan), and those of
+    committed batches whose raw directory was expired (they only serve the same purpose)."""
+    root = lake.path(SNAPSHOTS)
+    dirs = [d for d in lake.fs.listdir(root) if _STAGING.match(d)]
+    if not dirs:
+        return []
+    referenced = {"/".join(p.split("/")[:2]) for p in _referenced(lake)}
+    raw_of = {rec.batch: rec.raw for rec in lake.commits()}
+    removed = []
+    for d in dirs:
+        rel = f"{SNAPSHOTS}/{d}"
+        batch = int(d[1:21])
+        raw = raw_of.get(batch)
+        expired = raw is not None and not lake.exists(raw)
+        if rel not in referenced or expired:
+            lake.fs.rmtree(lake.path(rel))
+            removed.append(rel)
+    return removed
+
+
+# -- the batch side: re-basing one table on its copy ----------------------------------------
+
+
+def catalog_for(snap: TableSnapshot, prior: TableCommit | None) -> TableCatalog:
+    """The table's catalog from its copy, for a snapshot table without changes in the batch.
+
+    Columns the change log still has but the table no longer has (dropped at the source)
+    follow the copy's, as the batch catalog orders a dropped column, so the log's schema
+    (and its ``_old`` struct) stays the one it has.
+    """
+    from slotlake.catalog import TableCatalog
+
+    columns = [(c[0], c[1]) for c in snap.columns]
+    have = {c[0] for c in columns}
+    if prior is not None:
+        columns += [(c[0], c[1]) for c in prior.columns if c[0] not in have]
+    return TableCatalog(
+        name=snap.table,
+        versions=[],
+        columns=columns,
+        state_columns=[c[0] for c in snap.columns],
+        key_columns=list(snap.key_columns),
+        replica_identity=snap.replica_identity,
+    )
+
+
+def snapshot_app_id(app_id: str) -> str:
+    """The txnAppId of a state's re-basing overwrite (its MERGE carries ``app_id``)."""
+    return f"{app_id}-snapshot"
+
+
+def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: int) -> DataFrame:
+    from pyspark.sql.types import StructType
+
+    from slotlake.decode import META_COLUMNS, WORK_COLUMNS, spark_schema_ddl
+
+    row = {
+        "_op": SNAPSHOT_OP,
+        "_commit_lsn": snap.cp_signed,
+        "_lsn": snap.cp_signed,
+        # Before any change of a transaction committing exactly at CP (those are after it).
+        "_tx_ordinal": -1,
+        "_xid": None,
+        "_commit_ts": None,
+        "_origin": None,
+        "_batch": batch,
+        "_old_kind": None,
+        "_missing_toast": [],
+        "_fallback": {},
+        "_truncate_options": None,
+        "_seq": -1,
+        "_unchanged": [],
+        "_old": None,
+    }
+    return spark.createDataFrame(
+        [row], StructType.fromDDL(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
+    )
+
+
+def _multiset_rows(df: DataFrame, cat: TableCatalog) -> DataFrame:
+    """Copied rows → one row per distinct value with ``_copies`` (the multiset state)."""
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+    from slotlake.lake import COPIES
+
+    data = [F.col(quote(c)) for c in cat.state_columns]
+    fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
+    return (
+        df.withColumn("_fbj", fbj)
+        .groupBy(*data, "_fbj")
+        .agg(F.count(F.lit(1)).alias(COPIES))
+        .select(
+            *data,
+            F.from_json("_fbj", "map<string,string>").alias("_fallback"),
+            F.array().cast("array<string>").alias("_missing_toast"),
+            F.col(COPIES),
+        )
+    )
+
+
+@dataclass
+class Rebased:
+    changes: DataFrame  # every change of the batch + the 'S' marker (TOAST filled)
+    state_source: DataFrame  # what the usual state write applies on top of ``base``
+    base: DataFrame  # the copy, in the Delta state's columns (overwrite before the MERGE)
+    truncated: bool  # a TRUNCATE at or after CP (the state write overwrites again)
+
+
+def rebase(
+    session: SparkSession,
+    lake: Lake,
+    cat: TableCatalog,
+    snap: TableSnapshot,
+    events: DataFrame,
+    prior: DataFrame,
+    truncs: Sequence[tuple[int, int]],
+    expected_rows: int,
+    persisted: list[DataFrame],
+    batch: int,
+) -> Rebased:
+    """One snapshot table of batch N: the changes before CP are logged (filled from the
+    previous state, as ever); the state becomes the copy plus the changes from CP on."""
+    from pyspark.sql import functions as F
+
+    from slotlake.state import align_prior, fill_keyed, multiset_delta
+
+    cp = snap.cp_signed
+    copy = align_prior(session.read.parquet(lake.path(snap.staging)), cat)
+    before = events.filter(F.col("_commit_lsn") < cp)
+    after = events.filter(F.col("_commit_lsn") >= cp)
+    truncs_before = [t for t in truncs if t[0] < cp]
+    truncs_after = [t for t in truncs if t[0] >= cp]
+    if cat.is_multiset:
+        changes = events.withColumn("_missing_toast", F.col("_unchanged"))
+        state_source = multiset_delta(after, cat, truncs_after)
+        base = _multiset_rows(copy, cat)
+    else:
+        logged_before, _ = fill_keyed(
+            before, prior, cat, truncs_before, expected_rows, persisted=persisted
+        )
+        logged_after, state_source = fill_keyed(
+            after, copy, cat, truncs_after, expected_rows, persisted=persisted
+        )
+        changes = logged_before.unionByName(logged_after)
+        base = copy
+    marker = _marker(session, cat, snap, batch)
+    changes = changes.unionByName(marker.select(*changes.columns))
+    return Rebased(changes, state_source, base, bool(truncs_after))
+
+
+def write_base(
+    session: SparkSession, lake: Lake, cat: TableCatalog, base: DataFrame, app_id: str, batch: int
+) -> None:
+    """Replace the state by the copy: one overwrite commit, skipped when batch N did it."""
+    from slotlake.delta import overwrite
+
+    overwrite(base, lake.path(Lake.table_path(STATE, cat.name)), snapshot_app_id(app_id), batch)
+    _fault("snapshot_rebased")
+
+
+def state_rows(session: SparkSession, path: str, version: int | None) -> int:
+    """Rows of the state as of ``version`` (the re-based state's count is not a MERGE delta)."""
+    reader = session.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return int(reader.load(path).count())

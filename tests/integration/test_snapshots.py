@@ -1,0 +1,328 @@
+"""Per-table snapshots while syncing (slotlake.snapshot), on real PostgreSQL and Spark.
+
+Every sync costs seconds of Spark here, so each test walks one lake through several
+situations. The oracles: state == ``SELECT *`` (verify.compare_table), and the change
+log against the audit trigger of sync_helpers (every change exactly once, in order; the
+snapshot's 'S' marker aside).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from slotlake.cli import main as cli_main
+from slotlake.lake import Lake, read_changes
+from slotlake.sync import run_sync
+
+from .sync_helpers import AUDIT_SQL, assert_mirror, audit, audited_ops, make_config
+
+
+def big(seed: int) -> str:
+    return "".join(f"{(seed * 7919 + i) % 1_000_003:07d}" for i in range(3000 // 7))
+
+
+def logged(root: str, table: str) -> list[tuple[str, str | None]]:
+    """(op, id) of the change log, in order, without the snapshot markers."""
+    out = []
+    for r in read_changes(root, table).to_pylist():
+        if r["_op"] == "S":
+            continue
+        v = (r["_old"] or {}).get("id") if r["_op"] == "D" else r.get("id")
+        out.append((r["_op"], None if v is None else str(v)))
+    return out
+
+
+def assert_log_once(root: str, table: str) -> None:
+    log = read_changes(root, table).to_pylist()
+    ids = Counter((r["_commit_lsn"], r["_tx_ordinal"]) for r in log)
+    twice = [k for k, n in ids.items() if n > 1]
+    assert not twice, f"{table}: change log rows applied twice: {twice[:5]}"
+
+
+def markers(root: str, table: str) -> list[int]:
+    return [r["_commit_lsn"] for r in read_changes(root, table).to_pylist() if r["_op"] == "S"]
+
+
+class Writer(threading.Thread):
+    """Small transactions on ``b`` while a sync runs (its snapshot must not lose them)."""
+
+    def __init__(self, dsn: str, start_id: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.next_id, self.stop = dsn, start_id, threading.Event()
+        self.count = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            while not self.stop.is_set():
+                i = self.next_id
+                with c.transaction():
+                    c.execute("INSERT INTO b VALUES (%s, %s, %s)", (i, "new", big(i)))
+                    # Updates that leave big out: filled from the copy or from events.
+                    c.execute("UPDATE b SET v = 'upd' || %s WHERE id = %s", (i, (i * 7) % 10_000))
+                    c.execute("DELETE FROM b WHERE id = %s", ((i * 13) % 10_000 + 1,))
+                self.next_id += 1
+                self.count += 1
+                self.stop.wait(0.02)
+
+
+def test_table_added_to_publication_with_writes_during_its_snapshot(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+) -> None:
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE b (id int PRIMARY KEY, v text, big text)")
+        c.execute("ALTER TABLE b ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute(
+            "INSERT INTO b SELECT g, 'old' || g, CASE WHEN g % 100 = 0 THEN repeat(md5(g::text), 200) END"
+            " FROM generate_series(1, 10000) g"
+        )
+        c.execute("CREATE PUBLICATION pub FOR TABLE a")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO a VALUES (1, 'one')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        rec = Lake(lake).last_commit()
+        assert rec is not None and set(rec.snapshot["published"]) == {"public.a"}
+
+        c.execute("ALTER PUBLICATION pub ADD TABLE b")
+        audit(c, "b", "id")
+        c.execute("UPDATE b SET v = 'before the sync' WHERE id IN (1, 2)")  # before CP
+        writer = Writer(pg_dsn, 20_000)
+        writer.start()
+        try:
+            result = run_sync(cfg, spark=spark)
+        finally:
+            writer.stop.set()
+            writer.join()
+        assert result.status == "committed" and writer.count > 0
+        rec = Lake(lake).last_commit()
+        assert rec is not None
+        assert set(rec.snapshot["tables"]) == {"public.b"}
+        assert rec.snapshot["tables"]["public.b"]["reason"] == "new in the publication"
+        assert rec.snapshot["tables"]["public.b"]["rows"] >= 10_000 - writer.count
+        # What was written after the batch's target comes with the next sync.
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, lake, ["public.a", "public.b"])
+        assert_log_once(lake, "public.b")
+        assert logged(lake, "public.b") == audited_ops(c, "b")
+        assert len(markers(lake, "public.b")) == 1
+        # The copy held every row: nothing applied on top of it lacked a TOAST value.
+        log = read_changes(lake, "public.b").to_pylist()
+        cp = markers(lake, "public.b")[0]
+        assert not any(r["_missing_toast"] for r in log if r["_commit_lsn"] >= cp)
+
+
+def write_config(path: Path, dsn: str, slot: str, lake: str, messages: bool = False) -> Path:
+    path.write_text(
+        "[source]\n"
+        f"dsn = {json.dumps(dsn)}\n"
+        f"slot = {json.dumps(slot)}\n"
+        'publications = ["pub"]\n'
+        f"messages = {'true' if messages else 'false'}\n"
+        "[lake]\n"
+        f"path = {json.dumps(lake)}\n"
+    )
+    return path
+
+
+def test_new_table_rewrites_and_resnapshot(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot, messages=True)
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake, messages=True)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO a VALUES (1, 'one')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+
+        # (a) A new table under FOR ALL TABLES, with rows: copied by the next sync.
+        c.execute("CREATE TABLE c (id int PRIMARY KEY, n int, t text)")
+        c.execute("INSERT INTO c SELECT g, g, 't' || g FROM generate_series(1, 300) g")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.a", "public.c"])
+        assert len(markers(lake, "public.c")) == 1
+
+        # (b) A rewrite without the DDL trigger: the relfilenode changed, no TRUNCATE.
+        c.execute("ALTER TABLE c ALTER COLUMN n TYPE bigint USING n * 10")
+        c.execute("UPDATE c SET t = 'touched' WHERE id = 1")
+        run_sync(cfg, spark=spark)
+        rec = Lake(lake).last_commit()
+        assert rec is not None and "relfilenode" in rec.snapshot["wanted"]["public.c"]
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.a", "public.c"])
+
+        # (b) The DDL capture trigger's message, with a volatile default's rewrite.
+        with c.transaction():
+            c.execute("ALTER TABLE c ADD COLUMN ts timestamptz DEFAULT clock_timestamp()")
+            (oid,) = c.execute("SELECT 'c'::regclass::oid::int").fetchone()  # type: ignore[misc]
+            content = {
+                "tag": "ALTER TABLE",
+                "query": "ALTER TABLE c ADD COLUMN ts …",
+                "tables": [{"name": "public.c", "oid": oid, "rewrite": True}],
+            }
+            c.execute(
+                "SELECT pg_logical_emit_message(true, 'slotlake.ddl', %s)", (json.dumps(content),)
+            )
+        run_sync(cfg, spark=spark)
+        rec = Lake(lake).last_commit()
+        assert rec is not None and "DDL message" in rec.snapshot["wanted"]["public.c"]
+        capsys.readouterr()
+        assert cli_main(["status", "--config", str(config)]) == 0
+        assert "snapshot waiting: public.c (rewritten (DDL message" in capsys.readouterr().out
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.a", "public.c"])
+
+        # (c) State damaged by hand, repaired with `slotlake resnapshot`.
+        from delta.tables import DeltaTable
+
+        DeltaTable.forPath(spark, str(Path(lake) / "state" / "public.c")).delete("id <= 50")
+        c.execute("UPDATE c SET t = 'after damage' WHERE id = 200")
+        assert cli_main(["resnapshot", "--config", str(config), "--table", "public.c"]) == 0
+        assert cli_main(["resnapshot", "--config", str(config), "--table", "public.nope"]) == 1
+        capsys.readouterr()
+        assert cli_main(["status", "--config", str(config)]) == 0
+        assert "snapshot waiting: public.c (requested by hand)" in capsys.readouterr().out
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.a", "public.c"])
+        assert not list((Path(lake) / "_snapshots" / "requests").glob("*.json"))
+        assert_log_once(lake, "public.c")
+        assert len(markers(lake, "public.c")) == 4
+
+
+# -- exactly once across the hand-over ------------------------------------------------------
+
+
+def _writes(c: psycopg.Connection[Any], r: int) -> None:
+    """Changes to both tables, some leaving b's TOAST column out."""
+    base = 10_000 + r * 100
+    c.execute(
+        "INSERT INTO a SELECT g, 'r' || g FROM generate_series(%s::int, %s::int) g",
+        (base, base + 4),
+    )
+    c.execute(
+        "INSERT INTO b SELECT g, 'r' || g, %s FROM generate_series(%s::int, %s::int) g",
+        (big(r), base, base + 4),
+    )
+    c.execute("UPDATE b SET v = 'round ' || %s WHERE id IN (%s, %s)", (r, r, base + 1))
+    c.execute("UPDATE b SET id = id + 50 WHERE id = %s", (base + 2,))
+    c.execute("DELETE FROM b WHERE id IN (%s, %s)", (r + 500, base + 3))
+
+
+def _check(c: psycopg.Connection[Any], lake: str, slot: str) -> None:
+    assert_mirror(c, lake, ["public.a", "public.b"])
+    for t in ("a", "b"):
+        assert logged(lake, f"public.{t}") == audited_ops(c, t), t
+        assert_log_once(lake, f"public.{t}")
+    root = Lake(lake)
+    assert not list((root.root / "_pending").glob("*.json"))
+    from slotlake.snapshot import remove_orphans
+
+    assert remove_orphans(root) == []
+    (slots,) = c.execute(
+        "SELECT array_agg(slot_name::text) FROM pg_replication_slots WHERE database = current_database()"
+    ).fetchone()  # type: ignore[misc]
+    assert slots == [slot], "a temporary snapshot slot outlived its run"
+
+
+def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pg_cluster: Any,
+) -> None:
+    import random
+    import signal
+    import time
+
+    from slotlake.sync import FAULT_ENV, InjectedFault
+
+    from .test_sync_faults import start_cli, wait_gone
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE b (id int PRIMARY KEY, v text, big text)")
+        c.execute("ALTER TABLE b ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute("INSERT INTO b SELECT g, 'old', %s FROM generate_series(1, 2000) g", (big(0),))
+        c.execute("CREATE PUBLICATION pub FOR TABLE a")
+        audit(c, "a", "id")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO a VALUES (1, 'one')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("ALTER PUBLICATION pub ADD TABLE b")
+        audit(c, "b", "id")
+
+        snapshots = 0
+        for r, step in enumerate(("snapshot_copied", "snapshot_rebased", "before_commit"), 1):
+            _writes(c, r)
+            if r > 1:  # the first round's snapshot is the new table's
+                assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+            monkeypatch.setenv(FAULT_ENV, step)
+            with pytest.raises(InjectedFault, match=step):
+                run_sync(cfg, spark=spark)
+            monkeypatch.delenv(FAULT_ENV)
+            _writes(c, r + 10)
+            assert run_sync(cfg, spark=spark).status == "committed"
+            snapshots += 1
+            assert len(markers(lake, "public.b")) == snapshots, step
+            _check(c, lake, slot)
+
+        # A real SIGKILL at a random instant after the copy of a run that takes a snapshot
+        # (between the copy and the commit: the hand-over).
+        rng = random.Random(f"snapshot-pg{pg_cluster.version}")
+        log = tmp_path / "cli.log"
+        progress_file = Path(lake) / "_snapshots" / "progress.json"
+        killed = False
+        for attempt in range(3):
+            _writes(c, 30 + attempt)
+            assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
+            progress_file.unlink(missing_ok=True)
+            proc = start_cli(config, log)
+            deadline = time.monotonic() + 300
+            while not progress_file.exists() and proc.poll() is None:
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            delay = rng.uniform(0.0, 20.0)
+            time.sleep(delay)
+            killed = proc.poll() is None
+            if killed:
+                os.killpg(proc.pid, signal.SIGKILL)
+            wait_gone(proc, c, pg_dsn)
+            print(f"SIGKILL {delay:.1f}s after the copy: killed={killed}")
+            if killed:
+                break
+            assert proc.returncode == 0, log.read_text()[-3000:]
+            snapshots += 1
+        assert killed, "every run finished before its kill instant"
+        _writes(c, 40)
+        run_sync(cfg, spark=spark)
+        # The request is honoured once: by the killed run if it committed, else by the rerun.
+        assert len(markers(lake, "public.b")) == snapshots + 1
+        # The slot of a killed run's snapshot goes with its connection.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            (n,) = c.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+            ).fetchone()  # type: ignore[misc]
+            if n == 1:
+                break
+            time.sleep(0.2)
+        _check(c, lake, slot)
