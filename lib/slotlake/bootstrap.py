@@ -813,8 +813,9 @@ def keep_history_types(plan: TablePlan, earlier: dict[str, str]) -> TablePlan:
     return plan
 
 
-def _multiset_rows(df: DataFrame, plan: TablePlan) -> DataFrame:
-    """Identical copied rows (values and value texts alike) → one row with ``_copies``.
+def multiset_rows(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """Identical copied rows (values and value texts alike) → one row with ``_copies``:
+    the multiset state of a copy (bootstrap, per-table snapshots).
 
     Maps are not groupable: ``_fallback`` is grouped on its sorted JSON text, the form
     the sync job's multiset MERGE compares (``slotlake.state.multiset_condition``).
@@ -823,7 +824,7 @@ def _multiset_rows(df: DataFrame, plan: TablePlan) -> DataFrame:
 
     from slotlake.delta import quote
 
-    data = [F.col(quote(c.name)) for c in plan.columns]
+    data = [F.col(quote(c)) for c in columns]
     fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
     return (
         df.withColumn("_fbj", fbj)
@@ -876,7 +877,7 @@ def copy_table(
     n = len(task.plan.ranges)
     df = spark.range(0, n, 1, n).mapInArrow(run, schema)
     if task.plan.multiset:
-        df = _multiset_rows(df, task.plan)
+        df = multiset_rows(df, [c.name for c in task.plan.columns])
     path = lake.path(state_rel)
     ensure_table(spark, path, StructType.fromDDL(_delta_state_ddl(task.plan)), drop_missing=True)
     result = overwrite(df, path, app_id, batch)

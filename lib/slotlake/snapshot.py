@@ -680,28 +680,6 @@ def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: 
     )
 
 
-def _multiset_rows(df: DataFrame, cat: TableCatalog) -> DataFrame:
-    """Copied rows → one row per distinct value with ``_copies`` (the multiset state)."""
-    from pyspark.sql import functions as F
-
-    from slotlake.delta import quote
-    from slotlake.lake import COPIES
-
-    data = [F.col(quote(c)) for c in cat.state_columns]
-    fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
-    return (
-        df.withColumn("_fbj", fbj)
-        .groupBy(*data, "_fbj")
-        .agg(F.count(F.lit(1)).alias(COPIES))
-        .select(
-            *data,
-            F.from_json("_fbj", "map<string,string>").alias("_fallback"),
-            F.array().cast("array<string>").alias("_missing_toast"),
-            F.col(COPIES),
-        )
-    )
-
-
 @dataclass
 class Rebased:
     changes: DataFrame  # every change of the batch + the 'S' marker (TOAST filled)
@@ -726,6 +704,7 @@ def rebase(
     previous state, as ever); the state becomes the copy plus the changes from CP on."""
     from pyspark.sql import functions as F
 
+    from slotlake.bootstrap import multiset_rows
     from slotlake.state import align_prior, fill_keyed, multiset_delta
 
     cp = snap.cp_signed
@@ -737,7 +716,7 @@ def rebase(
     if cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state_source = multiset_delta(after, cat, truncs_after)
-        base = _multiset_rows(copy, cat)
+        base = multiset_rows(copy, cat.state_columns)
     else:
         logged_before, _ = fill_keyed(
             before, prior, cat, truncs_before, expected_rows, persisted=persisted

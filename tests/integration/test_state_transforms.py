@@ -418,3 +418,38 @@ def test_fill_and_merge_keyed_from_empty_state(spark, truncations) -> None:  # t
     assert [c[5] for c in _changes(changes)] == ["b", "b"]
     expected = state_df(spark, KEYED, [(1, "y", "b", {}, [])])
     assert_same(state.select(*expected.columns), expected)
+
+
+def test_multiset_rows_counts_copies_with_fallback_in_any_key_order(spark) -> None:  # type: ignore[no-untyped-def]
+    """A copy of a table without a key → one state row per distinct value, with ``_copies``;
+    value texts in ``_fallback`` count as part of the value whatever their map order."""
+    from slotlake.bootstrap import multiset_rows
+
+    schema = "a int, b string, _fallback map<string,string>"
+    copy = spark.createDataFrame(
+        [
+            (1, "x", {}),
+            (1, "x", {}),
+            (2, None, {"b": "NaN", "c": "z"}),
+            (2, None, {"c": "z", "b": "NaN"}),
+            (2, None, {"b": "inf"}),
+        ],
+        schema,
+    )
+    expected = spark.createDataFrame(
+        [
+            (1, "x", {}, [], 2),
+            (2, None, {"b": "NaN", "c": "z"}, [], 2),
+            (2, None, {"b": "inf"}, [], 1),
+        ],
+        "a int, b string, _fallback map<string,string>, _missing_toast array<string>, "
+        "_copies bigint",
+    )
+    got = multiset_rows(copy, ["a", "b"])
+    key = ["a", "_copies"]
+    assert_df_equality(
+        got.orderBy(*key),
+        expected.orderBy(*key),
+        ignore_nullable=True,
+        ignore_row_order=False,
+    )
