@@ -151,18 +151,26 @@ def test_new_table_rewrites_and_resnapshot(
         # (a) A new table under FOR ALL TABLES, with rows: copied by the next sync.
         c.execute("CREATE TABLE c (id int PRIMARY KEY, n int, t text)")
         c.execute("INSERT INTO c SELECT g, g, 't' || g FROM generate_series(1, 300) g")
+        # And one without a key (a multiset state: duplicates kept as _copies).
+        c.execute("CREATE TABLE d (x int, y text)")
+        c.execute("ALTER TABLE d REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO d SELECT g % 3, 'y' FROM generate_series(1, 30) g")
         run_sync(cfg, spark=spark)
-        assert_mirror(c, lake, ["public.a", "public.c"])
+        assert_mirror(c, lake, ["public.a", "public.c", "public.d"])
         assert len(markers(lake, "public.c")) == 1
+        assert len(markers(lake, "public.d")) == 1
 
         # (b) A rewrite without the DDL trigger: the relfilenode changed, no TRUNCATE.
         c.execute("ALTER TABLE c ALTER COLUMN n TYPE bigint USING n * 10")
         c.execute("UPDATE c SET t = 'touched' WHERE id = 1")
+        # One duplicate of d goes, another value gains one: the multiset MERGE after a copy.
+        c.execute("DELETE FROM d WHERE ctid = (SELECT ctid FROM d WHERE x = 0 LIMIT 1)")
+        c.execute("INSERT INTO d VALUES (1, 'y'), (7, NULL)")
         run_sync(cfg, spark=spark)
         rec = Lake(lake).last_commit()
         assert rec is not None and "relfilenode" in rec.snapshot["wanted"]["public.c"]
         run_sync(cfg, spark=spark)
-        assert_mirror(c, lake, ["public.a", "public.c"])
+        assert_mirror(c, lake, ["public.a", "public.c", "public.d"])
 
         # (b) The DDL capture trigger's message, with a volatile default's rewrite.
         with c.transaction():
