@@ -329,7 +329,7 @@ class DriverWrites:
     def take(self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int) -> bool:
         if cat.is_multiset or expected_rows > self.max_rows or self.max_state_bytes <= 0:
             return False
-        if not (lake.local or lake.uri.startswith("file://")):
+        if not lake.on_local_disk:
             return False  # object stores and HDFS: Spark's Hadoop file systems write
         size = table_bytes(str(local_path(state_path)))
         return size is not None and size <= self.max_state_bytes
@@ -375,7 +375,7 @@ def process_table(
         written=True,
     )
     defaults = ddl_input.plan(cat, prior, commit) if ddl_input is not None else []
-    if lake.local or lake.uri.startswith("file://"):
+    if lake.on_local_disk:
         done = [
             txn_version(str(local_path(lake.path(rel))), app_id) for rel in (changes_rel, state_rel)
         ]
@@ -443,7 +443,14 @@ def process_table(
             steps("state re-based on the snapshot")
         if rebased is None and driver.take(lake, cat, state_path, expected_rows):
             c, s = _write_on_driver(
-                cat, conform(changes, target), state_source, truncated, lake, app_id, batch
+                cat,
+                conform(changes, target),
+                state_source,
+                truncated,
+                str(local_path(changes_path)),
+                str(local_path(state_path)),
+                app_id,
+                batch,
             )
             steps("written by the driver")
         else:
@@ -467,15 +474,15 @@ def _write_on_driver(
     changes: DataFrame,
     finals: DataFrame,
     truncated: bool,
-    lake: Lake,
+    changes_path: str,
+    state_path: str,
     app_id: str,
     batch: int,
 ) -> tuple[WriteResult, WriteResult]:
-    """A small keyed table's change log and state, each one ``deltalake`` commit."""
+    """A small keyed table's change log and state (local paths), each one ``deltalake``
+    commit."""
     from pyspark.sql import functions as F
 
-    changes_path = str(local_path(lake.path(Lake.table_path(CHANGES, cat.name))))
-    state_path = str(local_path(lake.path(Lake.table_path(STATE, cat.name))))
     c = arrow_append(changes_path, changes.toArrow(), app_id, batch)
     data = [quote(col) for col in cat.state_columns]
     if truncated:
@@ -633,7 +640,7 @@ def _scan(lake: Lake, raw_rel: str, raw_local: str | None) -> RawScan:
         raise RawDataError(f"raw directory {lake.path(raw_rel)} is missing")
     if raw_local is not None:
         return scan_raw(raw_local)
-    if lake.local or lake.uri.startswith("file://"):
+    if lake.on_local_disk:
         return scan_raw(str(local_path(lake.path(raw_rel))))
     import tempfile
 

@@ -298,25 +298,21 @@ def _done(path: str, app_id: str, batch: int) -> WriteResult | None:
 
 def arrow_append(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
     """Append a ``pyarrow.Table`` as batch ``batch`` (skipped if the table holds it)."""
-    from deltalake import DeltaTable, write_deltalake
-
-    done = _done(path, app_id, batch)
-    if done is not None:
-        return done
-    write_deltalake(path, data, mode="append", commit_properties=_commit_properties(app_id, batch))
-    return WriteResult(DeltaTable(path).version(), {"numOutputRows": str(data.num_rows)})
+    return _arrow_write(path, data, "append", app_id, batch)
 
 
 def arrow_overwrite(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
     """Replace the table's rows with a ``pyarrow.Table`` in one commit, as batch ``batch``."""
+    return _arrow_write(path, data, "overwrite", app_id, batch)
+
+
+def _arrow_write(path: str, data: Any, mode: str, app_id: str, batch: int) -> WriteResult:
     from deltalake import DeltaTable, write_deltalake
 
     done = _done(path, app_id, batch)
     if done is not None:
         return done
-    write_deltalake(
-        path, data, mode="overwrite", commit_properties=_commit_properties(app_id, batch)
-    )
+    write_deltalake(path, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
     return WriteResult(DeltaTable(path).version(), {"numOutputRows": str(data.num_rows)})
 
 

@@ -359,6 +359,12 @@ class Lake:
         self.root = local_path(self.uri)
         self.fs = _file_system(self.uri, fs)
 
+    @property
+    def on_local_disk(self) -> bool:
+        """Whether the lake's files are reachable as local paths (a path or ``file://``):
+        then pyarrow and ``deltalake`` can read and write them without Spark."""
+        return self.local or self.uri.startswith("file://")
+
     # -- paths -----------------------------------------------------------------------------
     def path(self, relative: str) -> str:
         return self.fs.join(self.uri, relative)

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from slotlake.ddl import DDL_PREFIX
 from slotlake.lake import (
     STATE,
     CommitRecord,
@@ -77,7 +78,6 @@ log = logging.getLogger(__name__)
 SNAPSHOTS = "_snapshots"
 REQUESTS = f"{SNAPSHOTS}/requests"
 PROGRESS = f"{SNAPSHOTS}/progress.json"
-DDL_PREFIX = "slotlake.ddl"
 SNAPSHOT_OP = "S"
 APPLICATION_NAME = "slotlake-snapshot"
 # Fault steps of the hand-over (tests of the exactly-once contract; see sync.fault_point).
@@ -484,7 +484,7 @@ def _raw_messages(
 
     cols = ["msg_type", "data", "stream_xid", "commit_lsn"]
     rows: list[dict[str, Any]]
-    if lake.local or lake.uri.startswith("file://"):
+    if lake.on_local_disk:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
