@@ -65,6 +65,17 @@ def _key_json(values: Sequence[str], fallback: str, keys: Sequence[str], prefix:
     return f"to_json(struct_pack({', '.join(parts)}))"
 
 
+def _map_filter(m: str, keep: str) -> str:
+    """Spark's ``map_filter(coalesce(m, {}), (k, v) -> keep)``, ``keep`` over ``x.key``."""
+    return (
+        f"map_from_entries(list_filter(map_entries(coalesce({m}, {_EMPTY_MAP})), lambda x: {keep}))"
+    )
+
+
+def _is_open(c: str) -> str:
+    return f"list_contains(u, {_lit(c)})"
+
+
 def _slot(epoch: str, state: int | str, record: str = "NULL", text: str = "NULL") -> str:
     return (
         f"struct_pack(e := ({epoch})::INTEGER, s := ({state})::INTEGER, "
@@ -83,17 +94,16 @@ def _pending(f: str) -> str:
     return f"coalesce({f}.s = {PENDING}, false)"
 
 
-def _resolved(source: str, lookup: str, n: int) -> str:
-    """``source`` with each pending fill replaced by ``lookup``'s fill of the UPDATE it
-    points at (one pointer-jumping step when ``lookup`` is ``source`` itself)."""
-    fills = ", ".join(f"f{i}" for i in range(n))
+def _jumped(table: str, n: int) -> str:
+    """One pointer-jumping step: ``table`` with each pending fill replaced by the fill, in
+    ``table``, of the UPDATE it points at."""
     picks = ", ".join(
         f"CASE WHEN {_pending(f's.f{i}')} THEN t{i}.f{i} ELSE s.f{i} END AS f{i}" for i in range(n)
     )
     joins = " ".join(
-        f"LEFT JOIN {lookup} t{i} ON {_pending(f's.f{i}')} AND t{i}.r = s.f{i}.r" for i in range(n)
+        f"LEFT JOIN {table} t{i} ON {_pending(f's.f{i}')} AND t{i}.r = s.f{i}.r" for i in range(n)
     )
-    return f"SELECT s.* EXCLUDE ({fills}), {picks} FROM {source} s {joins}"
+    return f"SELECT s.r, {picks} FROM {table} s {joins}"
 
 
 def _gather(values: list[pa.ChunkedArray], indices: pa.Array) -> pa.Array:
@@ -264,8 +274,7 @@ class _Replay:
             """
 
         def provided(c: str) -> str:
-            name = _lit(c)
-            is_open = f"list_contains(u, {name})"
+            name, is_open = _lit(c), _is_open(c)
             known = _slot("e", KNOWN, "r", f"fb[{name}]")
             prior_state = f"CASE WHEN list_contains(pm, {name}) THEN {MISSING} ELSE {KNOWN} END"
             return f"""CASE
@@ -278,7 +287,7 @@ class _Replay:
                 ELSE {known} END"""
 
         def fill(i: int, c: str) -> str:
-            is_open = f"list_contains(u, {_lit(c)})"
+            is_open = _is_open(c)
             return f"""CASE
                 WHEN role = {EVENT_ROLE} AND op = 'U' AND {is_open} THEN
                     CASE WHEN b{i} IS NULL OR b{i}.e <> e THEN {_slot("e", MISSING)} ELSE b{i} END
@@ -323,11 +332,14 @@ class _Replay:
                 )
             previous = pending
             following = f"mv{int(table[2:]) + 1}"
-            self.con.execute(f"CREATE TEMP TABLE {following} AS {_resolved(table, table, n)}")
+            self.con.execute(f"CREATE TEMP TABLE {following} AS {_jumped(table, n)}")
             table = following
-        self.con.execute(f"CREATE TEMP TABLE w_resolved AS {_resolved('w', table, n)}")
-        self.con.execute("DROP TABLE w")
-        self.con.execute("ALTER TABLE w_resolved RENAME TO w")
+        # Few records wait: update them in place rather than rewrite the window's table.
+        for i in range(n):
+            self.con.execute(f"""
+                UPDATE w SET f{i} = t.f{i} FROM {table} t
+                WHERE {_pending(f"w.f{i}")} AND t.r = w.f{i}.r
+            """)
 
     # -- results -------------------------------------------------------------------------
 
@@ -358,10 +370,9 @@ class _Replay:
         self.con.execute(f"""
             CREATE TEMP TABLE filled AS
             SELECT r AS i{sources},
-                   CASE WHEN op = 'U' THEN map_from_entries(list_concat(
-                       list_filter(map_entries(coalesce(fb, {_EMPTY_MAP})),
-                                   lambda x: NOT list_contains(inherited, x.key)),
-                       texts)) ELSE fb END AS fb2,
+                   CASE WHEN op = 'U' THEN map_concat(
+                       {_map_filter("fb", "NOT list_contains(inherited, x.key)")},
+                       map_from_entries(texts)) ELSE fb END AS fb2,
                    CASE WHEN op = 'U' THEN list_filter(u, lambda x: list_contains(missing, x))
                         ELSE {_EMPTY_NAMES} END AS ms
             FROM (SELECT *, list_transform(texts, lambda x: x.key) AS inherited
@@ -408,9 +419,9 @@ class _Replay:
         rows = self.con.execute(f"""
             SELECT k, deleted, CASE WHEN NOT deleted THEN i END AS vi,
                    i + CASE WHEN from_old THEN {self.n_events} ELSE 0 END AS ki,
-                   CASE WHEN NOT deleted THEN map_from_entries(list_filter(
-                       map_entries(coalesce(fb2, {_EMPTY_MAP})),
-                       lambda x: list_contains({_names(data)}, x.key))) END AS fb
+                   CASE WHEN NOT deleted
+                        THEN {_map_filter("fb2", f"list_contains({_names(data)}, x.key)")}
+                        END AS fb
                    {texts}
             FROM (SELECT w.k, w.r AS i, ev.fb, filled.fb2,
                          w.role = {EVENT_ROLE} AND ev.bo AS from_old,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -168,3 +169,26 @@ def test_matches_oracle_on_random_batches(seed: int) -> None:
 def test_no_events() -> None:
     changes, finals = run([], [prior("k1", id=1)], [(10, 1)])
     assert changes.num_rows == 0 and finals.num_rows == 0
+
+
+def test_timestamp_keys_a_microsecond_apart_stay_apart() -> None:
+    # Spark's to_json (state_key, with_keys) writes timestamps to the millisecond; the key
+    # texts here keep every microsecond, as the MERGE on the typed _key does.
+    cat = TableCatalog(
+        name="public.ticks",
+        columns=[("at", "timestamp"), ("body", "string")],
+        state_columns=["at", "body"],
+        key_columns=["at"],
+    )
+    t0 = datetime(2024, 5, 1, 8, 0, 0, 1, tzinfo=timezone.utc)
+    t1 = t0 + timedelta(microseconds=1)
+    updates = [
+        {"at": t, "_op": "U", "_commit_lsn": 10, "_tx_ordinal": i, "_unchanged": ["body"]}
+        for i, t in enumerate((t0, t1))
+    ]
+    priors = [{"at": t0, "body": "B0"}, {"at": t1, "body": "B1"}]
+    events = arrow_rows(updates, arrow_event_schema(cat))
+    prior_table = arrow_rows(priors, arrow_prior_schema(cat))
+    changes, finals = fill_keyed_local(events, lambda values, _: prior_table, cat, [])
+    assert changes.column("body").to_pylist() == ["B0", "B1"]
+    assert sorted((r["at"], r["body"]) for r in finals.to_pylist()) == [(t0, "B0"), (t1, "B1")]
