@@ -133,13 +133,22 @@ def fill_keyed_local(
 
     ``events``: the decoded rows of one keyed table (Arrow schema of
     ``decode.change_schema(cat)``). ``read_prior(values, want_null)`` returns prior state
-    rows (state columns, ``_fallback``, ``_missing_toast``) that include every row whose
-    first key column is in ``values`` (or NULL when ``want_null``); it is called at most
-    once, only when an UPDATE left a column unchanged. The results are what
-    ``fill_keyed(...)[0].toArrow()`` and ``[1].toArrow()`` give (row order aside).
+    rows (the state columns in ``cat.state_columns`` order, cast to this batch's types,
+    ``_fallback`` and ``_missing_toast``), at least every row whose first key column is
+    in ``values`` (Python values, as Arrow's ``to_pylist`` gives them) or NULL when
+    ``want_null``: false positives are dropped here by the whole key. It is called at
+    most once, and only when an UPDATE left a column unchanged.
+
+    The results are what ``fill_keyed(...)[0].toArrow()`` and ``[1].toArrow()`` give, row
+    order aside: ``changes`` the events' columns (``_missing_toast`` non-nullable, as in
+    Spark's schema); ``finals`` ``_k``, the state columns, ``_fallback``,
+    ``_missing_toast``, ``_deleted`` and ``_key``. ``_k`` is this module's key text, not
+    Spark's (which keeps timestamps to the millisecond only).
     """
     import duckdb
 
+    if not cat.key_columns:
+        raise ValueError(f"fill_keyed_local: {cat.name} has no key (a multiset table)")
     with duckdb.connect(config={"threads": DUCKDB_THREADS}) as con:
         # Not a connect() option: the (built-in) ICU extension loads with the connection.
         con.execute("SET TimeZone = 'UTC'")
