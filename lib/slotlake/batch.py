@@ -14,7 +14,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,25 +22,28 @@ from typing import TYPE_CHECKING, Any
 from slotlake import fastdefault
 from slotlake.catalog import TableCatalog
 from slotlake.ddl import BatchDdl, write_ddl
+from slotlake.ddltypes import parse_struct
 from slotlake.decode import (
+    COMMIT_TYPES,
     META_COLUMNS,
+    WORK_COLUMNS,
     BatchCatalog,
     RawDataError,
     RawScan,
+    arrow_schema_for,
+    change_schema,
     collect_catalog,
     decode_table,
     raw_dml,
     scan_raw,
-    spark_schema_ddl,
 )
 from slotlake.delta import (
     WriteResult,
     append,
     arrow_append,
-    arrow_merge_keyed,
-    arrow_overwrite,
+    delta_schema,
     ensure_table,
-    last_commit,
+    local_last_commit,
     merge,
     overwrite,
     quote,
@@ -59,9 +62,9 @@ from slotlake.lake import (
     TableCommit,
     local_path,
 )
+from slotlake.spark import LazySession
 from slotlake.state import (
     align_prior,
-    arrow_merge_predicate,
     empty_state,
     fill_keyed,
     merge_condition,
@@ -71,6 +74,7 @@ from slotlake.state import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -164,17 +168,10 @@ def parquet_rows(directory: str) -> int:
     )
 
 
-def _markers(
-    spark: SparkSession, cat: TableCatalog, bcat: BatchCatalog, batch: int
-) -> DataFrame | None:
-    from pyspark.sql.types import StructType
-
-    from slotlake.decode import WORK_COLUMNS
-
+def marker_rows(cat: TableCatalog, bcat: BatchCatalog, batch: int) -> list[dict[str, Any]]:
+    """The change-log rows (``_op`` = 'T') of the table's TRUNCATEs in the batch."""
     truncs = [t for t in bcat.truncates if cat.name in t.tables]
-    if not truncs:
-        return None
-    rows = [
+    return [
         {
             "_op": "T",
             "_commit_lsn": t.commit_lsn,
@@ -194,9 +191,13 @@ def _markers(
         }
         for t in truncs
     ]
-    return spark.createDataFrame(
-        rows, StructType.fromDDL(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
-    )
+
+
+def _markers(
+    spark: SparkSession, cat: TableCatalog, bcat: BatchCatalog, batch: int
+) -> DataFrame | None:
+    rows = marker_rows(cat, bcat, batch)
+    return spark.createDataFrame(rows, change_schema(cat)) if rows else None
 
 
 def read_prior_state(
@@ -220,12 +221,11 @@ def read_prior_state(
 
 
 def _state_schema(cat: TableCatalog) -> StructType:
-    from pyspark.sql.types import StructType
 
     ddl = state_schema_ddl(cat)
     if cat.is_multiset:
         ddl += f", `{COPIES}` bigint"
-    return StructType.fromDDL(ddl)
+    return parse_struct(ddl)
 
 
 def _write_state(
@@ -314,13 +314,16 @@ class _Steps:
 
 @dataclass(frozen=True)
 class DriverWrites:
-    """Which tables the driver-side writer (slotlake.delta.arrow_*) takes: those whose batch
-    and state are both small. The batch's rows are collected to the driver and a MERGE
-    rewrites the state files it touches; above either bound Spark's MERGE with deletion
-    vectors is cheaper (``lake.driver_write_rows`` / ``lake.driver_write_state_mb``)."""
+    """Which tables are done on the driver (:mod:`slotlake.local_table`): keyed tables
+    whose batch and state are both small. Their rows stay on the driver and deltalake's
+    MERGE rewrites the state files it touches; above either bound Spark's jobs and MERGE
+    with deletion vectors are cheaper (``lake.driver_write_rows`` /
+    ``lake.driver_write_state_mb``). All such tables of a batch together hold at most
+    ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark."""
 
     max_rows: int = 50_000
     max_state_bytes: int = 64 << 20
+    TOTAL_FACTOR = 4
 
     @classmethod
     def of(cls, lake_cfg: Any) -> DriverWrites:
@@ -329,14 +332,27 @@ class DriverWrites:
     def take(self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int) -> bool:
         if cat.is_multiset or expected_rows > self.max_rows or self.max_state_bytes <= 0:
             return False
-        if not lake.on_local_disk:
+        if not lake.on_local_disk or not cat.versions:
             return False  # object stores and HDFS: Spark's Hadoop file systems write
         size = table_bytes(str(local_path(state_path)))
-        return size is not None and size <= self.max_state_bytes
+        return size is None or size <= self.max_state_bytes  # None: created by this batch
+
+    def pick(self, lake: Lake, cats: list[TableCatalog], expected: dict[str, int]) -> list[str]:
+        """The tables of a batch done on the driver: fewest changes first, within the
+        driver's total."""
+        picked, total = [], 0
+        for cat in sorted(cats, key=lambda c: (expected[c.name], c.name)):
+            rows = expected[cat.name]
+            if total + rows > self.TOTAL_FACTOR * self.max_rows:
+                break
+            if self.take(lake, cat, lake.path(Lake.table_path(STATE, cat.name)), rows):
+                picked.append(cat.name)
+                total += rows
+        return picked
 
 
 def process_table(
-    spark: SparkSession,
+    spark: SparkSession | LazySession,
     lake: Lake,
     raw_rel: str,
     cat: TableCatalog,
@@ -345,9 +361,9 @@ def process_table(
     batch: int,
     app_id: str,
     expected_rows: int,
-    driver: DriverWrites = DriverWrites(),
     ddl_input: BatchDdl | None = None,
     snap: TableSnapshot | None = None,
+    local_raw: pa.Table | None = None,
 ) -> TableCommit:
     """Decode, fill and write one table for batch ``batch``: append its change log, then
     MERGE its state, each in one idempotent Delta commit, from a session of its own.
@@ -356,12 +372,15 @@ def process_table(
     (:mod:`slotlake.fastdefault`: an UPDATE of the state before the MERGE).
     ``snap``: the table was copied for this batch (slotlake.snapshot): its state is first
     replaced by the copy, then the changes from the copy's consistent point are merged.
+    ``local_raw``: the table's raw DML rows when :class:`DriverWrites` took it: then it is
+    done on the driver without Spark (:mod:`slotlake.local_table`), unless fast defaults
+    need Spark's UPDATE first.
     """
     from pyspark.sql import functions as F
 
     _check_collisions(cat)
-    steps = _Steps(f"batch {batch}: {cat.name}", spark)
-    session = table_session(spark)
+    lazy = LazySession.of(spark)
+    steps = _Steps(f"batch {batch}: {cat.name}", lazy.started)
     changes_rel = Lake.table_path(CHANGES, cat.name)
     state_rel = Lake.table_path(STATE, cat.name)
     state_set = set(cat.state_columns)
@@ -376,28 +395,28 @@ def process_table(
     )
     defaults = ddl_input.plan(cat, prior, commit) if ddl_input is not None else []
     if lake.on_local_disk:
-        done = [
-            txn_version(str(local_path(lake.path(rel))), app_id) for rel in (changes_rel, state_rel)
-        ]
+        paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]
+        done = [txn_version(p, app_id) for p in paths]
         if all(v is not None and v >= batch for v in done):
             # An earlier attempt of this batch wrote both tables: nothing to recompute.
-            c = last_commit(session, lake.path(changes_rel))
-            s = last_commit(session, lake.path(state_rel))
-            commit.changes_version, commit.state_version = c.version, s.version
-            commit.change_rows = int(c.metrics.get("numOutputRows", 0))
-            commit.state_rows = _state_rows(prior, s)
+            c, s = (local_last_commit(p) for p in paths)
+            _finish(commit, c, s, prior)
             if snap is not None:
+                session = table_session(lazy())
                 commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
             return commit
     steps("txn versions read")
+    truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
+    if local_raw is not None and not defaults and snap is None:
+        c, s = _process_local(lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs)
+        steps("done on the driver")
+        return _finish(commit, c, s, prior)
+    session = table_session(lazy())
     if cat.versions:
         events = decode_table(raw_dml(session.read.parquet(lake.path(raw_rel))), cat, bcat, batch)
     else:  # a snapshot table without changes in this batch
-        from slotlake.decode import change_schema
-
         events = session.createDataFrame([], change_schema(cat))
     prior_df = read_prior_state(session, lake, cat, prior)
-    truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     persisted: list[DataFrame] = []
     truncated = bool(truncs)
     rebased = None
@@ -441,58 +460,80 @@ def process_table(
 
             write_base(session, lake, cat, rebased.base, app_id, batch)
             steps("state re-based on the snapshot")
-        if rebased is None and driver.take(lake, cat, state_path, expected_rows):
-            c, s = _write_on_driver(
-                cat,
-                conform(changes, target),
-                state_source,
-                truncated,
-                str(local_path(changes_path)),
-                str(local_path(state_path)),
-                app_id,
-                batch,
-            )
-            steps("written by the driver")
-        else:
-            c = append(conform(changes, target), changes_path, app_id, batch)
-            steps("change log appended")
-            s = _write_state(session, lake, cat, state_rel, state_source, truncated, app_id, batch)
-            steps("state written")
+        c = append(conform(changes, target), changes_path, app_id, batch)
+        steps("change log appended")
+        s = _write_state(session, lake, cat, state_rel, state_source, truncated, app_id, batch)
+        steps("state written")
     finally:
         for df in persisted:
             df.unpersist()
-    commit.changes_version, commit.state_version = c.version, s.version
-    commit.change_rows = int(c.metrics.get("numOutputRows", 0))
-    commit.state_rows = _state_rows(prior, s)
+    _finish(commit, c, s, prior)
     if snap is not None:
         commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
     return commit
 
 
-def _write_on_driver(
-    cat: TableCatalog,
-    changes: DataFrame,
-    finals: DataFrame,
-    truncated: bool,
-    changes_path: str,
-    state_path: str,
-    app_id: str,
-    batch: int,
-) -> tuple[WriteResult, WriteResult]:
-    """A small keyed table's change log and state (local paths), each one ``deltalake``
-    commit."""
-    from pyspark.sql import functions as F
+def _finish(
+    commit: TableCommit, c: WriteResult, s: WriteResult, prior: TableCommit | None
+) -> TableCommit:
+    commit.changes_version, commit.state_version = c.version, s.version
+    commit.change_rows = int(c.metrics.get("numOutputRows", 0))
+    commit.state_rows = _state_rows(prior, s)
+    return commit
 
-    c = arrow_append(changes_path, changes.toArrow(), app_id, batch)
-    data = [quote(col) for col in cat.state_columns]
-    if truncated:
-        rows = finals.filter(~F.col("_deleted")).select(*data, "_fallback", "_missing_toast")
-        return c, arrow_overwrite(state_path, rows.toArrow(), app_id, batch)
-    rows = finals.select(*data, "_fallback", "_missing_toast", "_key", "_deleted")
-    s = arrow_merge_keyed(
-        state_path, rows.toArrow(), arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch
+
+def _change_log_schema(cat: TableCatalog) -> StructType:
+    from pyspark.sql.types import StructType
+
+    work = {n for n, _ in WORK_COLUMNS}
+    return StructType([f for f in change_schema(cat).fields if f.name not in work])
+
+
+def _process_local(
+    spark: LazySession,
+    lake: Lake,
+    cat: TableCatalog,
+    bcat: BatchCatalog,
+    prior: TableCommit | None,
+    batch: int,
+    app_id: str,
+    raw: pa.Table,
+    truncs: list[tuple[int, int]],
+) -> tuple[WriteResult, WriteResult]:
+    """A small keyed table's batch on the driver (see :mod:`slotlake.local_table`)."""
+    import pyarrow as pa
+
+    from slotlake import local_table
+    from slotlake.replay_duckdb import fill_keyed_local
+
+    changes_rel = Lake.table_path(CHANGES, cat.name)
+    state_rel = Lake.table_path(STATE, cat.name)
+    changes_path = str(local_path(lake.path(changes_rel)))
+    state_path = str(local_path(lake.path(state_rel)))
+    events, change_arrow = local_table.decode_local(raw, cat, bcat, batch)
+    state_struct = _state_schema(cat)
+    version = prior.state_version if prior is not None and prior.state else None
+    read_prior = local_table.prior_reader(state_path, version, cat, arrow_schema_for(state_struct))
+    changes, finals = fill_keyed_local(events, read_prior, cat, truncs)
+    markers = marker_rows(cat, bcat, batch)
+    if markers:
+        marks = pa.Table.from_pylist(markers, schema=change_arrow)
+        changes = pa.concat_tables(
+            [changes, marks.select(changes.column_names).cast(changes.schema)]
+        )
+    changes = changes.drop_columns([n for n, _ in WORK_COLUMNS if n in changes.column_names])
+    changes = changes.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
+    # A new table or DDL at the source: Spark creates or evolves it (ensure_table's rules).
+    for rel, schema, drop in (
+        (changes_rel, _change_log_schema(cat), False),
+        (state_rel, state_struct, True),
+    ):
+        path = str(local_path(lake.path(rel)))
+        if not local_table.table_ready(path, schema, cat.renames, drop):
+            ensure_table(table_session(spark()), lake.path(rel), schema, cat.renames, drop)
+    return local_table.write_local(
+        cat, changes, finals, bool(truncs), changes_path, state_path, app_id, batch
     )
-    return c, s
 
 
 def _snapshot_rows(session: SparkSession, lake: Lake, state_rel: str, version: int) -> int:
@@ -501,33 +542,43 @@ def _snapshot_rows(session: SparkSession, lake: Lake, state_rel: str, version: i
     return state_rows(session, lake.path(state_rel), version)
 
 
-def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
-    from pyspark.sql import functions as F
+TRANSACTIONS_DDL = (
+    "commit_lsn bigint, end_lsn bigint, commit_ts timestamp, xid bigint, origin string, "
+    "streamed boolean, _batch bigint"
+)
 
-    from slotlake.pgoutput import Commit, StreamCommit, decode
 
-    origins = bcat.origins
-    schema = "commit_lsn bigint, end_lsn bigint, commit_ts timestamp, xid bigint, origin string, streamed boolean, _batch bigint"
+def _transactions_arrow_schema() -> pa.Schema:
+    import pyarrow as pa
 
-    def fn(batches):  # type: ignore[no-untyped-def]
+    return pa.schema(
+        [
+            ("commit_lsn", pa.int64()),
+            ("end_lsn", pa.int64()),
+            ("commit_ts", pa.timestamp("us", tz="UTC")),
+            ("xid", pa.int64()),
+            ("origin", pa.string()),
+            ("streamed", pa.bool_()),
+            ("_batch", pa.int64()),
+        ]
+    )
+
+
+def transaction_rows(
+    origins: dict[int, str], batch: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``transactions`` rows of raw Commit / Stream Commit rows (``data``, ``xid``):
+    run by ``mapInArrow`` on the executors, or on the driver for a small batch."""
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
         from slotlake.lsn import Lsn
-        from slotlake.pgoutput import pg_timestamp_to_datetime
+        from slotlake.pgoutput import Commit, StreamCommit, decode, pg_timestamp_to_datetime
 
+        schema = _transactions_arrow_schema()
         for rb in batches:
-            out: dict[str, list] = {
-                k: []
-                for k in (
-                    "commit_lsn",
-                    "end_lsn",
-                    "commit_ts",
-                    "xid",
-                    "origin",
-                    "streamed",
-                    "_batch",
-                )
-            }
+            out: dict[str, list[Any]] = {name: [] for name in schema.names}
             for data, xid in zip(
                 rb.column("data").to_pylist(), rb.column("xid").to_pylist(), strict=True
             ):
@@ -544,22 +595,35 @@ def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
                 out["origin"].append(origins.get(commit_lsn))
                 out["streamed"].append(isinstance(msg, StreamCommit))
                 out["_batch"].append(batch)
-            yield pa.RecordBatch.from_pydict(
-                out,
-                schema=pa.schema(
-                    [
-                        ("commit_lsn", pa.int64()),
-                        ("end_lsn", pa.int64()),
-                        ("commit_ts", pa.timestamp("us", tz="UTC")),
-                        ("xid", pa.int64()),
-                        ("origin", pa.string()),
-                        ("streamed", pa.bool_()),
-                        ("_batch", pa.int64()),
-                    ]
-                ),
-            )
+            yield pa.RecordBatch.from_pydict(out, schema=schema)
 
-    return raw.filter(F.col("msg_type").isin("C", "c")).select("data", "xid").mapInArrow(fn, schema)
+    return fn
+
+
+def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (
+        raw.filter(F.col("msg_type").isin(*COMMIT_TYPES))
+        .select("data", "xid")
+        .mapInArrow(transaction_rows(bcat.origins, batch), TRANSACTIONS_DDL)
+    )
+
+
+def _transactions_local(raw_dir: str, bcat: BatchCatalog, batch: int) -> pa.Table:
+    """The batch's ``transactions`` rows decoded on the driver from its local raw."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from slotlake.raw import raw_files
+
+    files = [str(f) for f in raw_files(raw_dir)]
+    rows = ds.dataset(files, format="parquet").to_table(
+        columns=["data", "xid"], filter=ds.field("msg_type").isin(list(COMMIT_TYPES))
+    )
+    fn = transaction_rows(bcat.origins, batch)
+    out = pa.Table.from_batches(list(fn(iter(rows.to_batches()))), _transactions_arrow_schema())
+    return out.sort_by("commit_lsn")
 
 
 def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
@@ -662,15 +726,17 @@ def _raw_errors_in_one_line(fn: Callable[..., BatchOutput]) -> Callable[..., Bat
 
     @functools.wraps(fn)
     def wrapper(
-        spark: SparkSession, lake: Lake, raw_rel: str, *args: Any, **kwargs: Any
+        spark: SparkSession | LazySession, lake: Lake, raw_rel: str, *args: Any, **kwargs: Any
     ) -> BatchOutput:
+        lazy = LazySession.of(spark)
         try:
-            return fn(spark, lake, raw_rel, *args, **kwargs)
+            return fn(lazy, lake, raw_rel, *args, **kwargs)
         except Exception as exc:
             # A failed batch must not leave its cached raw DML behind in a long-lived
             # session: a retry reading the same path would be served the stale cache.
             with contextlib.suppress(Exception):  # never hide the batch's error behind this
-                spark.catalog.clearCache()
+                if lazy.started is not None:
+                    lazy.started.catalog.clearCache()
             if isinstance(exc, RawDataError):
                 raise RawDataError(f"{exc} (raw {raw_rel})") from exc
             m = _EXECUTOR_RAW_ERROR.search(str(exc))
@@ -688,7 +754,7 @@ TABLE_WORKERS = 4
 
 @_raw_errors_in_one_line
 def process_batch(
-    spark: SparkSession,
+    spark: LazySession,
     lake: Lake,
     raw_rel: str,
     batch: int,
@@ -736,7 +802,16 @@ def process_batch(
     for cat in busy:
         _check_collisions(cat)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
-    ddl_input = BatchDdl.read(spark, lake, raw_rel, bcat, "M" in types_seen, fault)
+    has_messages = "M" in types_seen
+    ddl_input = BatchDdl.read(spark() if has_messages else None, lake, raw_rel, bcat, fault)
+    local = driver.pick(lake, [c for c in busy if c.name not in (snapshots or {})], expected)
+    local_raw: dict[str, pa.Table] = {}
+    if local:
+        from slotlake.local_table import read_raw_dml
+
+        raw_dir = raw_local or str(local_path(lake.path(raw_rel)))
+        local_raw = read_raw_dml(raw_dir, {n: bcat.tables[n].oids for n in local})
+    timings["local_raw"] = time.monotonic() - t0 - timings["catalog"]
     fault("decode")
 
     def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
@@ -751,9 +826,9 @@ def process_batch(
             batch,
             app_id,
             expected[cat.name],
-            driver,
             ddl_input,
             (snapshots or {}).get(cat.name),
+            local_raw.get(cat.name),
         )
         fault("table_written")
         return cat.name, out, time.monotonic() - t1
@@ -782,16 +857,28 @@ def process_batch(
             kept.change_rows, kept.written, kept.renames = 0, False, {}
             tables[name] = kept
     t2 = time.monotonic()
-    raw = spark.read.parquet(lake.path(raw_rel))
-    tx = append(
-        _transactions(raw, bcat, batch).repartition(1).sortWithinPartitions("commit_lsn"),
-        lake.path(TRANSACTIONS),
-        app_id,
-        batch,
-    )
+    tx_path = lake.path(TRANSACTIONS)
+    if (
+        lake.on_local_disk
+        and scan.commits <= driver.TOTAL_FACTOR * driver.max_rows
+        and delta_schema(str(local_path(tx_path))) is not None
+    ):
+        raw_dir = raw_local or str(local_path(lake.path(raw_rel)))
+        rows = _transactions_local(raw_dir, bcat, batch)
+        tx = arrow_append(str(local_path(tx_path)), rows, app_id, batch)
+    else:
+        tx = append(
+            _transactions(spark().read.parquet(lake.path(raw_rel)), bcat, batch)
+            .repartition(1)
+            .sortWithinPartitions("commit_lsn"),
+            tx_path,
+            app_id,
+            batch,
+        )
     tx_count = int(tx.metrics.get("numOutputRows", 0))
     msg_rel, msg_version = (prior.messages, prior.messages_version) if prior else (None, None)
-    if "M" in types_seen:
+    if has_messages:
+        raw = spark().read.parquet(lake.path(raw_rel))
         msg_rel = MESSAGES
         msg_version = append(
             _messages(raw, bcat, batch).repartition(1).sortWithinPartitions("lsn"),
@@ -804,7 +891,8 @@ def process_batch(
         ddl_rel, ddl_version = write_ddl(_messages(raw, bcat, batch), lake, app_id, batch)
     timings["transactions"] = time.monotonic() - t2
     # Every table thread is done: what the replays persisted can go (shared cache manager).
-    spark.catalog.clearCache()
+    if spark.started is not None:
+        spark.started.catalog.clearCache()
     return BatchOutput(
         tables,
         TRANSACTIONS,

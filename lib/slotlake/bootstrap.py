@@ -97,6 +97,7 @@ import psycopg
 from psycopg import sql
 
 from slotlake.config import Config
+from slotlake.ddltypes import parse_struct, parse_type
 from slotlake.lake import (
     CHANGES,
     COPIES,
@@ -781,9 +782,8 @@ def _change_ddl(plan: TablePlan) -> str:
 
 
 def _simple_type(ddl: str) -> str:
-    from pyspark.sql.types import StructType
 
-    return StructType.fromDDL(f"`x` {ddl}").fields[0].dataType.simpleString()
+    return parse_type(ddl).simpleString()
 
 
 def keep_history_types(plan: TablePlan, earlier: dict[str, str]) -> TablePlan:
@@ -854,11 +854,10 @@ def copy_table(
     with the copy, the commit carrying ``(app_id, batch)``. Returns (source rows, COPY
     bytes, the write's Delta version and metrics).
     """
-    from pyspark.sql.types import StructType
 
     from slotlake.delta import ensure_table, overwrite
 
-    schema = StructType.fromDDL(_state_ddl(task.plan))
+    schema = parse_struct(_state_ddl(task.plan))
     sc = spark.sparkContext
     rows_acc = sc.accumulator(0)
     bytes_acc = sc.accumulator(0)
@@ -879,7 +878,7 @@ def copy_table(
     if task.plan.multiset:
         df = multiset_rows(df, [c.name for c in task.plan.columns])
     path = lake.path(state_rel)
-    ensure_table(spark, path, StructType.fromDDL(_delta_state_ddl(task.plan)), drop_missing=True)
+    ensure_table(spark, path, parse_struct(_delta_state_ddl(task.plan)), drop_missing=True)
     result = overwrite(df, path, app_id, batch)
     # The copy runs once, in the write's job (a multiset's in its map stage): Spark merges
     # each successful task's accumulator updates once, so these are the rows copied.
@@ -890,12 +889,11 @@ def ensure_empty(spark: SparkSession, lake: Lake, rel: str, ddl: str) -> int:
     """Create the Delta table ``rel`` with these columns (or add the missing ones to it);
     returns its current version. A new table is empty: what sync finds before its first
     append (a change log, the transactions table)."""
-    from pyspark.sql.types import StructType
 
     from slotlake.delta import ensure_table, last_commit
 
     path = lake.path(rel)
-    ensure_table(spark, path, StructType.fromDDL(ddl))
+    ensure_table(spark, path, parse_struct(ddl))
     return last_commit(spark, path).version
 
 
@@ -1111,7 +1109,6 @@ def _bootstrap(
             plans = read_plan(snap_conn, cfg.source.publications, parallel, min_range_blocks)
             _refuse_missing_privileges(snap_conn, role, plans)
             snap_conn.rollback()
-        from pyspark.sql.types import StructType
 
         from slotlake.decode import arrow_schema_for
 
@@ -1128,7 +1125,7 @@ def _bootstrap(
             touch(changes_rel)
             if last is not None:
                 keep_history_types(plan, _earlier_types(spark, lake, [changes_rel, state_rel]))
-            schema = arrow_schema_for(StructType.fromDDL(_state_ddl(plan)))
+            schema = arrow_schema_for(parse_struct(_state_ddl(plan)))
             task = CopyTask(dsn, snapshot, app, settings, plan, schema)
             rows, nbytes, state = copy_table(spark, lake, task, state_rel, app_id, batch, poller)
             changes_version = ensure_empty(spark, lake, changes_rel, _change_ddl(plan))

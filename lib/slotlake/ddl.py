@@ -308,19 +308,19 @@ class BatchDdl:
     @classmethod
     def read(
         cls,
-        spark: SparkSession,
+        spark: SparkSession | None,
         lake: Lake,
         raw_rel: str,
         bcat: BatchCatalog,
-        has_messages: bool,
         fault: Callable[[str], None] = lambda step: None,
     ) -> BatchDdl:
         """From the raw Parquet (only 'M' rows mentioning the prefix reach the driver: user
-        messages can be many) and the catalog file beside it."""
+        messages can be many) and the catalog file beside it. ``spark``: None when the raw
+        batch has no messages at all."""
         from pyspark.sql import functions as F
 
         messages: list[DdlMessage] = []
-        if has_messages:
+        if spark is not None:
             # A pre-filter on the hex text (binary-safe; payloads are not valid UTF-8);
             # the decoder checks the prefix exactly.
             mentions = F.hex(F.col("data")).contains(DDL_PREFIX.encode().hex().upper())

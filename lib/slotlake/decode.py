@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from slotlake.catalog import RelationVersion, TableCatalog, build_catalogs
+from slotlake.ddltypes import parse_struct
 from slotlake.lsn import Lsn
 from slotlake.pgoutput import (
     UNCHANGED_TOAST,
@@ -109,6 +110,7 @@ def _decode_or_raise(data: bytes, in_stream: bool, where: str) -> Any:
 
 
 CATALOG_TYPES = ("R", "Y", "T", "c", "A", "O")
+COMMIT_TYPES = ("C", "c")  # Commit, Stream Commit
 # The raw columns the driver-side catalog pass reads.
 CATALOG_SCAN_COLUMNS = [
     "seq",
@@ -131,6 +133,7 @@ class RawScan:
     catalog_rows: list[Any]  # rows of CATALOG_TYPES with the envelope columns, in seq order
     dml_counts: dict[int, int]  # relation oid → DML rows
     types_seen: set[str]
+    commits: int = 0  # Commit and Stream Commit messages
 
 
 def scan_raw(path: str) -> RawScan:
@@ -153,6 +156,7 @@ def scan_raw(path: str) -> RawScan:
     counts: Counter[int] = Counter()
     types: set[str] = set()
     wanted = pa_array_of(CATALOG_TYPES)
+    commit_types, commits = pa_array_of(COMMIT_TYPES), 0
     for f in raw_files(path):
         try:
             pf = pq.ParquetFile(f)
@@ -162,6 +166,7 @@ def scan_raw(path: str) -> RawScan:
             for i in range(pf.num_row_groups):
                 small = pf.read_row_group(i, columns=["msg_type", "rel_oid"])
                 types.update(pc.unique(small.column("msg_type")).to_pylist())
+                commits += pc.sum(pc.is_in(small.column("msg_type"), commit_types)).as_py() or 0
                 dml = small.filter(pc.is_in(small.column("msg_type"), pa_array_of(DML_TYPES)))
                 for vc in pc.value_counts(dml.column("rel_oid")).to_pylist():
                     counts[vc["values"]] += vc["counts"]
@@ -170,7 +175,7 @@ def scan_raw(path: str) -> RawScan:
                     full = pf.read_row_group(i, columns=columns).filter(mask)
                     rows.extend(Row(**r) for r in full.to_pylist())
     rows.sort(key=lambda r: r.seq)
-    return RawScan(rows, dict(counts), types)
+    return RawScan(rows, dict(counts), types, commits)
 
 
 def pa_array_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -225,16 +230,19 @@ def collect_catalog(
 
 
 def spark_schema_ddl(cat: TableCatalog, extra: list[tuple[str, str]]) -> str:
-    data = ", ".join(f"`{n}` {t}" for n, t in cat.columns)
+    data = ddl_columns(cat.columns)
     old = f"`_old` struct<{data}>" if cat.columns else "`_old` struct<`_none`: int>"
-    parts = [f"`{n}` {t}" for n, t in cat.columns] + [f"`{n}` {t}" for n, t in extra] + [old]
-    return ", ".join(parts)
+    return ", ".join([data, ddl_columns(extra), old] if cat.columns else [ddl_columns(extra), old])
+
+
+def ddl_columns(columns: list[tuple[str, str]]) -> str:
+    """``name type, …`` with each name backtick-quoted (a backtick in it doubled)."""
+    return ", ".join("`" + n.replace("`", "``") + "` " + t for n, t in columns)
 
 
 def change_schema(cat: TableCatalog):  # type: ignore[no-untyped-def]
-    from pyspark.sql.types import StructType
 
-    return StructType.fromDDL(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
+    return parse_struct(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
 
 
 class _VersionShaper:

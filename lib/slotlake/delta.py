@@ -15,6 +15,7 @@ vectors make MERGE mark replaced rows instead of rewriting whole files.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,8 @@ def ensure_table(
         return
     ref = table_ref(path)
     current = spark.read.format("delta").load(path).schema
+    if not needs_evolution(current, schema, renames or {}, drop_missing):
+        return  # the usual batch: no DDL since the last one, no schema read more
     names = set(current.fieldNames())
     for old, new in (renames or {}).items():
         if old in names and new not in names:
@@ -120,6 +123,38 @@ def ensure_table(
     ]
     if changed:
         _rewrite_with_types(spark, path, current, want_types, changed)
+
+
+def needs_evolution(
+    current: StructType, schema: StructType, renames: dict[str, str], drop_missing: bool
+) -> bool:
+    """Whether :func:`ensure_table` would change a table whose schema is ``current``."""
+    names = set(current.fieldNames())
+    want = set(schema.fieldNames())
+    if any(old in names and new not in names for old, new in renames.items()):
+        return True
+    if "_old" in names:
+        have_old = _struct_fields(current, "_old")
+        if any(old in have_old and new not in have_old for old, new in renames.items()):
+            return True
+        if "_old" in want and set(_struct_fields(schema, "_old")) - set(have_old):
+            return True
+    if want - names or (drop_missing and names - want):
+        return True
+    types = {f.name: _type_key(f.dataType) for f in current.fields}
+    return any(f.name in types and types[f.name] != _type_key(f.dataType) for f in schema.fields)
+
+
+def delta_schema(path: str) -> StructType | None:
+    """The schema of the Delta table at a local ``path`` from its log (no Spark), or None."""
+    import os
+
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    from deltalake import DeltaTable
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(DeltaTable(path).schema().to_json()))
 
 
 def _struct_fields(schema: StructType, name: str) -> dict[str, Any]:
@@ -292,6 +327,17 @@ def _done(path: str, app_id: str, batch: int) -> WriteResult | None:
     if done is None or done < batch:
         return None
     # Nothing writes the table between its batch and the commit record (the lake lock).
+    return _last(table)
+
+
+def local_last_commit(path: str) -> WriteResult:
+    """:func:`last_commit` of a table at a local ``path``, read by deltalake (no Spark)."""
+    from deltalake import DeltaTable
+
+    return _last(DeltaTable(path))
+
+
+def _last(table: Any) -> WriteResult:
     last = table.history(1)[0]
     return WriteResult(table.version(), spark_metrics(last.get("operationMetrics")))
 

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from slotlake.ddl import DDL_PREFIX
+from slotlake.ddltypes import parse_struct
 from slotlake.lake import (
     STATE,
     CommitRecord,
@@ -365,7 +366,6 @@ def _copy(
     wanted: dict[str, str],
     progress: Callable[[str], None],
 ) -> dict[str, TableSnapshot]:
-    from pyspark.sql.types import StructType
 
     from slotlake.bootstrap import (
         CopyTask,
@@ -413,7 +413,7 @@ def _copy(
                 status.pop(name, None)
                 continue
             keep_history_types(plan, _earlier_types(last, name))
-            schema = arrow_schema_for(StructType.fromDDL(_state_ddl(plan)))
+            schema = arrow_schema_for(parse_struct(_state_ddl(plan)))
             task = CopyTask(dsn, snapshot_name, APPLICATION_NAME, settings, plan, schema)
             rel = f"{SNAPSHOTS}/{batch_dir_name(batch, attempt)}/{table_dir_name(name)}"
             status[name]["state"] = "copying"
@@ -653,7 +653,6 @@ def snapshot_app_id(app_id: str) -> str:
 
 
 def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: int) -> DataFrame:
-    from pyspark.sql.types import StructType
 
     from slotlake.decode import META_COLUMNS, WORK_COLUMNS, spark_schema_ddl
 
@@ -676,7 +675,7 @@ def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: 
         "_old": None,
     }
     return spark.createDataFrame(
-        [row], StructType.fromDDL(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
+        [row], parse_struct(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -120,3 +121,34 @@ def build_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+class LazySession:
+    """A SparkSession built on its first use, once, whichever thread asks first.
+
+    A batch whose tables are all small is done on the driver (:mod:`slotlake.local_table`)
+    and needs no JVM: not starting one saves Spark's start-up, 5–10 s on two cores, which
+    is most of such a batch.
+    """
+
+    def __init__(
+        self, build: Callable[[], SparkSession], session: SparkSession | None = None
+    ) -> None:
+        self._build, self._session = build, session
+        self._lock = threading.Lock()
+
+    def __call__(self) -> SparkSession:
+        with self._lock:
+            if self._session is None:
+                self._session = self._build()
+            return self._session
+
+    @property
+    def started(self) -> SparkSession | None:
+        return self._session
+
+    @classmethod
+    def of(cls, spark: SparkSession | LazySession) -> LazySession:
+        if isinstance(spark, LazySession):
+            return spark
+        return cls(lambda: spark, spark)

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from slotlake.catalog import TableCatalog
+from slotlake.ddltypes import parse_struct
+from slotlake.decode import ddl_columns
 from slotlake.toast import PRIOR, lineage_roots, replay
 
 if TYPE_CHECKING:
@@ -44,13 +46,12 @@ def replay_buckets(expected_rows: int) -> int:
 def state_schema_ddl(cat: TableCatalog) -> str:
     types = dict(cat.columns)
     cols = [(n, types[n]) for n in cat.state_columns] + STATE_META
-    return ", ".join(f"`{n}` {t}" for n, t in cols)
+    return ddl_columns(cols)
 
 
 def empty_state(spark, cat: TableCatalog) -> DataFrame:  # type: ignore[no-untyped-def]
-    from pyspark.sql.types import StructType
 
-    return spark.createDataFrame([], StructType.fromDDL(state_schema_ddl(cat)))
+    return spark.createDataFrame([], parse_struct(state_schema_ddl(cat)))
 
 
 def align_prior(prior: DataFrame, cat: TableCatalog) -> DataFrame:

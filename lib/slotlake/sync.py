@@ -30,6 +30,7 @@ from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
 from slotlake.reprocess import IN_PLACE_MARKER
 from slotlake.source import SlotSource
+from slotlake.spark import LazySession
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -302,14 +303,14 @@ def _run_batch(
         fault_point("after_pull")
     target, end = Lsn.parse(plan.target_lsn), Lsn.parse(plan.end_lsn)
     raw_rel, attempt = plan.raw, plan.attempt
-    if spark is None:
-        spark = _session(cfg)
+    # Started only if a table of the batch needs it (slotlake.local_table does small ones).
+    lazy = LazySession(lambda: _session(cfg), spark)
     t1 = time.monotonic()
 
     def decode_write(raw: str, local: str | None) -> BatchOutput:
-        assert spark is not None and plan is not None
+        assert plan is not None
         return process_batch(
-            spark,
+            lazy,
             lake,
             raw,
             batch,
@@ -338,7 +339,7 @@ def _run_batch(
         out = decode_write(raw_rel, None)
     timings["decode_write"] = time.monotonic() - t1
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
-    snap_record = snapshot.for_record(spark, lake, plan.snapshot, last, raw_rel)
+    snap_record = snapshot.for_record(lazy.started, lake, plan.snapshot, last, raw_rel)
     fault_point("before_commit")
     record = make_record(
         batch=batch,

@@ -1,0 +1,191 @@
+"""slotlake.local_table: the Arrow pieces of a small table's batch on the driver (no Spark)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from slotlake.catalog import TableCatalog
+from slotlake.delta import delta_schema, needs_evolution
+from slotlake.local_table import (
+    DECODER_COLUMNS,
+    align_prior_arrow,
+    conform_arrow,
+    prior_reader,
+    read_raw_dml,
+    table_ready,
+)
+from slotlake.raw import RAW_SCHEMA
+
+
+def _raw_rows(rows: list[tuple[int, str, int | None]]) -> pa.Table:
+    n = len(rows)
+    return pa.table(
+        {
+            "seq": [r[0] for r in rows],
+            "lsn": [100 + r[0] for r in rows],
+            "xid": [7] * n,
+            "data": [b"payload-%d" % r[0] for r in rows],
+            "msg_type": [r[1] for r in rows],
+            "rel_oid": [r[2] for r in rows],
+            "commit_lsn": [500] * n,
+            "commit_ts": [None] * n,
+            "tx_ordinal": [r[0] for r in rows],
+            "stream_xid": [None] * n,
+        },
+        schema=RAW_SCHEMA,
+    )
+
+
+def test_read_raw_dml_splits_one_pass_by_table(tmp_path: Path) -> None:
+    pq.write_table(
+        _raw_rows([(1, "B", None), (2, "R", 10), (3, "I", 10), (4, "U", 20), (5, "C", None)]),
+        tmp_path / "part-0.parquet",
+    )
+    pq.write_table(
+        _raw_rows([(6, "D", 10), (7, "I", 30), (8, "T", 10), (9, "U", 11)]),
+        tmp_path / "part-1.parquet",
+    )
+    out = read_raw_dml(str(tmp_path), {"a": {10, 11}, "b": {20}, "c": {40}})
+    assert out["a"].column("seq").to_pylist() == [3, 6, 9]
+    assert out["b"].column("seq").to_pylist() == [4]
+    assert out["c"].num_rows == 0
+    assert out["c"].column_names == DECODER_COLUMNS
+    assert out["a"].column_names == DECODER_COLUMNS
+
+
+def test_conform_pads_missing_columns_and_old_struct() -> None:
+    old = pa.struct([("id", pa.int64())])
+    table = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int32()),
+            "_old": pa.array([{"id": 5}, None], old),
+        }
+    )
+    target = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("gone", pa.string()),
+            ("_old", pa.struct([("id", pa.int64()), ("gone", pa.string())])),
+        ]
+    )
+    out = conform_arrow(table, target)
+    assert out.schema == target
+    assert out.to_pylist() == [
+        {"id": 1, "gone": None, "_old": {"id": 5, "gone": None}},
+        {"id": 2, "gone": None, "_old": None},
+    ]
+
+
+def _cat(**kw: object) -> TableCatalog:
+    base = {
+        "name": "public.t",
+        "columns": [("id", "bigint"), ("name", "string")],
+        "state_columns": ["id", "name"],
+        "key_columns": ["id"],
+    }
+    base.update(kw)
+    return TableCatalog(**base)  # type: ignore[arg-type]
+
+
+STATE = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("name", pa.string()),
+        ("_fallback", pa.map_(pa.string(), pa.string())),
+        ("_missing_toast", pa.list_(pa.string())),
+    ]
+)
+
+
+def test_align_prior_follows_renames() -> None:
+    prior = pa.table(
+        {
+            "id": [1],
+            "label": ["x"],
+            "dropped": [True],
+            "_fallback": pa.array([[]], pa.map_(pa.string(), pa.string())),
+            "_missing_toast": pa.array([[]], pa.list_(pa.string())),
+        }
+    )
+    out = align_prior_arrow(prior, _cat(renames={"label": "name"}), STATE)
+    assert out.schema == STATE
+    assert out.to_pylist() == [{"id": 1, "name": "x", "_fallback": [], "_missing_toast": []}]
+
+
+def _state_table(path: Path, ids: pa.Array) -> None:
+    write_deltalake(
+        str(path),
+        pa.table(
+            {
+                "id": ids,
+                "name": [f"n{i}" for i in range(len(ids))],
+                "_fallback": pa.array([[]] * len(ids), pa.map_(pa.string(), pa.string())),
+                "_missing_toast": pa.array([[]] * len(ids), pa.list_(pa.string())),
+            }
+        ),
+    )
+
+
+def test_prior_reader_filters_by_first_key(tmp_path: Path) -> None:
+    _state_table(tmp_path / "s", pa.array([1, 2, 3, None], pa.int64()))
+    read = prior_reader(str(tmp_path / "s"), 0, _cat(), STATE)
+    assert sorted(read([1, 3], False).column("id").to_pylist()) == [1, 3]
+    assert sorted(read([2], True).column("id").to_pylist(), key=str) == [2, None]
+    assert read([], False).num_rows == 0
+    # No recorded state version: nothing to read.
+    assert prior_reader(str(tmp_path / "s"), None, _cat(), STATE)([1], False).num_rows == 0
+
+
+def test_prior_reader_quotes_text_keys(tmp_path: Path) -> None:
+    _state_table(tmp_path / "s", pa.array(["a'b", "c"]))
+    state = STATE.set(0, pa.field("id", pa.string()))
+    cat = _cat(columns=[("id", "string"), ("name", "string")])
+    assert prior_reader(str(tmp_path / "s"), 0, cat, state)(["a'b"], False).num_rows == 1
+
+
+def test_prior_reader_filters_other_key_types_in_arrow(tmp_path: Path) -> None:
+    dec = pa.decimal128(12, 2)
+    _state_table(tmp_path / "s", pa.array([Decimal("1.50"), Decimal("2.00")], dec))
+    state = STATE.set(0, pa.field("id", dec))
+    cat = _cat(columns=[("id", "decimal(12,2)"), ("name", "string")])
+    rows = prior_reader(str(tmp_path / "s"), 0, cat, state)([Decimal("2.00")], False)
+    assert rows.column("id").to_pylist() == [Decimal("2.00")]
+
+
+_TYPES = {"bigint": LongType(), "int": IntegerType(), "string": StringType()}
+
+
+def _struct(ddl: str) -> StructType:
+    """'name type, …' without a JVM (StructType.fromDDL needs one)."""
+    pairs = [part.split() for part in ddl.split(",")]
+    return StructType([StructField(n, _TYPES[t]) for n, t in pairs])
+
+
+@pytest.mark.parametrize(
+    ("want", "renames", "drop", "ready"),
+    [
+        ("id bigint, name string", {}, True, True),
+        ("id bigint, name string, extra int", {}, True, False),  # ADD COLUMN
+        ("id bigint", {}, True, False),  # DROP COLUMN (state)
+        ("id bigint", {}, False, True),  # the change log keeps dropped columns
+        ("id bigint, label string", {"name": "label"}, True, False),  # RENAME
+        ("id int, name string", {}, True, False),  # type change
+    ],
+)
+def test_table_ready_matches_ensure_table(
+    tmp_path: Path, want: str, renames: dict[str, str], drop: bool, ready: bool
+) -> None:
+    path = str(tmp_path / "t")
+    assert not table_ready(path, _struct(want), renames, drop)  # no table yet
+    write_deltalake(path, pa.table({"id": pa.array([1], pa.int64()), "name": ["x"]}))
+    current = delta_schema(path)
+    assert current is not None and current.fieldNames() == ["id", "name"]
+    assert table_ready(path, _struct(want), renames, drop) is ready
+    assert needs_evolution(current, _struct(want), renames, drop) is not ready
