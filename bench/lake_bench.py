@@ -9,13 +9,15 @@ SparkSession (the issue's targets in brackets):
           table                                                          [≤ 1.25×]
   spread  the same ``--changes`` changes spread over ``--tables`` tables vs all in one
           table                                                          [≤ 2×]
+  process ``--process-changes`` changes over 8 tables, one ``slotlake sync`` process timed
+          from its start to its exit (slot advanced)                     [≤ 10 s]
 
 Each table is first loaded and bootstrapped (``slotlake bootstrap``: slot + copy, not
 timed), then the timed batch is written and one ``run_sync`` measured. Not a test: run by
 hand.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread] [--json PATH]
+                               [--tables 100] [--steps size,spread,process] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import json
 import logging
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -72,6 +76,26 @@ def timed_sync(cfg: Config, spark: Any) -> float:
     return time.monotonic() - t0
 
 
+def timed_process(cfg: Config, spark: Any) -> float:
+    """One ``slotlake sync`` in a process of its own, from its start to its exit."""
+    t0 = time.monotonic()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slotlake.cli",
+            "sync",
+            f"--set=source.dsn={cfg.source.dsn}",
+            f"--set=source.slot={cfg.source.slot}",
+            f"--set=source.publications={','.join(cfg.source.publications)}",
+            f"--set=lake.path={cfg.lake.path}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return time.monotonic() - t0
+
+
 def scenario(
     pg: LocalPostgres,
     spark: Any,
@@ -79,9 +103,10 @@ def scenario(
     tables: dict[str, int],
     per_table: int,
     repeat: int = 2,
+    sync: Any = timed_sync,
 ) -> float:
     """Load and bootstrap ``tables`` (name → rows), then time ``repeat`` batches of changes
-    to each; the fastest counts (the first pays the JVM's warm-up)."""
+    to each with ``sync``; the fastest counts (the first pays the JVM's warm-up)."""
     dsn = pg.create_database(f"bench_{tag}")
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -104,7 +129,7 @@ def scenario(
                 changes(c, name, rows, per_table, rng)
                 rows += per_table // 10  # the inserts of this round are the next ids
                 tables[name] = rows
-            times.append(timed_sync(cfg, spark))
+            times.append(sync(cfg, spark))
             log(f"{tag}: batch of {per_table * len(tables):,} changes {times[-1]:.1f}s")
         seconds = min(times)
         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
@@ -117,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big", type=int, default=5_000_000)
     p.add_argument("--small", type=int, default=20_000)
     p.add_argument("--tables", type=int, default=100)
-    p.add_argument("--steps", default="size,spread")
+    p.add_argument("--process-changes", type=int, default=400)
+    p.add_argument("--steps", default="size,spread,process")
     p.add_argument("--version", type=int, default=16)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -146,6 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             log(
                 f"spread: {args.tables} tables {many:.1f}s vs one table {one:.1f}s "
                 f"= {many / one:.2f}× (target ≤ 2×)"
+            )
+        if "process" in steps:
+            tables = {f"p_{i}": args.small for i in range(8)}
+            per = max(1, args.process_changes // len(tables))
+            seconds = scenario(pg, spark, "process", tables, per, sync=timed_process)
+            out["process"] = {"changes": per * len(tables), "seconds": seconds}
+            log(
+                f"process: {per * len(tables)} changes over 8 tables, process start to "
+                f"slot advanced {seconds:.1f}s (target ≤ 10 s)"
             )
     finally:
         spark.stop()

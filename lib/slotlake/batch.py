@@ -38,6 +38,7 @@ from slotlake.decode import (
     scan_raw,
 )
 from slotlake.delta import (
+    UNREAD,
     WriteResult,
     append,
     arrow_append,
@@ -394,6 +395,7 @@ def process_table(
         written=True,
     )
     defaults = ddl_input.plan(cat, prior, commit) if ddl_input is not None else []
+    done: list[int | None] = [UNREAD, UNREAD]
     if lake.on_local_disk:
         paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]
         done = [txn_version(p, app_id) for p in paths]
@@ -408,7 +410,12 @@ def process_table(
     steps("txn versions read")
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     if local_raw is not None and not defaults and snap is None:
-        c, s = _process_local(lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs)
+        # None may be a log that could not be read: the writer then reads it again itself.
+        held = (
+            done[0] if done[0] is not None else UNREAD,
+            done[1] if done[1] is not None else UNREAD,
+        )
+        c, s = _process_local(lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs, held)
         steps("done on the driver")
         return _finish(commit, c, s, prior)
     session = table_session(lazy())
@@ -499,6 +506,7 @@ def _process_local(
     app_id: str,
     raw: pa.Table,
     truncs: list[tuple[int, int]],
+    held: tuple[int | None, int | None],
 ) -> tuple[WriteResult, WriteResult]:
     """A small keyed table's batch on the driver (see :mod:`slotlake.local_table`)."""
     import pyarrow as pa
@@ -532,7 +540,7 @@ def _process_local(
         if not local_table.table_ready(path, schema, cat.renames, drop):
             ensure_table(table_session(spark()), lake.path(rel), schema, cat.renames, drop)
     return local_table.write_local(
-        cat, changes, finals, bool(truncs), changes_path, state_path, app_id, batch
+        cat, changes, finals, bool(truncs), changes_path, state_path, app_id, batch, held
     )
 
 

@@ -318,12 +318,17 @@ def _commit_properties(app_id: str, batch: int) -> Any:
     return CommitProperties(app_transactions=[Transaction(app_id, batch)])
 
 
-def _done(path: str, app_id: str, batch: int) -> WriteResult | None:
+# ``held`` of the writers below: the txn version of ``app_id`` the table holds, when the
+# caller has read it already (reading it costs a log replay); UNREAD reads it.
+UNREAD = -2
+
+
+def _done(path: str, app_id: str, batch: int, held: int | None = UNREAD) -> WriteResult | None:
     """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
     from deltalake import DeltaTable
 
     table = DeltaTable(path)
-    done = table.transaction_version(app_id)
+    done = table.transaction_version(app_id) if held == UNREAD else held
     if done is None or done < batch:
         return None
     # Nothing writes the table between its batch and the commit record (the lake lock).
@@ -342,20 +347,26 @@ def _last(table: Any) -> WriteResult:
     return WriteResult(table.version(), spark_metrics(last.get("operationMetrics")))
 
 
-def arrow_append(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
+def arrow_append(
+    path: str, data: Any, app_id: str, batch: int, held: int | None = UNREAD
+) -> WriteResult:
     """Append a ``pyarrow.Table`` as batch ``batch`` (skipped if the table holds it)."""
-    return _arrow_write(path, data, "append", app_id, batch)
+    return _arrow_write(path, data, "append", app_id, batch, held)
 
 
-def arrow_overwrite(path: str, data: Any, app_id: str, batch: int) -> WriteResult:
+def arrow_overwrite(
+    path: str, data: Any, app_id: str, batch: int, held: int | None = UNREAD
+) -> WriteResult:
     """Replace the table's rows with a ``pyarrow.Table`` in one commit, as batch ``batch``."""
-    return _arrow_write(path, data, "overwrite", app_id, batch)
+    return _arrow_write(path, data, "overwrite", app_id, batch, held)
 
 
-def _arrow_write(path: str, data: Any, mode: str, app_id: str, batch: int) -> WriteResult:
+def _arrow_write(
+    path: str, data: Any, mode: str, app_id: str, batch: int, held: int | None
+) -> WriteResult:
     from deltalake import DeltaTable, write_deltalake
 
-    done = _done(path, app_id, batch)
+    done = _done(path, app_id, batch, held)
     if done is not None:
         return done
     write_deltalake(path, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
@@ -374,6 +385,7 @@ def arrow_merge_keyed(
     helper_columns: list[str],
     app_id: str,
     batch: int,
+    held: int | None = UNREAD,
 ) -> WriteResult:
     """MERGE a keyed table's final rows (``s``, with ``_deleted``) into its state (``t``).
 
@@ -382,7 +394,7 @@ def arrow_merge_keyed(
     """
     from deltalake import DeltaTable
 
-    done = _done(path, app_id, batch)
+    done = _done(path, app_id, batch, held)
     if done is not None:
         return done
     metrics = (

@@ -232,21 +232,24 @@ def write_local(
     state_path: str,
     app_id: str,
     batch: int,
+    held: tuple[int | None, int | None],
 ) -> tuple[WriteResult, WriteResult]:
-    """A keyed table's change log and state at local paths, each one ``deltalake`` commit."""
+    """A keyed table's change log and state at local paths, each one ``deltalake`` commit.
+
+    ``held``: the txn versions of ``app_id`` the two tables hold (read by the caller)."""
     import pyarrow.compute as pc
 
     changes = conform_arrow(changes, schema_of(changes_path))
-    c = arrow_append(changes_path, changes, app_id, batch)
+    c = arrow_append(changes_path, changes, app_id, batch, held[0])
     data = list(cat.state_columns)
     if truncated:
         alive = finals.filter(pc.invert(finals.column("_deleted")))
         rows = conform_arrow(
             alive.select([*data, "_fallback", "_missing_toast"]), schema_of(state_path)
         )
-        return c, arrow_overwrite(state_path, rows, app_id, batch)
+        return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])
     s = arrow_merge_keyed(
-        state_path, rows, arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch
+        state_path, rows, arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch, held[1]
     )
     return c, s

@@ -265,3 +265,49 @@ def test_update_without_prior_state_lists_missing_toast(
     assert [(r["id"], r["v"], r["big"], r["_missing_toast"]) for r in state] == [
         (1, "after", None, ["big"])
     ]
+
+
+def test_small_tables_batch_starts_no_spark(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its tables exist, a batch of small keyed tables is done on the driver
+    (slotlake.local_table): TOAST filled from the prior state, a key change, a TRUNCATE,
+    and not a single SparkSession asked for."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    names = {"public.a": "id", "public.b": "id", "public.c": "k"}
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        for qualified, key in names.items():
+            t = qualified.split(".")[1]
+            c.execute(f"CREATE TABLE {t} ({key} int PRIMARY KEY, v text, big text)")
+            c.execute(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL")
+            audit(c, t, key)
+        c.execute("CREATE PUBLICATION pub FOR TABLE a, b, c")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        for t, key in (("a", "id"), ("b", "id"), ("c", "k")):
+            c.execute(
+                f"INSERT INTO {t} ({key}, v, big) SELECT g, 'v', repeat(md5(g::text), 200) "
+                "FROM generate_series(1, 5) g"
+            )
+        run_sync(cfg, spark=spark)  # creates the Delta tables
+
+        def no_spark(_cfg: object) -> None:
+            raise AssertionError("a SparkSession was asked for")
+
+        monkeypatch.setattr("slotlake.sync._session", no_spark)
+        c.execute("UPDATE a SET v = 'w' WHERE id <= 3")  # big unchanged: from the prior state
+        c.execute("UPDATE a SET id = 10 WHERE id = 4")  # a key change, big unchanged
+        c.execute("DELETE FROM b WHERE id = 2")
+        c.execute("INSERT INTO b VALUES (6, 'new', 'x')")
+        c.execute("TRUNCATE c")
+        c.execute("INSERT INTO c VALUES (1, 'again', 'y')")
+        result = run_sync(cfg, spark=None)
+        assert result.status == "committed"
+        assert slot_confirmed(c, slot) == str(result.end_lsn)
+        assert_mirror(c, lake, list(names))
+        assert_log_matches_audit(c, lake, names)
+    changes = read_changes(lake, "public.a")
+    assert not any(changes.column("_missing_toast").to_pylist())
+    assert read_changes(lake, "public.c").column("_op").to_pylist().count("T") == 1
+    assert _writers(lake, "public.a") == {"delta-rs"}
