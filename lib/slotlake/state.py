@@ -89,10 +89,25 @@ def _key_struct(
     return F.struct(*parts)
 
 
+# Spark's to_json writes timestamps to the millisecond: two keys a microsecond apart
+# would share one key text (one row's final lost, another's TOAST taken).
+_KEY_JSON = {
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+}
+
+
+def key_json(key: Column | str) -> Column:
+    """A key struct as comparable text, exact to the microsecond."""
+    from pyspark.sql import functions as F
+
+    return F.to_json(key, _KEY_JSON)
+
+
 def state_key(df: DataFrame, keys: Sequence[str]) -> Column:
     from pyspark.sql import functions as F
 
-    return F.to_json(_key_struct([F.col(f"`{k}`") for k in keys], keys, F.col("_fallback"), ""))
+    return key_json(_key_struct([F.col(f"`{k}`") for k in keys], keys, F.col("_fallback"), ""))
 
 
 def with_keys(events: DataFrame, keys: Sequence[str]) -> DataFrame:
@@ -111,8 +126,8 @@ def with_keys(events: DataFrame, keys: Sequence[str]) -> DataFrame:
                 op == "U", after
             ),
         )
-        .withColumn("_k_after", F.to_json("_ka"))
-        .withColumn("_k_before", F.to_json("_kb"))
+        .withColumn("_k_after", key_json("_ka"))
+        .withColumn("_k_before", key_json("_kb"))
     )
 
 
@@ -131,7 +146,7 @@ def prior_rows_for(prior: DataFrame, needed: DataFrame, keys: Sequence[str]) -> 
     """
     from pyspark.sql import functions as F
 
-    wanted = needed.select(F.to_json("_kb").alias("_nk"), "_kb").dropDuplicates(["_nk"])
+    wanted = needed.select(key_json("_kb").alias("_nk"), "_kb").dropDuplicates(["_nk"])
     sample = wanted.select(F.col("_kb").getField(keys[0]).alias("v")).limit(MAX_FILTER_KEYS + 1)
     values = [r["v"] for r in sample.collect()]
     rows = prior

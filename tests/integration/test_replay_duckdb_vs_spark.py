@@ -3,7 +3,7 @@ typed batch: the same change rows and finals, with the same Arrow types."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -80,6 +80,13 @@ EVENTS = [
     event("I", 12, 1, row(6, ts(6), body="B6", amount=Decimal("-0.000001"), tags=[])),
     event("U", 12, 2, row(6, ts(6), name="six"), unchanged=("body", "tags", "amount")),
     event("U", 12, 3, row(1, ts(1), name="one again"), unchanged=("body",)),
+    # Two keys a microsecond apart (Spark's default to_json keeps milliseconds only).
+    event("I", 12, 4, row(7, ts(7), body="B7")),
+    event("I", 12, 5, row(7, ts(7) + timedelta(microseconds=1), body="B7+")),
+    event("U", 12, 6, row(7, ts(7), name="seven"), unchanged=("body",)),
+    event(
+        "U", 12, 7, row(7, ts(7) + timedelta(microseconds=1), name="seven+"), unchanged=("body",)
+    ),
 ]
 PRIOR = [
     row(1, ts(1), name="one", amount=Decimal("1.5"), tags=["a", "b"], body="B1"),
@@ -145,8 +152,8 @@ def test_matches_spark_fill_keyed(spark) -> None:  # type: ignore[no-untyped-def
         return prior
 
     changes, finals = fill_keyed_local(events, read_prior, CAT, TRUNCATIONS)
-    # The keys with open TOAST: 1, 2 (before its move), 20, 3 (NULL since) and 6.
-    assert calls == [([1, 2, 3, 6, 20], False)]
+    # The keys with open TOAST: 1, 2 (before its move), 20, 3 (NULL since), 6 and 7.
+    assert calls == [([1, 2, 3, 6, 7, 20], False)]
 
     spark_changes, spark_finals = fill_keyed(
         spark.createDataFrame(events, schema),
@@ -175,8 +182,12 @@ def test_matches_spark_fill_keyed(spark) -> None:  # type: ignore[no-untyped-def
     assert by_seq[1202]["tags"] == [] and by_seq[1202]["amount"] == Decimal("-0.000001")
     assert by_seq[1203]["_missing_toast"] == ["body"]
     live = {
-        (r["_key"]["id"], r["_key"]["~since"]): r for r in finals.to_pylist() if not r["_deleted"]
+        (r["_key"]["id"], r["_key"]["since"]): r for r in finals.to_pylist() if not r["_deleted"]
     }
-    assert sorted(live, key=repr) == [(1, None), (6, None)]
+    seven, seven_plus = ts(7), ts(7) + timedelta(microseconds=1)
+    assert sorted(live, key=repr) == sorted(
+        [(1, ts(1)), (6, ts(6)), (7, seven), (7, seven_plus)], key=repr
+    )
+    assert (live[7, seven]["body"], live[7, seven_plus]["body"]) == ("B7", "B7+")
     deleted = [r["_key"] for r in finals.to_pylist() if r["_deleted"]]
     assert {"id": 4, "since": None, "~id": None, "~since": "-infinity"} in deleted
