@@ -301,7 +301,10 @@ class _Steps:
 
     def __init__(self, what: str, spark: Any = None) -> None:
         self.what, self.t = what, time.monotonic()
-        self.tracker = spark.sparkContext.statusTracker() if spark is not None else None
+        # Listing the session's job ids crosses py4j once per job ever run (measured: a
+        # quarter of a small table's time): only for a debug log.
+        debug = spark is not None and log.isEnabledFor(logging.DEBUG)
+        self.tracker = spark.sparkContext.statusTracker() if debug else None
         self.jobs = self._jobs()
 
     def _jobs(self) -> int:
@@ -532,15 +535,29 @@ def _process_local(
     changes = changes.drop_columns([n for n, _ in WORK_COLUMNS if n in changes.column_names])
     changes = changes.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
     # A new table or DDL at the source: Spark creates or evolves it (ensure_table's rules).
+    schemas = []
     for rel, schema, drop in (
         (changes_rel, _change_log_schema(cat), False),
         (state_rel, state_struct, True),
     ):
         path = str(local_path(lake.path(rel)))
-        if not local_table.table_ready(path, schema, cat.renames, drop):
+        current = local_table.table_ready(path, schema, cat.renames, drop)
+        if current is None:
             ensure_table(table_session(spark()), lake.path(rel), schema, cat.renames, drop)
+            current = delta_schema(path)
+        assert current is not None
+        schemas.append(current)
     return local_table.write_local(
-        cat, changes, finals, bool(truncs), changes_path, state_path, app_id, batch, held
+        cat,
+        changes,
+        finals,
+        bool(truncs),
+        changes_path,
+        state_path,
+        app_id,
+        batch,
+        held,
+        (schemas[0], schemas[1]),
     )
 
 

@@ -327,9 +327,9 @@ def _done(path: str, app_id: str, batch: int, held: int | None = UNREAD) -> Writ
     """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
     from deltalake import DeltaTable
 
-    table = DeltaTable(path)
-    done = table.transaction_version(app_id) if held == UNREAD else held
-    if done is None or done < batch:
+    table = DeltaTable(path) if held == UNREAD or (held is not None and held >= batch) else None
+    done = table.transaction_version(app_id) if table is not None and held == UNREAD else held
+    if table is None or done is None or done < batch:
         return None
     # Nothing writes the table between its batch and the commit record (the lake lock).
     return _last(table)
@@ -369,8 +369,10 @@ def _arrow_write(
     done = _done(path, app_id, batch, held)
     if done is not None:
         return done
-    write_deltalake(path, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
-    return WriteResult(DeltaTable(path).version(), {"numOutputRows": str(data.num_rows)})
+    # One log read: the write advances the table object it is given.
+    table = DeltaTable(path)
+    write_deltalake(table, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
+    return WriteResult(table.version(), {"numOutputRows": str(data.num_rows)})
 
 
 def sql_ident(name: str) -> str:
@@ -397,9 +399,9 @@ def arrow_merge_keyed(
     done = _done(path, app_id, batch, held)
     if done is not None:
         return done
+    table = DeltaTable(path)  # the MERGE advances it: one log read
     metrics = (
-        DeltaTable(path)
-        .merge(
+        table.merge(
             source,
             predicate,
             source_alias="s",
@@ -412,7 +414,7 @@ def arrow_merge_keyed(
         .execute()
     )
     return WriteResult(
-        DeltaTable(path).version(),
+        table.version(),
         {
             "numTargetRowsInserted": str(metrics.get("num_target_rows_inserted", 0)),
             "numTargetRowsDeleted": str(metrics.get("num_target_rows_deleted", 0)),

@@ -209,18 +209,15 @@ def prior_reader(
     return read
 
 
-def table_ready(path: str, want: StructType, renames: Mapping[str, str], drop: bool) -> bool:
-    """Whether the Delta table at local ``path`` exists with exactly the schema
-    :func:`slotlake.delta.ensure_table` would give it (then no Spark is needed)."""
+def table_ready(
+    path: str, want: StructType, renames: Mapping[str, str], drop: bool
+) -> StructType | None:
+    """The schema of the Delta table at local ``path`` if it exists exactly as
+    :func:`slotlake.delta.ensure_table` would leave it (then no Spark is needed), else None."""
     current = delta_schema(path)
-    return current is not None and not needs_evolution(current, want, dict(renames), drop)
-
-
-def schema_of(path: str) -> pa.Schema:
-    """A local Delta table's schema as the Arrow schema Spark would hand over."""
-    current = delta_schema(path)
-    assert current is not None
-    return arrow_schema_for(current)
+    if current is None or needs_evolution(current, want, dict(renames), drop):
+        return None
+    return current
 
 
 def write_local(
@@ -233,19 +230,21 @@ def write_local(
     app_id: str,
     batch: int,
     held: tuple[int | None, int | None],
+    schemas: tuple[StructType, StructType],
 ) -> tuple[WriteResult, WriteResult]:
     """A keyed table's change log and state at local paths, each one ``deltalake`` commit.
 
-    ``held``: the txn versions of ``app_id`` the two tables hold (read by the caller)."""
+    ``held``: the txn versions of ``app_id`` the two tables hold and ``schemas`` their
+    schemas (both read by the caller)."""
     import pyarrow.compute as pc
 
-    changes = conform_arrow(changes, schema_of(changes_path))
+    changes = conform_arrow(changes, arrow_schema_for(schemas[0]))
     c = arrow_append(changes_path, changes, app_id, batch, held[0])
     data = list(cat.state_columns)
     if truncated:
         alive = finals.filter(pc.invert(finals.column("_deleted")))
         rows = conform_arrow(
-            alive.select([*data, "_fallback", "_missing_toast"]), schema_of(state_path)
+            alive.select([*data, "_fallback", "_missing_toast"]), arrow_schema_for(schemas[1])
         )
         return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])

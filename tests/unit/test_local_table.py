@@ -183,9 +183,9 @@ def test_table_ready_matches_ensure_table(
     tmp_path: Path, want: str, renames: dict[str, str], drop: bool, ready: bool
 ) -> None:
     path = str(tmp_path / "t")
-    assert not table_ready(path, _struct(want), renames, drop)  # no table yet
+    assert table_ready(path, _struct(want), renames, drop) is None  # no table yet
     write_deltalake(path, pa.table({"id": pa.array([1], pa.int64()), "name": ["x"]}))
     current = delta_schema(path)
     assert current is not None and current.fieldNames() == ["id", "name"]
-    assert table_ready(path, _struct(want), renames, drop) is ready
+    assert (table_ready(path, _struct(want), renames, drop) is not None) is ready
     assert needs_evolution(current, _struct(want), renames, drop) is not ready
