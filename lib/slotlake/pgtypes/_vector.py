@@ -1,0 +1,322 @@
+"""Whole columns at a time: pyarrow compute kernels beside the per-value codecs.
+
+The per-value converters (``Codec.from_text`` / ``from_binary``) are the reference: a
+kernel here must give exactly what they give, or decline. A kernel takes one column of
+raw datums as an Arrow array — ``string`` for the text format, ``binary`` for the binary
+one, nulls for SQL NULL — and returns
+
+* the converted values as an Arrow array (its own natural type: the caller casts to the
+  column's, which only ever widens), and
+* a boolean mask of the rows it *rejects* (or None): values outside what the vectorised
+  cast can take — NaN or ±Infinity numerics, ±infinity, BC and year > 9999 dates and
+  timestamps, arrays that need the full tokenizer. :func:`convert_column` runs those rows
+  through the per-value codec, which also yields their Fallback text.
+
+A kernel that meets anything it does not understand raises :class:`Decline` (or lets
+Arrow's ``ArrowInvalid`` out of a cast); the column is then converted value by value,
+so malformed input raises exactly the ValueError it raises today, and input Arrow reads
+more leniently than Python (hex integers, year 0) never gets through a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# (values, rejected rows or None)
+Kernel = Callable[[pa.Array], tuple[pa.Array, pa.Array | None]]
+
+
+class Decline(Exception):
+    """The kernel cannot take this column: convert it value by value instead."""
+
+
+# --- text format ----------------------------------------------------------------------
+
+
+def identity(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """Types whose Python value is the datum itself (text types' text, bytea's bytes)."""
+    return values, None
+
+
+def utf8_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """Binary datums that are UTF-8 text: Arrow validates UTF-8 as strictly as
+    ``bytes.decode`` (surrogates, overlong forms and > U+10FFFF are refused)."""
+    return values.cast(pa.string()), None
+
+
+def int_text_kernel(arrow_type: pa.DataType) -> Kernel:
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        # Arrow also parses '0x1F'; Python's int() does not, so neither may the kernel.
+        if pc.any(pc.match_substring(values, "x", ignore_case=True)).as_py():
+            raise Decline
+        return values.cast(arrow_type), None
+
+    return kernel
+
+
+def float8_text_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    # Both parsers round correctly, and read 'NaN', 'Infinity', '-Infinity' alike.
+    return values.cast(pa.float64()), None
+
+
+def float4_text_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """As the codec does: parse as a double, then round to float4 (not one direct parse,
+    which could round differently). A finite double beyond float4 is an error there."""
+    wide = values.cast(pa.float64())
+    narrow = wide.cast(pa.float32())
+    if pc.any(pc.and_(pc.is_inf(narrow), pc.invert(pc.is_inf(wide)))).as_py():
+        raise Decline
+    return narrow, None
+
+
+_BOOL_TEXTS = pa.array(["t", "f"])
+
+
+def bool_text_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    if not pc.all(pc.or_(pc.is_in(values, _BOOL_TEXTS), values.is_null())).as_py():
+        raise Decline
+    return pc.equal(values, "t"), None
+
+
+_NUMERIC_SPECIALS = pa.array(["NaN", "Infinity", "-Infinity"])
+
+
+def decimal_text_kernel(precision: int, scale: int) -> Kernel:
+    """numeric(p,s) text → decimal128(p,s). Arrow's cast refuses to round or overflow,
+    as the codec's trapping context does; NaN and ±Infinity are the codec's Fallbacks."""
+    arrow_type = pa.decimal128(precision, scale)
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        special = pc.is_in(values, _NUMERIC_SPECIALS)
+        if not pc.any(special).as_py():
+            return values.cast(arrow_type), None
+        return pc.if_else(special, None, values).cast(arrow_type), special
+
+    return kernel
+
+
+def _masked_cast(
+    values: pa.Array, take: pa.Array, arrow_type: pa.DataType
+) -> tuple[pa.Array, pa.Array | None]:
+    """Cast the rows ``take`` marks; every other non-null row is rejected."""
+    take = pc.fill_null(take, False)
+    rejected = pc.and_(values.is_valid(), pc.invert(take))
+    if not pc.any(rejected).as_py():
+        return values.cast(arrow_type), None
+    return pc.if_else(take, values, None).cast(arrow_type), rejected
+
+
+def _not_year_zero(values: pa.Array) -> pa.Array:
+    # Arrow reads year 0000, Python's date does not (PostgreSQL prints it as 0001 BC).
+    return pc.invert(pc.starts_with(values, "0000"))
+
+
+def date_text_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """'YYYY-MM-DD'; 'infinity', '-infinity', '… BC' and five-digit years are other
+    lengths and go to the codec (their Fallback)."""
+    take = pc.and_(pc.equal(pc.binary_length(values), 10), _not_year_zero(values))
+    return _masked_cast(values, take, pa.date32())
+
+
+def timestamp_text_kernel(with_zone: bool) -> Kernel:
+    """'YYYY-MM-DD HH:MM:SS[.ffffff]' (+ '+00' for timestamptz, the peek session being
+    UTC). The codec parses what has '-' at offset 4 and no ' BC' (so not ±infinity nor a
+    year past 9999); timestamptz with another offset is left to it too, as converting
+    it to UTC may leave year 9999."""
+    arrow_type = pa.timestamp("us", tz="UTC" if with_zone else None)
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        take = pc.and_(
+            pc.equal(pc.utf8_slice_codeunits(values, 4, 5), "-"),
+            pc.invert(pc.ends_with(values, "C")),
+        )
+        take = pc.and_(take, _not_year_zero(values))
+        if with_zone:
+            take = pc.and_(take, pc.ends_with(values, "+00"))
+        return _masked_cast(values, take, arrow_type)
+
+    return kernel
+
+
+# One dimension, no quoting, no escapes, no whitespace: the codec's fast case (_SIMPLE).
+_SIMPLE_ARRAY = r"^\{[^{}\"\\ \t\n\r\v\f]*\}$"
+
+
+def array_text_kernel(element: Kernel) -> Kernel:
+    """'{a,b,NULL}' → list: the rows the codec splits on commas without its tokenizer.
+
+    Anything else (quotes, escapes, nested braces, bounds) and any row with an element
+    the element kernel rejects is left to the codec, which also makes it a Fallback of
+    the whole array when it must.
+    """
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        simple = pc.fill_null(pc.match_substring_regex(values, _SIMPLE_ARRAY), False)
+        rejected = pc.and_(values.is_valid(), pc.invert(simple))
+        inner = pc.utf8_slice_codeunits(pc.if_else(simple, values, None), 1, -1)
+        items = pc.split_pattern(inner, ",")
+        flat = items.flatten()
+        parents = pc.list_parent_indices(items)
+        # '{}' splits into one empty item; an empty item anywhere else is an error.
+        empty_row = pc.fill_null(pc.equal(inner, ""), False)
+        empty_item = pc.equal(flat, "")
+        if pc.any(pc.and_(empty_item, pc.invert(pc.take(empty_row, parents)))).as_py():
+            raise Decline
+        keep = pc.invert(empty_item)
+        flat, parents = flat.filter(keep), parents.filter(keep)
+        # Only an unquoted NULL (any case) is NULL; no other letters upper-case to N/U/L.
+        is_null = pc.and_(
+            pc.equal(pc.binary_length(flat), 4), pc.equal(pc.ascii_upper(flat), "NULL")
+        )
+        converted, elem_rejected = element(pc.if_else(is_null, None, flat))
+        if elem_rejected is not None:
+            bad = pc.unique(pc.filter(parents, elem_rejected))
+            row_bad = pc.is_in(pa.array(np.arange(len(values)), pa.int64()), bad)
+            rejected = pc.or_(rejected, row_bad)
+        lengths = np.bincount(parents.to_numpy(), minlength=len(values))
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        out = pa.ListArray.from_arrays(offsets, converted, mask=pc.or_(values.is_null(), rejected))
+        return out, rejected if pc.any(rejected).as_py() else None
+
+    return kernel
+
+
+# --- binary format --------------------------------------------------------------------
+
+
+def _fixed(values: pa.Array, dtype: str) -> tuple[np.ndarray, pa.Buffer | None]:
+    """Fixed-width big-endian datums → native NumPy values (garbage under nulls) and the
+    validity bitmap. A datum of another width declines the column."""
+    big = np.dtype(dtype)
+    try:
+        fixed = values.cast(pa.binary(big.itemsize))
+    except pa.ArrowInvalid as exc:
+        raise Decline from exc
+    validity, data = fixed.buffers()
+    raw = np.frombuffer(data, dtype=big, count=len(fixed), offset=fixed.offset * big.itemsize)
+    return raw.astype(big.newbyteorder("=")), validity
+
+
+def _from_numpy(
+    arrow_type: pa.DataType, native: np.ndarray, validity: pa.Buffer | None, nulls: int
+) -> pa.Array:
+    return pa.Array.from_buffers(arrow_type, len(native), [validity, pa.py_buffer(native)], nulls)
+
+
+def fixed_binary_kernel(dtype: str, arrow_type: pa.DataType, via: str | None = None) -> Kernel:
+    """int2/int4/int8/oid/float4/float8 send formats: a byte swap. ``via`` is a NumPy type
+    the values pass through as the codec's Python value does: float4 becomes a double
+    and back, which quiets a signalling NaN."""
+    native_dtype = np.dtype(arrow_type.to_pandas_dtype())
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        native, validity = _fixed(values, dtype)
+        if via is not None:
+            with np.errstate(invalid="ignore"):  # a signalling NaN is quieted, as in C
+                native = native.astype(via)
+        return _from_numpy(
+            arrow_type, native.astype(native_dtype), validity, values.null_count
+        ), None
+
+    return kernel
+
+
+def bool_binary_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    native, _ = _fixed(values, "u1")
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    if (native[valid] > 1).any():
+        raise Decline
+    return pa.array(native == 1, mask=~valid), None
+
+
+def _big_endian_16(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return (data[at].astype(np.int32) << 8) | data[at + 1]
+
+
+# 10**e for the exponents a base-10000 digit can take below int64's range.
+_INT64_DIGITS = 18
+_POW10 = np.array([10**e for e in range(_INT64_DIGITS + 1)], dtype=np.int64)
+# More base-10000 digits than 18 decimal digits (plus alignment) can need: not taken.
+_MAX_NDIGITS = 8
+
+
+def decimal_binary_kernel(precision: int, scale: int) -> Kernel:
+    """numeric_send → decimal128(p,s), for the values whose unscaled integer fits int64.
+
+    A datum is ndigits, weight, sign, dscale (int16 each), then base-10000 digits, the
+    first worth 10000**weight. The codec prints it with exactly dscale decimals and
+    quantizes that text, so a row is taken only when that is plain arithmetic here: sign
+    + or −, 0 ≤ dscale ≤ s, no non-zero digit beyond dscale (the text would drop it),
+    every term below 10**18 and the result below 10**p. The rest — NaN, ±Infinity and
+    anything unusual — is rejected, and the codec gives its Fallback or its error.
+    """
+    arrow_type = pa.decimal128(precision, scale)
+    # The largest weight whose digits stay below 10**18 once scaled to s: any p works,
+    # for the values small enough.
+    max_weight = (_INT64_DIGITS - scale) // 4 - 1
+    limit = 10 ** min(precision, _INT64_DIGITS)
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        if max_weight < -1 or len(values) == 0:
+            raise Decline
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        _, offsets_buf, data_buf = values.buffers()
+        offsets = np.frombuffer(offsets_buf, np.int32, len(values) + 1, values.offset * 4)
+        data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        data = np.concatenate([data, np.zeros(8, np.uint8)])  # headers of short datums read zeros
+        start = offsets[:-1].astype(np.int64)
+        length = offsets[1:] - offsets[:-1]
+        ndigits, weight, sign, dscale = (
+            _big_endian_16(data, start + 2 * field) for field in range(4)
+        )
+        ndigits, weight, dscale = ((x ^ 0x8000) - 0x8000 for x in (ndigits, weight, dscale))
+        ok = valid & (length >= 8) & (length == 8 + 2 * ndigits)
+        ok &= ((sign == 0) | (sign == 0x4000)) & (dscale >= 0) & (dscale <= scale)
+        ok &= (weight <= max_weight) & (ndigits <= _MAX_NDIGITS)
+        unscaled = np.zeros(len(values), dtype=np.int64)
+        for k in range(int(ndigits[ok].max(initial=0))):
+            has = ok & (k < ndigits)
+            digit = np.where(has, _big_endian_16(data, np.where(has, start + 8 + 2 * k, 0)), 0)
+            ok &= digit <= 9999
+            # The digit is worth digit * 10**shift; its decimal places past dscale, which
+            # the text drops, must be zeros.
+            shift = 4 * (weight - k)
+            dropped = np.clip(-(shift + dscale), 0, 4)
+            ok &= ~has | (digit % _POW10[dropped] == 0)
+            up = np.clip(shift + scale, 0, _INT64_DIGITS)
+            down = np.clip(-(shift + scale), 0, 4)
+            unscaled += np.where(has & ok, digit // _POW10[down] * _POW10[up], 0)
+        ok &= unscaled < limit
+        unscaled = np.where(sign == 0x4000, -unscaled, unscaled)
+        words = np.stack([unscaled, unscaled >> 63], axis=1)  # int128, little-endian words
+        validity = values.buffers()[0]
+        out = pa.Array.from_buffers(
+            arrow_type, len(values), [validity, pa.py_buffer(words)], values.null_count
+        )
+        rejected = valid & ~ok
+        return out, pa.array(rejected) if rejected.any() else None
+
+    return kernel
+
+
+def epoch_binary_kernel(
+    dtype: str, arrow_type: pa.DataType, low: int, high: int, shift: int
+) -> Kernel:
+    """date / timestamp / timestamptz: a count from 2000-01-01 in [low, high] is shifted
+    to Arrow's 1970 epoch; anything outside (±infinity, BC, past 9999) is rejected."""
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        native, validity = _fixed(values, dtype)
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        inside = (native >= low) & (native <= high)
+        # Shifted after masking, so ±infinity (the type's extremes) cannot wrap around.
+        shifted = np.where(inside, native, -shift) + shift
+        out = _from_numpy(arrow_type, shifted, validity, values.null_count)
+        rejected = valid & ~inside
+        return out, pa.array(rejected) if rejected.any() else None
+
+    return kernel
