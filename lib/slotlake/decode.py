@@ -278,7 +278,6 @@ class _Rows:
     at: list[int] = field(default_factory=list)  # output row of each
     new: list[tuple] = field(default_factory=list)
     old: list[tuple] = field(default_factory=list)
-    key_only: list[bool] = field(default_factory=list)  # old image 'K'
 
 
 def _fill_unchanged(
@@ -376,15 +375,16 @@ def make_decoder(
 
         shapers: dict[int, _VersionShaper] = {}
 
-        def shaper_for(oid: int, seq: int) -> _VersionShaper | None:
-            vs = versions_by_oid[oid]
-            i = bisect.bisect_left(seqs_by_oid[oid], seq) - 1
+        def shaper_for(oid: int, seq: int) -> tuple[_VersionShaper | None, float]:
+            """The version that shapes (oid, seq), and the seq up to which it does."""
+            seqs = seqs_by_oid[oid]
+            i = bisect.bisect_left(seqs, seq) - 1
             if i < 0:
-                return None
-            v = vs[i]
+                return None, seq
+            v = versions_by_oid[oid][i]
             if v.seq not in shapers:
                 shapers[v.seq] = _VersionShaper(v, out_index, text_columns)
-            return shapers[v.seq]
+            return shapers[v.seq], seqs[i + 1] if i + 1 < len(seqs) else float("inf")
 
         for rb in batches:
             out = _decode_batch(rb, shaper_for)
@@ -392,7 +392,8 @@ def make_decoder(
                 yield out
 
     def _decode_batch(
-        rb: pa.RecordBatch, shaper_for: Callable[[int, int], _VersionShaper | None]
+        rb: pa.RecordBatch,
+        shaper_for: Callable[[int, int], tuple[_VersionShaper | None, float]],
     ) -> pa.RecordBatch | None:
         import pyarrow as pa
 
@@ -404,10 +405,9 @@ def make_decoder(
         stream_xids = stream_col.to_pylist() if stream_col.null_count < len(rb) else None
         groups: dict[int, _Rows] = {}  # id(shaper) → its rows
         group_shapers: dict[int, _VersionShaper] = {}
-        kept: list[int] = []
+        kept: list[int] | None = None if stream_xids is None else []  # None: every row
         ops: list[str] = []
-        old_kinds: list[str | None] = []
-        has_old: list[bool] = []
+        old_kinds: list[str | None] = []  # None: no old image
         still_open: dict[int, list[str]] = {}  # output row → unchanged TOAST left open
         filled: dict[int, set[int]] = {}  # output row → positions filled from its old image
 
@@ -415,22 +415,30 @@ def make_decoder(
             lsn = Lsn.from_signed(lsns[k].as_py())
             return f"batch {batch}, table {cat.name}, seq {seqs[k]}, lsn {lsn}"
 
+        # Rows of one oid and version come in runs: the lookup is done once per run.
+        run_oid, run_from, run_to = None, 0, -1.0
+        shaper: _VersionShaper | None = None
+        rows = _Rows()
         for k, data in enumerate(datas):
             stream_xid = None if stream_xids is None else stream_xids[k]
-            in_stream = stream_xid is not None
             try:
-                msg = decode(data, in_stream=in_stream)
+                msg = decode(data, stream_xid is not None)
             except DecodeError as exc:
                 raise RawDataError(f"{where(k)}: {exc}") from exc
-            if in_stream:
+            if stream_xid is not None:
                 outcome = streams.commits.get(stream_xid)
                 if outcome is None or (stream_xid, msg.xid) in streams.aborted_subxacts:
                     continue
-            shaper = shaper_for(oids[k], seqs[k])
-            if shaper is None:
-                raise RawDataError(
-                    f"{where(k)}: no Relation message for relation oid {oids[k]} before this change"
-                )
+            oid, seq = oids[k], seqs[k]
+            if oid != run_oid or not run_from < seq <= run_to:
+                shaper, run_to = shaper_for(oid, seq)
+                if shaper is None:
+                    raise RawDataError(
+                        f"{where(k)}: no Relation message for relation oid {oid} before this change"
+                    )
+                run_oid, run_from = oid, seq - 1
+                rows = groups.setdefault(id(shaper), _Rows())
+                group_shapers[id(shaper)] = shaper
             kind = type(msg)
             if kind is Insert:
                 op, new, old_kind, old = "I", msg.new, None, None
@@ -441,7 +449,7 @@ def make_decoder(
                 op, new, old_kind, old = "D", None, msg.old_kind, msg.old
             else:
                 raise RawDataError(f"{where(k)}: expected a DML message, got {kind.__name__}")
-            row = len(kept)
+            row = len(ops)
             if old is not None and len(old) != shaper.ncols:
                 old = shaper.fit(old, where(k))
             if new is None:
@@ -455,19 +463,14 @@ def make_decoder(
                         still_open[row] = still
                     if fill:
                         filled[row] = fill
-            rows = groups.get(id(shaper))
-            if rows is None:
-                rows = groups[id(shaper)] = _Rows()
-                group_shapers[id(shaper)] = shaper
             rows.at.append(row)
             rows.new.append(new)
             rows.old.append(shaper.nulls if old is None else old)
-            rows.key_only.append(old_kind == "K")
-            kept.append(k)
+            if kept is not None:
+                kept.append(k)
             ops.append(op)
             old_kinds.append(old_kind)
-            has_old.append(old is not None)
-        nrows = len(kept)
+        nrows = len(ops)
         if not nrows:
             return None
 
@@ -475,9 +478,10 @@ def make_decoder(
         fallbacks: dict[int, list[tuple[int, int, str, str]]] = {}  # row → (phase, pos, key, text)
         new_pieces: dict[int, list[tuple[list[int], pa.Array]]] = {}
         old_pieces: dict[int, list[tuple[list[int], pa.Array]]] = {}
+        any_key_image = "K" in old_kinds
         for gid, rows in groups.items():
             shaper = group_shapers[gid]
-            key_only = any(rows.key_only)
+            key_only = [old_kinds[row] == "K" for row in rows.at] if any_key_image else []
             for image, pieces in ((rows.new, new_pieces), (rows.old, old_pieces)):
                 is_old = pieces is old_pieces
                 for i, column in enumerate(zip(*image, strict=True)):
@@ -486,14 +490,13 @@ def make_decoder(
                     if is_old:
                         column = _without_markers(column)
                         if (
-                            key_only
+                            any_key_image
                             and i not in shaper.key_slots
                             and column.count(None) < len(column)
                         ):
                             # A key image carries no non-key column (PostgreSQL sends NULLs).
                             column = [
-                                None if k else raw
-                                for raw, k in zip(column, rows.key_only, strict=True)
+                                None if k else raw for raw, k in zip(column, key_only, strict=True)
                             ]
                     array, fell = shaper.types[i].convert_column(
                         column, data_types[name], keep_text=i in shaper.text_slots
@@ -522,7 +525,7 @@ def make_decoder(
         arrays = []
         for field_ in arrow_schema:
             if field_.name == "_old":
-                arrays.append(_old_struct(old_pieces, has_old, nrows))
+                arrays.append(_old_struct(old_pieces, meta["_old_kind"], nrows))
             elif field_.name in meta:
                 arrays.append(meta[field_.name].cast(field_.type))
             else:
@@ -530,8 +533,9 @@ def make_decoder(
         return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
     def _old_struct(
-        pieces: dict[int, list[tuple[list[int], pa.Array]]], has_old: list[bool], nrows: int
+        pieces: dict[int, list[tuple[list[int], pa.Array]]], old_kinds: pa.Array, nrows: int
     ) -> pa.Array:
+        """The old images; a row without one (its _old_kind is null) is a null struct."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -542,12 +546,12 @@ def make_decoder(
             for f in old_field.type
         ]
         return pa.StructArray.from_arrays(
-            children, fields=list(old_field.type), mask=pc.invert(pa.array(has_old, pa.bool_()))
+            children, fields=list(old_field.type), mask=pc.is_null(old_kinds)
         )
 
     def _meta_columns(
         rb: pa.RecordBatch,
-        kept: list[int],
+        kept: list[int] | None,
         stream_xids: list[int | None] | None,
         ops: list[str],
         old_kinds: list[str | None],
@@ -557,8 +561,8 @@ def make_decoder(
         import numpy as np
         import pyarrow as pa
 
-        nrows = len(kept)
-        rows = rb if nrows == len(rb) else rb.take(pa.array(kept, pa.int64()))
+        nrows = len(ops)
+        rows = rb if kept is None else rb.take(pa.array(kept, pa.int64()))
         meta: dict[str, pa.Array] = {
             "_lsn": rows.column("lsn"),
             "_seq": rows.column("seq"),
@@ -567,7 +571,7 @@ def make_decoder(
             "_commit_ts": rows.column("commit_ts"),
             "_xid": rows.column("xid"),
         }
-        if stream_xids is not None:
+        if kept is not None and stream_xids is not None:
             # Streamed rows take the commit LSN and time their Stream Commit gave the driver.
             commit_lsns = meta["_commit_lsn"].to_pylist()
             commit_tss = meta["_commit_ts"].to_pylist()

@@ -142,37 +142,38 @@ def timestamp_text_kernel(with_zone: bool) -> Kernel:
     return kernel
 
 
-# One dimension, no quoting, no escapes, no whitespace: the codec's fast case (_SIMPLE).
-_SIMPLE_ARRAY = r"^\{[^{}\"\\ \t\n\r\v\f]*\}$"
+# One dimension; each element bare (no quotes, escapes, whitespace, commas or braces) or
+# quoted without a quote, backslash or comma inside: commas split it, as the tokenizer
+# would. That is what array_out prints for most arrays (it quotes elements with spaces).
+_BARE = r'[^{}",\\ \t\n\r\v\f]+'
+_QUOTED = r'"[^"\\,]*"'
+_SPLITTABLE_ARRAY = rf"^\{{(?:(?:{_BARE}|{_QUOTED})(?:,(?:{_BARE}|{_QUOTED}))*)?\}}$"
 
 
 def array_text_kernel(element: Kernel) -> Kernel:
-    """'{a,b,NULL}' → list: the rows the codec splits on commas without its tokenizer.
+    """'{a,"b c",NULL}' → list: the arrays whose elements a comma split finds.
 
-    Anything else (quotes, escapes, nested braces, bounds) and any row with an element
-    the element kernel rejects is left to the codec, which also makes it a Fallback of
-    the whole array when it must.
+    Anything else (escapes, quotes or commas in quotes, nested braces, bounds, stray
+    whitespace) and any row with an element the element kernel rejects is left to the
+    codec, which also makes it a Fallback of the whole array when it must.
     """
 
     def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
-        simple = pc.fill_null(pc.match_substring_regex(values, _SIMPLE_ARRAY), False)
+        simple = pc.fill_null(pc.match_substring_regex(values, _SPLITTABLE_ARRAY), False)
         rejected = pc.and_(values.is_valid(), pc.invert(simple))
         inner = pc.utf8_slice_codeunits(pc.if_else(simple, values, None), 1, -1)
         items = pc.split_pattern(inner, ",")
-        flat = items.flatten()
-        parents = pc.list_parent_indices(items)
-        # '{}' splits into one empty item; an empty item anywhere else is an error.
-        empty_row = pc.fill_null(pc.equal(inner, ""), False)
-        empty_item = pc.equal(flat, "")
-        if pc.any(pc.and_(empty_item, pc.invert(pc.take(empty_row, parents)))).as_py():
-            raise Decline
-        keep = pc.invert(empty_item)
-        flat, parents = flat.filter(keep), parents.filter(keep)
+        # '{}' splits into one empty item (the only empty one: the pattern has none).
+        keep = pc.invert(pc.equal(items.flatten(), ""))
+        flat, parents = items.flatten().filter(keep), pc.list_parent_indices(items).filter(keep)
+        quoted = pc.starts_with(flat, '"')
         # Only an unquoted NULL (any case) is NULL; no other letters upper-case to N/U/L.
         is_null = pc.and_(
-            pc.equal(pc.binary_length(flat), 4), pc.equal(pc.ascii_upper(flat), "NULL")
+            pc.invert(quoted),
+            pc.and_(pc.equal(pc.binary_length(flat), 4), pc.equal(pc.ascii_upper(flat), "NULL")),
         )
-        converted, elem_rejected = element(pc.if_else(is_null, None, flat))
+        texts = pc.if_else(quoted, pc.utf8_slice_codeunits(flat, 1, -1), flat)
+        converted, elem_rejected = element(pc.if_else(is_null, None, texts))
         if elem_rejected is not None:
             bad = pc.unique(pc.filter(parents, elem_rejected))
             row_bad = pc.is_in(pa.array(np.arange(len(values)), pa.int64()), bad)
