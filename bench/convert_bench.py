@@ -40,7 +40,8 @@ from decode_bench import log, time_interleaved
 
 from slotlake.decode import (
     DML_TYPES,
-    arrow_change_schema,
+    arrow_schema_for,
+    change_schema,
     collect_catalog,
     scan_raw,
 )
@@ -150,14 +151,16 @@ def raw_batches(
 Runner = Callable[[list[pa.RecordBatch]], int]
 
 
-def runner(module: Any, bcat: Any) -> Runner:
+def decode_all(module: Any, bcat: Any, batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``module.make_decoder``'s function over the table's batches, as mapInArrow runs it."""
     cat = bcat.tables[TABLE]
-    schema = arrow_change_schema(cat)
+    schema = arrow_schema_for(change_schema(cat))
+    return module.make_decoder(cat, bcat.streams, bcat.origins, 1, schema)(iter(batches))
 
+
+def runner(module: Any, bcat: Any) -> Runner:
     def run(batches: list[pa.RecordBatch]) -> int:
-        fn = module.make_decoder(cat, bcat.streams, bcat.origins, 1, schema)
-        out: Iterator[pa.RecordBatch] = fn(iter(batches))
-        return sum(rb.num_rows for rb in out)
+        return sum(rb.num_rows for rb in decode_all(module, bcat, batches))
 
     return run
 
@@ -244,18 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             batches, bcat = raw_batches(rows, Path(tmp))
         runners = {name: (runner(m, bcat), batches) for name, m in modules.items()}
         if len(modules) > 1:
-            outputs = [
-                list(
-                    m.make_decoder(
-                        bcat.tables[TABLE],
-                        bcat.streams,
-                        bcat.origins,
-                        1,
-                        arrow_change_schema(bcat.tables[TABLE]),
-                    )(iter(batches))
-                )
-                for m in modules.values()
-            ]
+            outputs = [list(decode_all(m, bcat, batches)) for m in modules.values()]
             assert all(same_output(outputs[0], o) for o in outputs[1:]), f"{fmt}: outputs differ"
         nbytes = sum(rb.column("data").nbytes for rb in batches)
         best = time_interleaved(runners, args.repeat)

@@ -12,7 +12,6 @@ reprocessing relies on.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -610,53 +609,6 @@ def arrow_schema_for(spark_schema) -> pa.Schema:  # type: ignore[no-untyped-def]
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(spark_schema, timezone="UTC", prefers_large_types=False)
-
-
-_DECIMAL_DDL = re.compile(r"decimal\((\d+),(\d+)\)")
-
-
-def spark_type(ddl: str):  # type: ignore[no-untyped-def]
-    """A pyspark DataType from the DDL vocabulary the catalog and META_COLUMNS use."""
-    from pyspark.sql import types as T
-
-    if ddl.startswith("array<") and ddl.endswith(">"):
-        return T.ArrayType(spark_type(ddl[6:-1]))
-    if ddl == "map<string,string>":
-        return T.MapType(T.StringType(), T.StringType())
-    if m := _DECIMAL_DDL.fullmatch(ddl):
-        return T.DecimalType(int(m.group(1)), int(m.group(2)))
-    atomic = {
-        "boolean": T.BooleanType,
-        "smallint": T.ShortType,
-        "int": T.IntegerType,
-        "bigint": T.LongType,
-        "float": T.FloatType,
-        "double": T.DoubleType,
-        "string": T.StringType,
-        "binary": T.BinaryType,
-        "date": T.DateType,
-        "timestamp": T.TimestampType,
-        "timestamp_ntz": T.TimestampNTZType,
-    }
-    return atomic[ddl]()
-
-
-def arrow_change_schema(cat: TableCatalog) -> pa.Schema:
-    """``arrow_schema_for(change_schema(cat))`` without a Spark session (no DDL parser in
-    the JVM): for the decoder run outside Spark, in benchmarks and unit tests."""
-    from pyspark.sql import types as T
-
-    def fields(columns: list[tuple[str, str]]) -> list[T.StructField]:
-        return [T.StructField(n, spark_type(t)) for n, t in columns]
-
-    data = fields(cat.columns) or [T.StructField("_none", T.IntegerType())]
-    return arrow_schema_for(
-        T.StructType(
-            fields(cat.columns)
-            + fields(META_COLUMNS + WORK_COLUMNS)
-            + [T.StructField("_old", T.StructType(data))]
-        )
-    )
 
 
 def decode_table(

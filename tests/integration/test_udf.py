@@ -10,16 +10,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from slotlake.catalog import TableCatalog
-from slotlake.decode import (
-    arrow_change_schema,
-    arrow_schema_for,
-    change_schema,
-    collect_catalog,
-    decode_table,
-    raw_dml,
-    scan_raw,
-)
+from slotlake.decode import collect_catalog, decode_table, raw_dml, scan_raw
 from slotlake.pgoutput import MESSAGE_TYPES, UNCHANGED_TOAST, DecodeError, decode
 from slotlake.raw import RawWriter
 from slotlake.udf import (
@@ -587,33 +578,3 @@ def test_shape_table_refuses_a_reserved_column_name(spark, tmp_path: Path) -> No
     )
     with pytest.raises(SchemaCollisionError, match="_op"):
         shape_table(raw, "public.t")
-
-
-@pytest.mark.parametrize(
-    "columns",
-    [
-        [
-            ("b", "boolean"),
-            ("i2", "smallint"),
-            ("i4", "int"),
-            ("i8", "bigint"),
-            ("f4", "float"),
-            ("f8", "double"),
-            ("n", "decimal(12,2)"),
-            ("n38", "decimal(38,10)"),
-            ("s", "string"),
-            ("bin", "binary"),
-            ("d", "date"),
-            ("ts", "timestamp"),
-            ("ntz", "timestamp_ntz"),
-            ("arr", "array<string>"),
-            ("narr", "array<decimal(12,2)>"),
-        ],
-        [],
-    ],
-    ids=["every-type", "no-columns"],
-)
-def test_arrow_change_schema_is_the_spark_schema_in_arrow(spark, columns) -> None:  # type: ignore[no-untyped-def]
-    """The JVM-free schema the decoder is run with outside Spark is decode_table's."""
-    cat = TableCatalog(name="public.t", columns=columns)
-    assert arrow_change_schema(cat) == arrow_schema_for(change_schema(cat))

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slotlake.catalog import build_catalogs
-from slotlake.decode import StreamOutcome, arrow_change_schema, make_decoder
+from slotlake.decode import StreamOutcome, arrow_schema_for, change_schema, make_decoder
 from slotlake.pgoutput import UNCHANGED_TOAST, decode
 from slotlake.pgtypes import Fallback, resolve_type
 from tests.unit.test_pgoutput_decode import cstr, relation_column, tuple_data, u16, u32
@@ -264,7 +264,7 @@ def test_decoder_matches_the_row_by_row_rules(
         commits={STREAM_COMMITTED: (STREAM_COMMIT_LSN, 0x210, STREAM_TS_PG)},
         aborted_subxacts={(STREAM_ABORTED, STREAM_ABORTED)},
     )
-    schema = arrow_change_schema(cat)
+    schema = arrow_schema_for(change_schema(cat))
     run = make_decoder(cat, streams, {STREAM_COMMIT_LSN: "upstream"}, BATCH, schema)
     out = list(run(iter([raw, raw.slice(0, 0)])))
     kept = [(c, s) for c, s in zip(changes, seqs, strict=True) if c["stream"] != STREAM_ABORTED]

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from slotlake.ddltypes import parse_type
 from slotlake.pgtypes import Fallback, PgType, resolve_type
 from tests.unit.test_pgtypes import array_binary, numeric_binary, pg_days, typmod_numeric
 
@@ -215,9 +216,7 @@ def arrow_type(pg: PgType) -> pa.DataType:
     """The column's Arrow type, as Spark's to_arrow_schema maps the codec's Spark type."""
     from pyspark.sql.pandas.types import to_arrow_type
 
-    from slotlake.decode import spark_type
-
-    return to_arrow_type(spark_type(pg.spark_ddl), timezone="UTC")
+    return to_arrow_type(parse_type(pg.spark_ddl), timezone="UTC")
 
 
 def in_format(pg: PgType, datum: bytes, binary: bool) -> str | bytes:
