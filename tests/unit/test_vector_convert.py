@@ -376,6 +376,45 @@ def test_unusual_binary_fails_or_agrees(oid: int, values: list[bytes | None]) ->
     same_failure_or_result(pg, values, arrow_type(pg))
 
 
+@st.composite
+def raw_arrays(draw: st.DrawFn, element_oid: int, elements: st.SearchStrategy[bytes]) -> bytes:
+    """array_send datums with their header, dimensions and element lengths perturbed."""
+    items = draw(st.lists(st.none() | elements, max_size=4))
+    ndim = draw(st.sampled_from([1, 1, 1, 0, 2, -1, 7]))
+    count = len(items) + draw(st.sampled_from([0, 0, 0, 1, -1, -5]))
+    lower = draw(st.sampled_from([1, 1, 1, 0, 2]))
+    dims = struct.pack(">ii", count, lower) * min(max(ndim, 0), 2)
+    sizes = [-1 if e is None else len(e) + draw(st.sampled_from([0, 0, 0, 1, -1])) for e in items]
+    body = b"".join(struct.pack(">i", n) + (e or b"") for n, e in zip(sizes, items, strict=True))
+    datum = struct.pack(">iii", ndim, int(None in items), element_oid) + dims + body
+    datum += draw(st.sampled_from([b"", b"", b"\x00"]))
+    cut = draw(st.none() | st.integers(0, len(datum)))
+    return datum if cut is None else datum[:cut]
+
+
+@pytest.mark.parametrize(
+    ("oid", "typmod", "elements"),
+    [
+        (1009, -1, st.binary(max_size=4) | TEXT_BYTES),
+        (1007, -1, st.binary(min_size=3, max_size=5)),
+        (1231, N12_2, decimals(12, 2) | st.binary(max_size=10)),
+        (1185, -1, TIMESTAMP_BYTES),
+        (1000, -1, st.binary(min_size=1, max_size=1)),
+    ],
+    ids=["text[]", "int4[]", "numeric(12,2)[]", "timestamptz[]", "bool[]"],
+)
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_unusual_binary_arrays_fail_or_agree(
+    oid: int, typmod: int, elements: st.SearchStrategy[bytes], data: st.DataObject
+) -> None:
+    pg = resolve_type(oid, typmod)
+    element_oid = {1009: 25, 1007: 23, 1231: 1700, 1185: 1184, 1000: 16}[oid]
+    datums = st.none() | raw_arrays(element_oid, elements)
+    values = data.draw(st.lists(datums, min_size=1, max_size=5), label="datums")
+    same_failure_or_result(pg, values, arrow_type(pg))
+
+
 def test_a_column_mixing_formats_goes_value_by_value() -> None:
     pg = resolve_type(23, -1)
     assert_same(pg, ["1", struct.pack(">i", 2), None], pa.int32())
@@ -441,8 +480,19 @@ COMMON = [
     (16, -1, ["t", "f", None], [b"\x01", b"\x00", None]),
     (1184, -1, ["2024-01-01 00:00:00.5+00", None], [struct.pack(">q", 0), None]),
     (1082, -1, ["2024-02-29", None], [struct.pack(">i", 0), None]),
-    (1009, -1, ["{a,NULL}", "{}", '{"b c",x,""}', None], None),
-    (1185, -1, ['{"2024-01-01 00:00:00+00",NULL}', None], None),
+    (
+        1009,
+        -1,
+        ["{a,NULL}", "{}", '{"b c",x,""}', None],
+        [array_binary(25, [(3, 1)], [b"a", None, b""]), array_binary(25, [], []), None],
+    ),
+    (
+        1185,
+        -1,
+        ['{"2024-01-01 00:00:00+00",NULL}', None],
+        [array_binary(1184, [(2, 1)], [struct.pack(">q", 0), None]), None],
+    ),
+    (1231, N12_2, ["{1.50,NULL}"], [array_binary(1700, [(1, 1)], [numeric_binary("1.50", 2)])]),
 ]
 
 

@@ -234,8 +234,31 @@ def bool_binary_kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     return pa.array(native == 1, mask=~valid), None
 
 
-def _big_endian_16(data: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return (data[at].astype(np.int32) << 8) | data[at + 1]
+def _datums(values: pa.Array, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A binary column as NumPy: (bytes, start and end of each datum, validity). The bytes
+    are padded so that reading a ``pad``-byte header of a short datum or a null reads
+    zeros instead of going out of bounds (such rows are rejected by their length)."""
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, len(values) + 1, values.offset * 4)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    return (
+        np.concatenate([data, np.zeros(pad, np.uint8)]),
+        offsets[:-1].astype(np.int64),
+        offsets[1:].astype(np.int64),
+        valid,
+    )
+
+
+def _big_endian(data: np.ndarray, at: np.ndarray, width: int, signed: bool = True) -> np.ndarray:
+    """The ``width``-byte big-endian integers at offsets ``at`` (int64)."""
+    value = np.zeros(len(at), np.int64)
+    for i in range(width):
+        value = (value << 8) | data[at + i]
+    if signed:
+        half = 1 << (8 * width - 1)
+        value = (value ^ half) - half
+    return value
 
 
 # 10**e for the exponents a base-10000 digit can take below int64's range.
@@ -262,26 +285,19 @@ def decimal_binary_kernel(precision: int, scale: int) -> Kernel:
     limit = 10 ** min(precision, _INT64_DIGITS)
 
     def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
-        if max_weight < -1 or len(values) == 0:
+        if max_weight < -1:
             raise Decline
-        valid = values.is_valid().to_numpy(zero_copy_only=False)
-        _, offsets_buf, data_buf = values.buffers()
-        offsets = np.frombuffer(offsets_buf, np.int32, len(values) + 1, values.offset * 4)
-        data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-        data = np.concatenate([data, np.zeros(8, np.uint8)])  # headers of short datums read zeros
-        start = offsets[:-1].astype(np.int64)
-        length = offsets[1:] - offsets[:-1]
-        ndigits, weight, sign, dscale = (
-            _big_endian_16(data, start + 2 * field) for field in range(4)
-        )
-        ndigits, weight, dscale = ((x ^ 0x8000) - 0x8000 for x in (ndigits, weight, dscale))
+        data, start, end, valid = _datums(values, 8)
+        length = end - start
+        ndigits, weight, dscale = (_big_endian(data, start + at, 2) for at in (0, 2, 6))
+        sign = _big_endian(data, start + 4, 2, signed=False)
         ok = valid & (length >= 8) & (length == 8 + 2 * ndigits)
         ok &= ((sign == 0) | (sign == 0x4000)) & (dscale >= 0) & (dscale <= scale)
         ok &= (weight <= max_weight) & (ndigits <= _MAX_NDIGITS)
         unscaled = np.zeros(len(values), dtype=np.int64)
         for k in range(int(ndigits[ok].max(initial=0))):
             has = ok & (k < ndigits)
-            digit = np.where(has, _big_endian_16(data, np.where(has, start + 8 + 2 * k, 0)), 0)
+            digit = np.where(has, _big_endian(data, np.where(has, start + 8 + 2 * k, 0), 2), 0)
             ok &= digit <= 9999
             # The digit is worth digit * 10**shift; its decimal places past dscale, which
             # the text drops, must be zeros.
@@ -299,6 +315,70 @@ def decimal_binary_kernel(precision: int, scale: int) -> Kernel:
             arrow_type, len(values), [validity, pa.py_buffer(words)], values.null_count
         )
         rejected = valid & ~ok
+        return out, pa.array(rejected) if rejected.any() else None
+
+    return kernel
+
+
+# Elements are read position by position across all rows: longer arrays go value by value.
+_MAX_ELEMENTS = 64
+
+
+def array_binary_kernel(element: Kernel) -> Kernel:
+    """array_send → list, for one dimension from 1 (or none: empty) and at most
+    _MAX_ELEMENTS elements: ndim, has-nulls flag, element type (int32 each), then (length,
+    lower bound) per dimension, then each element as its int32 length (-1: NULL) and
+    bytes. The elements of all rows become one binary column for the element kernel.
+    Other shapes (the codec's Fallbacks), malformed datums and rows with an element the
+    element kernel rejects are rejected."""
+
+    def kernel(values: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        data, start, end, valid = _datums(values, 20)
+        ndim = _big_endian(data, start, 4)
+        ok = valid & (end - start >= 12 + 8 * ndim) & ((ndim == 0) | (ndim == 1))
+        count = np.where(ok & (ndim == 1), _big_endian(data, start + 12, 4), 0)
+        lower = np.where(ok & (ndim == 1), _big_endian(data, start + 16, 4), 1)
+        ok &= (lower == 1) & (count >= 0) & (count <= _MAX_ELEMENTS)
+        at = start + 12 + 8 * ndim  # the next element's length word, row by row
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (row, start, length)
+        for k in range(int(count[ok].max(initial=0))):
+            has = ok & (k < count)
+            ok &= ~has | (at + 4 <= end)
+            has &= ok
+            size = np.where(has, _big_endian(data, np.where(has, at, 0), 4), 0)
+            rows = np.flatnonzero(has)
+            found.append((rows, at[rows] + 4, size[rows]))
+            at = np.where(has, at + 4 + np.maximum(size, 0), at)
+        ok &= at == end  # no element ran past the datum, and nothing follows the last one
+        row, first, size = (
+            np.concatenate([f[i] for f in found] or [np.zeros(0, np.int64)]) for i in range(3)
+        )
+        keep = np.flatnonzero(ok[row])
+        order = keep[np.argsort(row[keep], kind="stable")]  # row by row, positions in order
+        row, first, size = row[order], first[order], size[order]
+        nbytes = np.maximum(size, 0)
+        offsets = np.zeros(len(size) + 1, np.int64)
+        np.cumsum(nbytes, out=offsets[1:])
+        gather = np.repeat(first - offsets[:-1], nbytes) + np.arange(offsets[-1])
+        elements = pa.Array.from_buffers(
+            pa.binary(),
+            len(size),
+            [
+                pa.array(size >= 0).buffers()[1],
+                pa.py_buffer(offsets.astype(np.int32)),
+                pa.py_buffer(data[gather]),
+            ],
+        )
+        converted, element_rejected = element(elements)
+        if element_rejected is not None:
+            ok[row[element_rejected.to_numpy(zero_copy_only=False)]] = False
+        lengths = np.bincount(row, minlength=len(values))
+        list_offsets = np.zeros(len(values) + 1, np.int32)
+        np.cumsum(lengths, out=list_offsets[1:])
+        rejected = valid & ~ok
+        out = pa.ListArray.from_arrays(
+            pa.array(list_offsets), converted, mask=pa.array(~valid | rejected)
+        )
         return out, pa.array(rejected) if rejected.any() else None
 
     return kernel
