@@ -165,6 +165,18 @@ def runner(module: Any, bcat: Any) -> Runner:
     return run
 
 
+def decode_only(batches: list[pa.RecordBatch]) -> int:
+    """The floor: the payloads decoded into messages, nothing converted or built."""
+    from slotlake.pgoutput import decode
+
+    rows = 0
+    for rb in batches:
+        for data in rb.column("data").to_pylist():
+            decode(data, False)
+            rows += 1
+    return rows
+
+
 def module_at(ref: str) -> Any:
     """slotlake/decode.py as it is at git ``ref``, loaded beside the current one."""
     root = Path(__file__).resolve().parent.parent
@@ -246,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             batches, bcat = raw_batches(rows, Path(tmp))
         runners = {name: (runner(m, bcat), batches) for name, m in modules.items()}
+        runners["decode only"] = (decode_only, batches)
         if len(modules) > 1:
             outputs = [list(decode_all(m, bcat, batches)) for m in modules.values()]
             assert all(same_output(outputs[0], o) for o in outputs[1:]), f"{fmt}: outputs differ"
@@ -263,10 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nPostgreSQL {results['server_version']}, CPython {results['python']}, pyarrow {results['pyarrow']}, best of {args.repeat}"
     )
-    print(f"{'format':<7} {'decoder':<10} {'rows':>9} {'seconds':>8} {'rows/s':>9}")
+    print(f"{'format':<7} {'decoder':<12} {'rows':>9} {'seconds':>8} {'rows/s':>9}")
     for fmt, per in results["formats"].items():
         for name, r in per.items():
-            print(f"{fmt:<7} {name:<10} {r['rows']:>9,} {r['seconds']:>8.2f} {r['rows_per_s']:>9,}")
+            print(f"{fmt:<7} {name:<12} {r['rows']:>9,} {r['seconds']:>8.2f} {r['rows_per_s']:>9,}")
     if args.json == "-":
         print(json.dumps(results))
     elif args.json:

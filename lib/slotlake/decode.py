@@ -509,7 +509,7 @@ def make_decoder(
                             entry = (2 if i in filled.get(row, ()) else 0, i, name, text)
                         fallbacks.setdefault(row, []).append(entry)
 
-        # Per row, today's key order: new image, old image, then filled TOAST columns.
+        # Per row, the keys in the row-by-row order: new image, old image, filled TOAST.
         fallback_rows = {
             row: [(key, text) for _, _, key, text in sorted(entries)]
             for row, entries in fallbacks.items()

@@ -223,15 +223,22 @@ def in_format(pg: PgType, datum: bytes, binary: bool) -> str | bytes:
     return datum if binary else pg.binary_to_text(datum)
 
 
+def draw_column(
+    data: st.DataObject, case: tuple[Any, ...], binary: bool, size: int
+) -> tuple[PgType, list[str | bytes | None]]:
+    """The case's type and a column of its datums (NULLs among them) in one format."""
+    pg = pg_type(case)
+    datums = data.draw(st.lists(st.none() | case[4], max_size=size), label="datums")
+    return pg, [None if d is None else in_format(pg, d, binary) for d in datums]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), binary=st.booleans())
 def test_vectorised_equals_per_value(
     case: tuple[Any, ...], data: st.DataObject, binary: bool
 ) -> None:
-    pg = pg_type(case)
-    datums = data.draw(st.lists(st.none() | case[4], max_size=40), label="datums")
-    values = [None if d is None else in_format(pg, d, binary) for d in datums]
+    pg, values = draw_column(data, case, binary, 40)
     assert_same(pg, values, arrow_type(pg))
 
 
@@ -242,9 +249,7 @@ def test_columns_forced_to_text_keep_their_text(
     case: tuple[Any, ...], data: st.DataObject, binary: bool
 ) -> None:
     """A column a type change made string: text datums verbatim, binary ones via str()."""
-    pg = pg_type(case)
-    datums = data.draw(st.lists(st.none() | case[4], max_size=10), label="datums")
-    values = [None if d is None else in_format(pg, d, binary) for d in datums]
+    pg, values = draw_column(data, case, binary, 10)
     assert_same(pg, values, pa.string(), keep_text=True)
 
 

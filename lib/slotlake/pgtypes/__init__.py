@@ -55,6 +55,9 @@ so hex). **Replicate extension types, and arrays of domains, with binary=false.*
 
 Usage: ``resolve_type(oid, typmod, type_names).convert(value)``. ``resolve_type`` is
 cached and does all lookups up front; the converters it returns do no name lookups.
+``.convert_column(values, arrow_type)`` converts a whole column: through the type's
+pyarrow kernel (``_vector``) where it has one, value by value for the rest, with the
+same results.
 """
 
 from __future__ import annotations
