@@ -12,7 +12,7 @@ reprocessing relies on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ from slotlake.pgoutput import (
     decode,
     pg_timestamp_to_datetime,
 )
-from slotlake.pgtypes import Fallback, resolve_type
+from slotlake.pgtypes import resolve_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -246,51 +246,102 @@ def change_schema(cat: TableCatalog):  # type: ignore[no-untyped-def]
 
 
 class _VersionShaper:
-    """Precomputed per Relation version: output slot and converter of each column."""
+    """Precomputed per Relation version: output slot and type of each column."""
 
-    __slots__ = ("converters", "key_slots", "nout", "slots", "text_slots")
+    __slots__ = ("key_slots", "ncols", "nulls", "slots", "text_slots", "types")
 
     def __init__(self, version: RelationVersion, out_index: dict[str, int], text_columns: set[str]):
         type_names = {oid: (ns, nm) for oid, ns, nm in version.type_names}
         self.slots = [out_index[c.name] for c in version.columns]
-        self.converters = [
-            resolve_type(c.type_oid, c.typmod, type_names).convert for c in version.columns
-        ]
+        self.types = [resolve_type(c.type_oid, c.typmod, type_names) for c in version.columns]
         self.text_slots = {i for i, c in enumerate(version.columns) if c.name in text_columns}
         keys = set(version.key_columns)
         self.key_slots = {i for i, c in enumerate(version.columns) if c.name in keys}
-        self.nout = len(out_index)
+        self.ncols = len(version.columns)
+        self.nulls: tuple[None, ...] = (None,) * self.ncols
+
+    def fit(self, values: tuple, where: str) -> tuple:
+        """A tuple of this version's width: a short one is padded with NULLs."""
+        if len(values) > self.ncols:
+            raise RawDataError(
+                f"{where}: the tuple has {len(values)} columns, its Relation message {self.ncols}"
+            )
+        return values + self.nulls[len(values) :]
 
 
-def _shape(
-    tuple_data: tuple,
-    shaper: _VersionShaper,
-    names: list[str],
-    fallback: dict[str, str],
-    prefix: str,
-    only: set[int] | None = None,
-) -> tuple[list[Any], list[int]]:
-    """Tuple data → output-ordered values; returns (values, positions of unchanged TOAST)."""
-    out: list[Any] = [None] * shaper.nout
-    unchanged: list[int] = []
-    for i, raw in enumerate(tuple_data):
-        if raw is None or (only is not None and i not in only):
+@dataclass
+class _Rows:
+    """One Relation version's rows of a record batch, as the decoder split them: raw
+    datums only (str, bytes or None), full width, no unchanged-TOAST markers."""
+
+    at: list[int] = field(default_factory=list)  # output row of each
+    new: list[tuple] = field(default_factory=list)
+    old: list[tuple] = field(default_factory=list)
+
+
+def _fill_unchanged(
+    new: tuple, old: tuple | None, old_kind: str | None, shaper: _VersionShaper, names: list[str]
+) -> tuple[tuple, list[str], set[int]]:
+    """Unchanged TOAST in a new image: (new image, names still open, positions filled).
+
+    An old image fills it: a full row ('O') any column, a key image ('K') only the key
+    columns it carries; the filled datum converts (and falls back) as the old one does.
+    """
+    values = list(new)
+    still: list[str] = []
+    filled: set[int] = set()
+    for i, raw in enumerate(values):
+        if raw is not UNCHANGED_TOAST:
             continue
-        slot = shaper.slots[i]
-        if raw is UNCHANGED_TOAST:
-            unchanged.append(i)
-            continue
-        if i in shaper.text_slots and isinstance(raw, str):
-            out[slot] = raw
-            continue
-        value = shaper.converters[i](raw)
-        if isinstance(value, Fallback):
-            fallback[prefix + names[slot]] = value.text
-        elif i in shaper.text_slots:
-            out[slot] = str(value)
+        if old is not None and (old_kind == "O" or i in shaper.key_slots):
+            values[i] = None if old[i] is UNCHANGED_TOAST else old[i]
+            filled.add(i)
         else:
-            out[slot] = value
-    return out, unchanged
+            values[i] = None
+            still.append(names[shaper.slots[i]])
+    return tuple(values), still, filled
+
+
+def _without_markers(column: tuple) -> tuple | list:
+    # An old image never carries 'u' from PostgreSQL; if one did, it would read as NULL.
+    if UNCHANGED_TOAST in column:
+        return [None if raw is UNCHANGED_TOAST else raw for raw in column]
+    return column
+
+
+def _place(
+    pieces: list[tuple[list[int], pa.Array]], nrows: int, arrow_type: pa.DataType
+) -> pa.Array:
+    """One output column from each version's piece (its output rows, its values)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(pieces) == 1 and len(pieces[0][0]) == nrows:
+        return pieces[0][1]  # one version, every row: rows are in output order already
+    at = [row for rows, _ in pieces for row in rows]
+    missing = sorted(set(range(nrows)) - set(at))
+    arrays = [array for _, array in pieces] + [pa.nulls(len(missing), arrow_type)]
+    pick = np.empty(nrows, dtype=np.int64)
+    pick[at + missing] = np.arange(nrows)
+    return pa.concat_arrays(arrays).take(pa.array(pick))
+
+
+def _sparse_lists(nrows: int, rows: dict[int, list[Any]], arrow_type: pa.DataType) -> pa.Array:
+    """A list (or map) column that is empty except at ``rows``."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = np.zeros(nrows + 1, dtype=np.int32)
+    flat: list[Any] = []
+    for row in sorted(rows):
+        lengths[row + 1] = len(rows[row])
+        flat.extend(rows[row])
+    offsets = pa.array(np.cumsum(lengths, dtype=np.int32))
+    if pa.types.is_map(arrow_type):
+        keys = pa.array([k for k, _ in flat], arrow_type.key_type)
+        items = pa.array([v for _, v in flat], arrow_type.item_type)
+        return pa.MapArray.from_arrays(offsets, keys, items, type=arrow_type)
+    return pa.ListArray.from_arrays(offsets, pa.array(flat, arrow_type.value_type), type=arrow_type)
 
 
 def make_decoder(
@@ -300,132 +351,256 @@ def make_decoder(
     batch: int,
     arrow_schema: pa.Schema,
 ):
-    """The function mapInArrow runs over raw DML rows of one table."""
+    """The function mapInArrow runs over raw DML rows of one table.
+
+    Python only splits bytes: each payload is decoded (the envelope and the raw column
+    datums), the datums are gathered per column, and each column is converted at once by
+    its type's pyarrow kernel (:meth:`slotlake.pgtypes.PgType.convert_column`); only the
+    values a kernel cannot take (NaN, infinities, BC, years past 9999, unknown types…) go
+    through the per-value codec, which keeps their lossless Fallback text.
+    """
     names = [n for n, _ in cat.columns]
     out_index = {n: i for i, n in enumerate(names)}
     versions_by_oid: dict[int, list[RelationVersion]] = {}
     for v in cat.versions:
         versions_by_oid.setdefault(v.oid, []).append(v)
+    seqs_by_oid = {oid: [v.seq for v in vs] for oid, vs in versions_by_oid.items()}
     text_columns = set(cat.text_columns)
-    columns_meta = [n for n, _ in META_COLUMNS + WORK_COLUMNS]
+    data_types = {f.name: f.type for f in arrow_schema if f.name in out_index}
+    old_field = arrow_schema.field("_old")
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import bisect
 
-        import pyarrow as pa
-
         shapers: dict[int, _VersionShaper] = {}
 
-        def shaper_for(oid: int, seq: int, lsn: int) -> _VersionShaper:
-            vs = versions_by_oid[oid]
-            i = bisect.bisect_left([v.seq for v in vs], seq) - 1
+        def shaper_for(oid: int, seq: int) -> tuple[_VersionShaper | None, float]:
+            """The version that shapes (oid, seq), and the seq up to which it does."""
+            seqs = seqs_by_oid[oid]
+            i = bisect.bisect_left(seqs, seq) - 1
             if i < 0:
-                raise RawDataError(
-                    f"batch {batch}, table {cat.name}, seq {seq}, lsn {Lsn.from_signed(lsn)}: "
-                    f"no Relation message for relation oid {oid} before this change"
-                )
-            v = vs[i]
+                return None, seq
+            v = versions_by_oid[oid][i]
             if v.seq not in shapers:
                 shapers[v.seq] = _VersionShaper(v, out_index, text_columns)
-            return shapers[v.seq]
+            return shapers[v.seq], seqs[i + 1] if i + 1 < len(seqs) else float("inf")
 
         for rb in batches:
-            cols = rb.to_pydict()
-            data_out: list[list[Any]] = [[] for _ in names]
-            old_out: list[dict[str, Any] | None] = []
-            meta: dict[str, list[Any]] = {n: [] for n in columns_meta}
-            for seq, lsn, xid, data, rel_oid, commit_lsn, commit_ts, ordinal, stream_xid in zip(
-                cols["seq"],
-                cols["lsn"],
-                cols["xid"],
-                cols["data"],
-                cols["rel_oid"],
-                cols["commit_lsn"],
-                cols["commit_ts"],
-                cols["tx_ordinal"],
-                cols["stream_xid"],
-                strict=True,
-            ):
-                in_stream = stream_xid is not None
-                try:
-                    msg = decode(data, in_stream=in_stream)
-                except DecodeError as exc:
+            out = _decode_batch(rb, shaper_for)
+            if out is not None:
+                yield out
+
+    def _decode_batch(
+        rb: pa.RecordBatch,
+        shaper_for: Callable[[int, int], tuple[_VersionShaper | None, float]],
+    ) -> pa.RecordBatch | None:
+        import pyarrow as pa
+
+        datas = rb.column("data").to_pylist()
+        seqs = rb.column("seq").to_pylist()
+        oids = rb.column("rel_oid").to_pylist()
+        lsns = rb.column("lsn")
+        stream_col = rb.column("stream_xid")
+        stream_xids = stream_col.to_pylist() if stream_col.null_count < len(rb) else None
+        groups: dict[int, _Rows] = {}  # id(shaper) → its rows
+        group_shapers: dict[int, _VersionShaper] = {}
+        kept: list[int] | None = None if stream_xids is None else []  # None: every row
+        ops: list[str] = []
+        old_kinds: list[str | None] = []  # None: no old image
+        still_open: dict[int, list[str]] = {}  # output row → unchanged TOAST left open
+        filled: dict[int, set[int]] = {}  # output row → positions filled from its old image
+
+        def where(k: int) -> str:
+            lsn = Lsn.from_signed(lsns[k].as_py())
+            return f"batch {batch}, table {cat.name}, seq {seqs[k]}, lsn {lsn}"
+
+        # Rows of one oid and version come in runs: the lookup is done once per run.
+        run_oid, run_from, run_to = None, 0, -1.0
+        shaper: _VersionShaper | None = None
+        rows = _Rows()
+        for k, data in enumerate(datas):
+            stream_xid = None if stream_xids is None else stream_xids[k]
+            try:
+                msg = decode(data, stream_xid is not None)
+            except DecodeError as exc:
+                raise RawDataError(f"{where(k)}: {exc}") from exc
+            if stream_xid is not None:
+                outcome = streams.commits.get(stream_xid)
+                if outcome is None or (stream_xid, msg.xid) in streams.aborted_subxacts:
+                    continue
+            oid, seq = oids[k], seqs[k]
+            if oid != run_oid or not run_from < seq <= run_to:
+                shaper, run_to = shaper_for(oid, seq)
+                if shaper is None:
                     raise RawDataError(
-                        f"batch {batch}, table {cat.name}, seq {seq}, lsn {Lsn.from_signed(lsn)}: {exc}"
-                    ) from exc
-                if in_stream:
-                    outcome = streams.commits.get(stream_xid)
-                    if outcome is None or (stream_xid, msg.xid) in streams.aborted_subxacts:
-                        continue
-                    commit_lsn = Lsn(outcome[0]).to_signed()
-                    commit_ts = pg_timestamp_to_datetime(outcome[2])
-                shaper = shaper_for(rel_oid, seq, lsn)
-                fallback: dict[str, str] = {}
-                old_kind = None
-                old_vals = None
-                if isinstance(msg, Insert):
-                    op = "I"
-                    new_vals, unchanged = _shape(msg.new, shaper, names, fallback, "")
-                elif isinstance(msg, Update):
-                    op = "U"
-                    new_vals, unchanged = _shape(msg.new, shaper, names, fallback, "")
-                    if msg.old_kind is not None:
-                        old_kind = msg.old_kind
-                        only = shaper.key_slots if old_kind == "K" else None
-                        old_vals, _ = _shape(msg.old, shaper, names, fallback, "_old.", only)
-                elif isinstance(msg, Delete):
-                    op = "D"
-                    old_kind = msg.old_kind
-                    only = shaper.key_slots if old_kind == "K" else None
-                    old_vals, _ = _shape(msg.old, shaper, names, fallback, "_old.", only)
-                    new_vals, unchanged = [None] * len(names), []
-                else:
-                    raise RawDataError(
-                        f"batch {batch}, table {cat.name}, seq {seq}, lsn {Lsn.from_signed(lsn)}: "
-                        f"expected a DML message, got {type(msg).__name__}"
+                        f"{where(k)}: no Relation message for relation oid {oid} before this change"
                     )
-                still: list[str] = []
-                for i in unchanged:
-                    # An old image fills unchanged TOAST: a full row ('O') any column, a key
-                    # image ('K') only the key columns it carries.
+                run_oid, run_from = oid, seq - 1
+                rows = groups.setdefault(id(shaper), _Rows())
+                group_shapers[id(shaper)] = shaper
+            kind = type(msg)
+            if kind is Insert:
+                op, new, old_kind, old = "I", msg.new, None, None
+            elif kind is Update:
+                op, new, old_kind = "U", msg.new, msg.old_kind
+                old = None if old_kind is None else msg.old
+            elif kind is Delete:
+                op, new, old_kind, old = "D", None, msg.old_kind, msg.old
+            else:
+                raise RawDataError(f"{where(k)}: expected a DML message, got {kind.__name__}")
+            row = len(ops)
+            if old is not None and len(old) != shaper.ncols:
+                old = shaper.fit(old, where(k))
+            if new is None:
+                new = shaper.nulls
+            else:
+                if len(new) != shaper.ncols:
+                    new = shaper.fit(new, where(k))
+                if UNCHANGED_TOAST in new:
+                    new, still, fill = _fill_unchanged(new, old, old_kind, shaper, names)
+                    if still:
+                        still_open[row] = still
+                    if fill:
+                        filled[row] = fill
+            rows.at.append(row)
+            rows.new.append(new)
+            rows.old.append(shaper.nulls if old is None else old)
+            if kept is not None:
+                kept.append(k)
+            ops.append(op)
+            old_kinds.append(old_kind)
+        nrows = len(ops)
+        if not nrows:
+            return None
+
+        # Column by column: each version's datums converted at once, then placed.
+        fallbacks: dict[int, list[tuple[int, int, str, str]]] = {}  # row → (phase, pos, key, text)
+        new_pieces: dict[int, list[tuple[list[int], pa.Array]]] = {}
+        old_pieces: dict[int, list[tuple[list[int], pa.Array]]] = {}
+        any_key_image = "K" in old_kinds
+        for gid, rows in groups.items():
+            shaper = group_shapers[gid]
+            key_only = [old_kinds[row] == "K" for row in rows.at] if any_key_image else []
+            for image, pieces in ((rows.new, new_pieces), (rows.old, old_pieces)):
+                is_old = pieces is old_pieces
+                for i, column in enumerate(zip(*image, strict=True)):
                     slot = shaper.slots[i]
                     name = names[slot]
-                    if old_vals is not None and (old_kind == "O" or i in shaper.key_slots):
-                        new_vals[slot] = old_vals[slot]
-                        if "_old." + name in fallback:
-                            fallback[name] = fallback["_old." + name]
-                    else:
-                        still.append(name)
-                for j, v in enumerate(new_vals):
-                    data_out[j].append(v)
-                old_out.append(
-                    None if old_vals is None else dict(zip(names, old_vals, strict=True))
-                )
-                meta["_op"].append(op)
-                meta["_commit_lsn"].append(commit_lsn)
-                meta["_lsn"].append(lsn)
-                meta["_tx_ordinal"].append(ordinal)
-                meta["_xid"].append(stream_xid if in_stream else xid)
-                meta["_commit_ts"].append(commit_ts)
-                meta["_origin"].append(origins.get(commit_lsn))
-                meta["_batch"].append(batch)
-                meta["_old_kind"].append(old_kind)
-                meta["_missing_toast"].append([])
-                meta["_fallback"].append(list(fallback.items()))
-                meta["_truncate_options"].append(None)
-                meta["_seq"].append(seq)
-                meta["_unchanged"].append(still)
-            if not meta["_op"]:
-                continue
-            arrays = []
-            for field_ in arrow_schema:
-                if field_.name == "_old":
-                    arrays.append(pa.array(old_out, type=field_.type))
-                elif field_.name in meta:
-                    arrays.append(pa.array(meta[field_.name], type=field_.type))
-                else:
-                    arrays.append(pa.array(data_out[out_index[field_.name]], type=field_.type))
-            yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+                    if is_old:
+                        column = _without_markers(column)
+                        if (
+                            any_key_image
+                            and i not in shaper.key_slots
+                            and column.count(None) < len(column)
+                        ):
+                            # A key image carries no non-key column (PostgreSQL sends NULLs).
+                            column = [
+                                None if k else raw for raw, k in zip(column, key_only, strict=True)
+                            ]
+                    array, fell = shaper.types[i].convert_column(
+                        column, data_types[name], keep_text=i in shaper.text_slots
+                    )
+                    pieces.setdefault(slot, []).append((rows.at, array))
+                    for pos, text in fell.items():
+                        row = rows.at[pos]
+                        if is_old:
+                            entry = (1, i, "_old." + name, text)
+                        else:
+                            entry = (2 if i in filled.get(row, ()) else 0, i, name, text)
+                        fallbacks.setdefault(row, []).append(entry)
+
+        # Per row, the keys in the row-by-row order: new image, old image, filled TOAST.
+        fallback_rows = {
+            row: [(key, text) for _, _, key, text in sorted(entries)]
+            for row, entries in fallbacks.items()
+        }
+        data = {
+            name: _place(new_pieces[j], nrows, data_types[name])
+            if j in new_pieces
+            else pa.nulls(nrows, data_types[name])
+            for j, name in enumerate(names)
+        }
+        meta = _meta_columns(rb, kept, stream_xids, ops, old_kinds, still_open, fallback_rows)
+        arrays = []
+        for field_ in arrow_schema:
+            if field_.name == "_old":
+                arrays.append(_old_struct(old_pieces, meta["_old_kind"], nrows))
+            elif field_.name in meta:
+                arrays.append(meta[field_.name].cast(field_.type))
+            else:
+                arrays.append(data[field_.name])
+        return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+    def _old_struct(
+        pieces: dict[int, list[tuple[list[int], pa.Array]]], old_kinds: pa.Array, nrows: int
+    ) -> pa.Array:
+        """The old images; a row without one (its _old_kind is null) is a null struct."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        children = [
+            _place(pieces[out_index[f.name]], nrows, f.type)
+            if f.name in out_index and out_index[f.name] in pieces
+            else pa.nulls(nrows, f.type)
+            for f in old_field.type
+        ]
+        return pa.StructArray.from_arrays(
+            children, fields=list(old_field.type), mask=pc.is_null(old_kinds)
+        )
+
+    def _meta_columns(
+        rb: pa.RecordBatch,
+        kept: list[int] | None,
+        stream_xids: list[int | None] | None,
+        ops: list[str],
+        old_kinds: list[str | None],
+        still_open: dict[int, list[str]],
+        fallback_rows: dict[int, list[tuple[str, str]]],
+    ) -> dict[str, pa.Array]:
+        import numpy as np
+        import pyarrow as pa
+
+        nrows = len(ops)
+        rows = rb if kept is None else rb.take(pa.array(kept, pa.int64()))
+        meta: dict[str, pa.Array] = {
+            "_lsn": rows.column("lsn"),
+            "_seq": rows.column("seq"),
+            "_tx_ordinal": rows.column("tx_ordinal"),
+            "_commit_lsn": rows.column("commit_lsn"),
+            "_commit_ts": rows.column("commit_ts"),
+            "_xid": rows.column("xid"),
+        }
+        if kept is not None and stream_xids is not None:
+            # Streamed rows take the commit LSN and time their Stream Commit gave the driver.
+            commit_lsns = meta["_commit_lsn"].to_pylist()
+            commit_tss = meta["_commit_ts"].to_pylist()
+            xids = meta["_xid"].to_pylist()
+            for row, k in enumerate(kept):
+                stream_xid = stream_xids[k]
+                if stream_xid is not None:
+                    outcome = streams.commits[stream_xid]
+                    commit_lsns[row] = Lsn(outcome[0]).to_signed()
+                    commit_tss[row] = pg_timestamp_to_datetime(outcome[2])
+                    xids[row] = stream_xid
+            meta["_commit_lsn"] = pa.array(commit_lsns, pa.int64())
+            meta["_commit_ts"] = pa.array(commit_tss, arrow_schema.field("_commit_ts").type)
+            meta["_xid"] = pa.array(xids, pa.int64())
+        if origins:
+            commit_lsns = meta["_commit_lsn"].to_pylist()
+            meta["_origin"] = pa.array([origins.get(c) for c in commit_lsns], pa.string())
+        else:
+            meta["_origin"] = pa.nulls(nrows, pa.string())
+        schema_type = arrow_schema.field
+        meta.update(
+            _op=pa.array(ops, pa.string()),
+            _old_kind=pa.array(old_kinds, pa.string()),
+            _batch=pa.array(np.full(nrows, batch, dtype=np.int64)),
+            _missing_toast=_sparse_lists(nrows, {}, schema_type("_missing_toast").type),
+            _fallback=_sparse_lists(nrows, fallback_rows, schema_type("_fallback").type),
+            _truncate_options=pa.nulls(nrows, schema_type("_truncate_options").type),
+            _unchanged=_sparse_lists(nrows, still_open, schema_type("_unchanged").type),
+        )
+        return meta
 
     return run
 

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from slotlake.pgtypes import Fallback, resolve_type
+from tests.unit.test_vector_convert import arrow_type, assert_same, exact
 
 SESSION = (
     "SET DateStyle = 'ISO, YMD'",
@@ -649,6 +650,18 @@ def test_type_round_trip(pg_dsn: str, case: Case) -> None:
                 assert from_binary == "\\x" + binary_value.hex()
         # NULL arrives as 'n' in both formats.
         assert text_peek.rows[-1][1] is None and binary_peek.rows[-1][1] is None
+
+        # The whole column at once, as the executors convert it: the per-value results,
+        # and the same in both formats.
+        target = arrow_type(pg_type)
+        columns = []
+        for peek in (text_peek, binary_peek):
+            values = [row[1] for row in peek.rows]
+            assert_same(pg_type, values, target)
+            array, fallbacks = pg_type.convert_column(values, target)
+            columns.append((exact(array.to_pylist()), fallbacks))
+        if case.binary_same_as_text:
+            assert columns[0] == columns[1], case.id
 
 
 def test_timestamptz_values_are_utc(pg_dsn: str) -> None:

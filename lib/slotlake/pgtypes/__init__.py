@@ -55,19 +55,27 @@ so hex). **Replicate extension types, and arrays of domains, with binary=false.*
 
 Usage: ``resolve_type(oid, typmod, type_names).convert(value)``. ``resolve_type`` is
 cached and does all lookups up front; the converters it returns do no name lookups.
+``.convert_column(values, arrow_type)`` converts a whole column: through the type's
+pyarrow kernel (``_vector``) where it has one, value by value for the rest, with the
+same results.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import DecimalException
+from typing import TYPE_CHECKING
 
 from . import _datetime as dt
 from . import _scalars as sc
 from ._arrays import array_codec, parse_array_text, quote_element, render_array_text
 from ._codec import Codec, Fallback
+from ._vector import Decline
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "Fallback",
@@ -196,6 +204,86 @@ class PgType:
             return self._codec.from_binary(value)  # type: ignore[arg-type]
         except _CONVERSION_ERRORS as exc:
             raise self._error(value, exc) from exc
+
+    def convert_column(
+        self, values: Sequence[str | bytes | None], target: pa.DataType, keep_text: bool = False
+    ) -> tuple[pa.Array, dict[int, str]]:
+        """A column of datums → (Arrow array of ``target``, {row: Fallback text}).
+
+        The same values as ``pa.array([convert(v) …], target)`` with every Fallback a
+        null (its text in the dict), but through the type's vectorised kernel (see
+        ``_vector``) where it has one: only the rows the kernel rejects — NaN,
+        infinities, BC, years past 9999, arrays needing the tokenizer — and columns it
+        declines go value by value. ``target`` may widen the type (a column whose type
+        changed). ``keep_text`` is a column forced to string by a type change: text
+        datums are kept as they are, binary ones converted and printed with ``str``.
+        """
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        kinds = set(map(type, values))
+        kinds.discard(type(None))
+        everything = range(len(values))
+        if not kinds:
+            return pa.nulls(len(values), target), {}
+        if keep_text:
+            if kinds == {str}:
+                return pa.array(values, pa.string()).cast(target), {}
+            return self._per_value(values, everything, target, keep_text)
+        kernel = (
+            self._codec.vector_text
+            if kinds == {str}
+            else self._codec.vector_binary
+            if kinds == {bytes}
+            else None
+        )
+        if kernel is None:
+            return self._per_value(values, everything, target)
+        try:
+            converted, rejected = kernel(
+                pa.array(values, pa.string() if kinds == {str} else pa.binary())
+            )
+        except (Decline, pa.ArrowInvalid):
+            return self._per_value(values, everything, target)
+        converted = converted.cast(target)
+        rows = (
+            np.flatnonzero(rejected.to_numpy(zero_copy_only=False)) if rejected is not None else ()
+        )
+        if not len(rows):
+            return converted, {}
+        patch, fallbacks = self._per_value(values, rows, target)
+        # Row r of the result is row r of `converted`, or the per-value result of a rejected row.
+        pick = np.arange(len(values))
+        pick[rows] = len(values) + np.arange(len(rows))
+        return pc.take(pa.concat_arrays([converted, patch]), pa.array(pick)), fallbacks
+
+    def _per_value(
+        self,
+        values: Sequence[str | bytes | None],
+        rows: Sequence[int],
+        target: pa.DataType,
+        keep_text: bool = False,
+    ) -> tuple[pa.Array, dict[int, str]]:
+        """The reference path over ``rows``: (their values as ``target``, {row: Fallback text})."""
+        import pyarrow as pa
+
+        out: list[object] = []
+        fallbacks: dict[int, str] = {}
+        for row in rows:
+            raw = values[row]
+            if raw is None:
+                out.append(None)
+            elif keep_text and type(raw) is str:
+                out.append(raw)
+            else:
+                value = self.convert(raw)
+                if isinstance(value, Fallback):
+                    fallbacks[int(row)] = value.text
+                    out.append(None)
+                else:
+                    out.append(str(value) if keep_text else value)
+        return pa.array(out, target), fallbacks
 
     def binary_to_text(self, value: bytes) -> str:
         """PostgreSQL's text for a binary datum (what a Fallback of it carries)."""

@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from ._codec import INT32, Codec, Fallback
+from ._vector import array_binary_kernel, array_text_kernel
 
 Nested = list  # list of str | None | Nested
 
@@ -198,4 +199,13 @@ def array_codec(element: Codec) -> Codec:
             return Fallback(binary_text(value))
         return out
 
-    return Codec(f"array<{element.spark_ddl}>", from_text, from_binary, binary_text)
+    return Codec(
+        f"array<{element.spark_ddl}>",
+        from_text,
+        from_binary,
+        binary_text,
+        vector_text=None if element.vector_text is None else array_text_kernel(element.vector_text),
+        vector_binary=(
+            None if element.vector_binary is None else array_binary_kernel(element.vector_binary)
+        ),
+    )

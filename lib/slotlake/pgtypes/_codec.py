@@ -6,6 +6,8 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ._vector import Kernel, identity, utf8_kernel
+
 
 class Fallback(NamedTuple):
     """A value that cannot be represented in the column's Spark type.
@@ -31,6 +33,10 @@ class Codec(NamedTuple):
     binary_text: Callable[[bytes], str]
     # False when no value of the type can become a Fallback: lets arrays skip a scan.
     may_fall_back: bool = True
+    # Whole-column kernels over text / binary datums (see _vector), or None: that format
+    # is converted value by value.
+    vector_text: Kernel | None = None
+    vector_binary: Kernel | None = None
 
 
 # Shared precompiled layouts of the binary send formats (network byte order).
@@ -52,4 +58,12 @@ def utf8(value: bytes) -> str:
 
 def string_codec(binary_text: Callable[[bytes], str] = utf8) -> Codec:
     """A type mapped to Spark string whose Python value *is* PostgreSQL's text."""
-    return Codec("string", str, binary_text, binary_text, may_fall_back=False)
+    return Codec(
+        "string",
+        str,
+        binary_text,
+        binary_text,
+        may_fall_back=False,
+        vector_text=identity,
+        vector_binary=utf8_kernel if binary_text is utf8 else None,
+    )

@@ -11,6 +11,9 @@ import re
 import sys
 from datetime import date, datetime, timedelta, timezone
 
+import pyarrow as pa
+
+from . import _vector as vec
 from ._codec import INT32, INT64, Codec, Fallback, string_codec
 
 UTC = timezone.utc
@@ -127,7 +130,19 @@ def _date_from_binary(value: bytes) -> object:
     return Fallback(_date_binary_text(value))
 
 
-DATE = Codec("date", _date_from_text, _date_from_binary, _date_binary_text)
+_UNIX_EPOCH_DAYS = _EPOCH_ORDINAL - date(1970, 1, 1).toordinal()  # 2000-01-01 in Arrow's days
+_UNIX_EPOCH_USECS = _UNIX_EPOCH_DAYS * _USECS_PER_DAY
+
+DATE = Codec(
+    "date",
+    _date_from_text,
+    _date_from_binary,
+    _date_binary_text,
+    vector_text=vec.date_text_kernel,
+    vector_binary=vec.epoch_binary_kernel(
+        ">i4", pa.date32(), _MIN_DAYS, _MAX_DAYS, _UNIX_EPOCH_DAYS
+    ),
+)
 
 # --- timestamp and timestamptz ------------------------------------------------------
 
@@ -224,12 +239,20 @@ TIMESTAMP = Codec(
     _timestamp_from_text,
     _timestamp_from_binary,
     lambda value: _timestamp_binary_text(value, False),
+    vector_text=vec.timestamp_text_kernel(with_zone=False),
+    vector_binary=vec.epoch_binary_kernel(
+        ">i8", pa.timestamp("us"), _MIN_USECS, _MAX_USECS, _UNIX_EPOCH_USECS
+    ),
 )
 TIMESTAMPTZ = Codec(
     "timestamp",
     _timestamptz_from_text,
     _timestamptz_from_binary,
     lambda value: _timestamp_binary_text(value, True),
+    vector_text=vec.timestamp_text_kernel(with_zone=True),
+    vector_binary=vec.epoch_binary_kernel(
+        ">i8", pa.timestamp("us", tz="UTC"), _MIN_USECS, _MAX_USECS, _UNIX_EPOCH_USECS
+    ),
 )
 
 # --- time, timetz, interval: Spark has no such types, so PostgreSQL's text ----------

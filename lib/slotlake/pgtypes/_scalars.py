@@ -7,6 +7,9 @@ import struct
 from collections.abc import Callable
 from decimal import Decimal
 
+import pyarrow as pa
+
+from . import _vector as vec
 from ._codec import (
     FLOAT4,
     FLOAT8,
@@ -32,10 +35,18 @@ def _bool_binary_text(value: bytes) -> str:
     return "t" if _BOOL_BINARY[value] else "f"
 
 
-BOOL = Codec("boolean", _BOOL_TEXT.__getitem__, _BOOL_BINARY.__getitem__, _bool_binary_text, False)
+BOOL = Codec(
+    "boolean",
+    _BOOL_TEXT.__getitem__,
+    _BOOL_BINARY.__getitem__,
+    _bool_binary_text,
+    False,
+    vec.bool_text_kernel,
+    vec.bool_binary_kernel,
+)
 
 
-def _int_codec(ddl: str, layout: struct.Struct) -> Codec:
+def _int_codec(ddl: str, layout: struct.Struct, arrow_type: pa.DataType, dtype: str) -> Codec:
     unpack_from = layout.unpack
 
     def from_binary(value: bytes) -> int:
@@ -44,14 +55,22 @@ def _int_codec(ddl: str, layout: struct.Struct) -> Codec:
     def binary_text(value: bytes) -> str:
         return str(unpack_from(value)[0])
 
-    return Codec(ddl, int, from_binary, binary_text, False)
+    return Codec(
+        ddl,
+        int,
+        from_binary,
+        binary_text,
+        False,
+        vec.int_text_kernel(arrow_type),
+        vec.fixed_binary_kernel(dtype, arrow_type),
+    )
 
 
-INT2 = _int_codec("smallint", INT16)
-INT4 = _int_codec("int", INT32)
-INT8 = _int_codec("bigint", INT64)
+INT2 = _int_codec("smallint", INT16, pa.int16(), ">i2")
+INT4 = _int_codec("int", INT32, pa.int32(), ">i4")
+INT8 = _int_codec("bigint", INT64, pa.int64(), ">i8")
 # oid, xid and cid are unsigned 32-bit: only bigint holds all of them.
-UINT4 = _int_codec("bigint", UINT32)
+UINT4 = _int_codec("bigint", UINT32, pa.int64(), ">u4")
 
 _INT64_MAX = 2**63 - 1
 
@@ -172,8 +191,24 @@ def _float8_binary_text(value: bytes) -> str:
     return _format_float(x, repr, 15)
 
 
-FLOAT4_CODEC = Codec("float", _float4_from_text, _float4_from_binary, _float4_binary_text, False)
-FLOAT8_CODEC = Codec("double", float, _float8_from_binary, _float8_binary_text, False)
+FLOAT4_CODEC = Codec(
+    "float",
+    _float4_from_text,
+    _float4_from_binary,
+    _float4_binary_text,
+    False,
+    vec.float4_text_kernel,
+    vec.fixed_binary_kernel(">f4", pa.float32(), via="float64"),
+)
+FLOAT8_CODEC = Codec(
+    "double",
+    float,
+    _float8_from_binary,
+    _float8_binary_text,
+    False,
+    vec.float8_text_kernel,
+    vec.fixed_binary_kernel(">f8", pa.float64()),
+)
 
 # --- numeric ------------------------------------------------------------------------
 
@@ -237,7 +272,14 @@ def numeric_codec(typmod: int) -> Codec:
     def from_binary(value: bytes) -> object:
         return from_text(numeric_binary_text(value))
 
-    return Codec(f"decimal({precision},{scale})", from_text, from_binary, numeric_binary_text)
+    return Codec(
+        f"decimal({precision},{scale})",
+        from_text,
+        from_binary,
+        numeric_binary_text,
+        vector_text=vec.decimal_text_kernel(precision, scale),
+        vector_binary=vec.decimal_binary_kernel(precision, scale),
+    )
 
 
 # --- money --------------------------------------------------------------------------
@@ -296,7 +338,9 @@ def bytea_binary_text(value: bytes) -> str:
     return "\\x" + value.hex()
 
 
-BYTEA = Codec("binary", _bytea_from_text, bytes, bytea_binary_text, False)
+BYTEA = Codec(
+    "binary", _bytea_from_text, bytes, bytea_binary_text, False, vector_binary=vec.identity
+)
 
 
 def _uuid_binary_text(value: bytes) -> str:
