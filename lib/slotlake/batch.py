@@ -298,8 +298,8 @@ def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
 class _Steps:
     """Debug timings of one table's steps (``--log-level DEBUG`` shows them)."""
 
-    def __init__(self, what: str, spark: Any = None) -> None:
-        self.what, self.t = what, time.monotonic()
+    def __init__(self, what: str, spark: Any = None, logger: logging.Logger = log) -> None:
+        self.what, self.t, self.log = what, time.monotonic(), logger
         self.tracker = spark.sparkContext.statusTracker() if spark is not None else None
         self.jobs = self._jobs()
 
@@ -308,7 +308,7 @@ class _Steps:
 
     def __call__(self, step: str) -> None:
         now, jobs = time.monotonic(), self._jobs()
-        log.debug("%s: %s in %.2fs (%d jobs)", self.what, step, now - self.t, jobs - self.jobs)
+        self.log.debug("%s: %s in %.2fs (%d jobs)", self.what, step, now - self.t, jobs - self.jobs)
         self.t, self.jobs = now, jobs
 
 
