@@ -113,6 +113,10 @@ def ensure_table(
             spark.sql(f"ALTER TABLE {ref} DROP COLUMNS ({', '.join(quote(n) for n in gone)})")
     current = spark.read.format("delta").load(path).schema
     want_types = {f.name: f.dataType for f in schema.fields}
+    if "_old" in want_types and "_old" in current.fieldNames():
+        # A change log's old image keeps every column it ever had (as the table does):
+        # only the types of the fields both name can change, not the struct's field list.
+        want_types["_old"] = _old_image_type(current["_old"].dataType, want_types["_old"])
     changed = [
         f.name
         for f in current.fields
@@ -120,6 +124,17 @@ def ensure_table(
     ]
     if changed:
         _rewrite_with_types(spark, path, current, want_types, changed)
+
+
+def _old_image_type(have: Any, want: Any) -> Any:
+    """The ``_old`` struct ``have`` with the types ``want`` gives its fields."""
+    from pyspark.sql.types import StructField
+    from pyspark.sql.types import StructType as ST
+
+    if not isinstance(have, ST) or not isinstance(want, ST):
+        return want
+    types = {f.name: f.dataType for f in want.fields}
+    return ST([StructField(f.name, types.get(f.name, f.dataType), f.nullable) for f in have.fields])
 
 
 def _struct_fields(schema: StructType, name: str) -> dict[str, Any]:
@@ -417,9 +432,17 @@ def local_schema(path: str) -> StructType | None:
 
 def differs(current: StructType, schema: StructType, drop_missing: bool = False) -> bool:
     """Whether :func:`ensure_table` would change a table of schema ``current``."""
-    have = {f.name: _type_key(f.dataType) for f in current.fields}
-    if any(have.get(f.name) != _type_key(f.dataType) for f in schema.fields):
-        return True
+    have = {f.name: f.dataType for f in current.fields}
+    for f in schema.fields:
+        if f.name not in have:
+            return True
+        want = f.dataType
+        if f.name == "_old":
+            if set(_struct_fields(schema, "_old")) - set(_struct_fields(current, "_old")):
+                return True
+            want = _old_image_type(have["_old"], want)
+        if _type_key(have[f.name]) != _type_key(want):
+            return True
     return drop_missing and bool(set(have) - set(schema.fieldNames()))
 
 

@@ -221,6 +221,55 @@ def test_failure_among_small_tables_leaves_nothing(
         ).fetchone() == (0,)
 
 
+def test_rebootstrap_onto_lake_evolves_small_tables(
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:
+    """--onto-existing-lake over small tables whose columns changed at the source: Spark's
+    ALTER TABLE evolves the driver's tables first, the copy is written in their order."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, a text, b int, c text)")
+        c.execute("INSERT INTO t SELECT g, 'a' || g, g, 'c' FROM generate_series(1, 5) g")
+        c.execute("CREATE TABLE same (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO same VALUES (1, 'one')")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)
+        c.execute("ALTER TABLE t RENAME COLUMN a TO a2")
+        c.execute("ALTER TABLE t DROP COLUMN c")
+        c.execute("ALTER TABLE t ADD COLUMN d numeric(5,1) DEFAULT 1.5")
+        c.execute("ALTER TABLE t ALTER COLUMN b TYPE text")
+        c.execute("INSERT INTO t VALUES (6, 'a6', 'six', 2.5)")
+        result = run_bootstrap(cfg, spark=spark, rebootstrap=True, onto_existing_lake=True)
+        assert all(t.driver for t in result.tables.values())
+        rec = Lake(lake).last_commit()
+        assert rec is not None and rec.batch == 2
+        state = rec.tables["public.t"].state
+        ops = [
+            (e["commitInfo"].get("engineInfo", ""), e["commitInfo"]["operation"])
+            for _, e in sorted(_log_entries(lake, state).items())
+        ]
+        assert ops[-1] == (ops[-1][0], "WRITE") and ops[-1][0].startswith("delta-rs"), ops
+        assert any(e.startswith("Apache-Spark") for e, _ in ops[2:-1]), ops  # the ALTERs
+        # Only the table that changed needed Spark; the other kept its two entries + copy.
+        assert all(
+            not e.startswith("Apache-Spark")
+            for e in _engines(lake, rec.tables["public.same"].state)
+        )
+        assert set(read_state(lake, "public.t").column_names) == {
+            "id",
+            "a2",
+            "b",
+            "d",
+            "_fallback",
+            "_missing_toast",
+        }
+        assert_mirror(c, lake, ["public.t", "public.same"])
+        c.execute("UPDATE t SET d = 9.5, b = 'x' WHERE id <= 2")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, lake, ["public.t", "public.same"])
+
+
 def test_multiset_table_groups_as_spark(spark) -> None:
     """The driver's pyarrow grouping of a multiset equals Spark's (multiset_rows)."""
     from pyspark.sql.types import StructType
