@@ -1,21 +1,26 @@
 #!/usr/bin/env python
-"""Bootstrap benchmark: the initial copy of a multi-million-row table vs the COPY floor.
+"""Bootstrap benchmark: the initial copy against the COPY floor, for one big table or many
+small ones.
 
 Starts a throwaway PostgreSQL, fills one 8-column table (int8 PK, int4, text with NULLs
-and non-ASCII, numeric(12,2), timestamptz, bool, float8, varchar) with ``--rows`` rows,
-then times
+and non-ASCII, numeric(12,2), timestamptz, bool, float8, varchar) with ``--rows`` rows —
+or, with ``--tables N``, N such tables of ``--rows`` rows each — then times
 
-* **floor**: ``psql -c "COPY (SELECT … FROM ONLY bench) TO STDOUT" > /dev/null`` — the
-  server's output functions and the wire, with nothing done to the rows;
-* **bootstrap**: ``slotlake.bootstrap.run_bootstrap`` for the table's copy (create the
-  slot, COPY in the exported snapshot over ``--parallel`` connections as Spark tasks,
-  convert every value with the sync job's type mapping, write the state Parquet).
+* **floor**: ``psql`` running ``COPY (SELECT … FROM ONLY <table>) TO STDOUT`` for every
+  table in one session, into /dev/null — the server's output functions and the wire,
+  with nothing done to the rows;
+* **bootstrap**: ``slotlake.bootstrap.run_bootstrap`` (create the slot, COPY in the
+  exported snapshot, convert every value with the sync job's type mapping, write each
+  table's Delta state and empty change log, commit). Big tables are copied by Spark tasks
+  over ``--parallel`` connections; tables under ``lake.bootstrap_driver_mb`` on the
+  driver (``--driver-mb`` sets it; 0 sends every table through Spark).
 
 Both are reported in rows/s and MB/s of COPY text, with their ratio. Not a test: run by
 hand (2 cores are shared with everything else on the machine; the load average is
 printed with the results).
 
-    python bench/bootstrap_bench.py [--version 15|16] [--rows N] [--parallel K] [--json PATH|-]
+    python bench/bootstrap_bench.py [--version 15|16] [--rows N] [--tables N] [--parallel K]
+                                    [--driver-mb MB] [--json PATH|-]
 """
 
 from __future__ import annotations
@@ -37,13 +42,13 @@ from slotlake.config import Config, LakeConfig, SourceConfig
 from slotlake.localpg import LocalPostgres
 
 DDL = """
-CREATE TABLE bench (
+CREATE TABLE {name} (
     id int8 PRIMARY KEY, i4 int4, t text, n numeric(12,2), ts timestamptz, b bool, f float8,
     vc varchar(40)
 )
 """
 FILL = """
-INSERT INTO bench
+INSERT INTO {name}
 SELECT i, (i * 7919) %% 2000000 - 1000000,
        CASE WHEN i %% 17 = 0 THEN NULL ELSE 'row ' || i || ' ' || repeat('é', (i %% 5)::int) END,
        ((i %% 100000) - 50000) / 100.0,
@@ -52,6 +57,28 @@ SELECT i, (i * 7919) %% 2000000 - 1000000,
 FROM generate_series(%(lo)s::int8, %(hi)s::int8) AS i
 """
 COLUMNS = "id, i4, t, n, ts, b, f, vc"
+
+
+def table_names(tables: int) -> list[str]:
+    """``bench`` alone (the big-table scenario), or ``small_0001``… (many small tables)."""
+    return [f"small_{i:04d}" for i in range(1, tables + 1)] if tables else ["bench"]
+
+
+def fill(dsn: str, names: list[str], rows: int) -> float:
+    """Create and fill the tables and their publication; returns the heap size in MB."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for name in names:
+            c.execute(DDL.format(name=name))
+            step = 500_000
+            for lo in range(1, rows + 1, step):
+                c.execute(FILL.format(name=name), {"lo": lo, "hi": min(lo + step - 1, rows)})
+        c.execute("VACUUM ANALYZE")
+        c.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(names)}")
+        (table_mb,) = c.execute(
+            "SELECT sum(pg_relation_size(oid)) / 1e6::float8 FROM pg_class WHERE relname = ANY(%s)",
+            (names,),
+        ).fetchone() or (0.0,)
+    return float(table_mb)
 
 
 def find_psql(cluster: LocalPostgres) -> str:
@@ -68,10 +95,13 @@ def find_psql(cluster: LocalPostgres) -> str:
     return found
 
 
-def floor(psql: str, dsn: str, fmt: str) -> tuple[float, int]:
-    """(seconds to drain COPY into /dev/null, bytes of COPY output)."""
-    query = f"COPY (SELECT {COLUMNS} FROM ONLY bench) TO STDOUT{fmt}"
-    argv = [psql, "-X", "-q", "-d", dsn, "-c", query]
+def floor(psql: str, dsn: str, fmt: str, names: list[str], work: Path) -> tuple[float, int]:
+    """(seconds to drain every table's COPY into /dev/null in one session, bytes of output)."""
+    script = work / f"floor{len(fmt)}.sql"
+    script.write_text(
+        "".join(f"COPY (SELECT {COLUMNS} FROM ONLY {n}) TO STDOUT{fmt};\n" for n in names)
+    )
+    argv = [psql, "-X", "-q", "-d", dsn, "-f", str(script)]
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as sink:
         subprocess.run(argv, stdout=sink, check=True)
@@ -82,11 +112,24 @@ def floor(psql: str, dsn: str, fmt: str) -> tuple[float, int]:
     return seconds, int(size.stdout.split()[0])
 
 
+def rates(seconds: float, rows: int, nbytes: int) -> dict[str, float]:
+    return {
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(rows / seconds),
+        "mb_per_s": round(nbytes / 1e6 / seconds, 1),
+        "mb": round(nbytes / 1e6, 1),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--version", type=int, default=16)
-    ap.add_argument("--rows", type=int, default=3_000_000)
-    ap.add_argument("--parallel", type=int, default=2, help="copy connections (Spark tasks)")
+    ap.add_argument("--rows", type=int, default=3_000_000, help="rows per table")
+    ap.add_argument("--tables", type=int, default=0, help="N small tables instead of one")
+    ap.add_argument("--parallel", type=int, default=2, help="copy connections")
+    ap.add_argument(
+        "--driver-mb", type=int, default=None, help="lake.bootstrap_driver_mb (0: Spark only)"
+    )
     ap.add_argument("--json", default=None, help="write results as JSON (- for stdout)")
     args = ap.parse_args()
 
@@ -94,77 +137,64 @@ def main() -> int:
 
     spark = build_session("slotlake-bootstrap-bench")
     work = Path(tempfile.mkdtemp(prefix="slotlake-bootstrap-bench-"))
+    names = table_names(args.tables)
     try:
         with LocalPostgres(version=args.version) as pg:
             dsn = pg.dsn()
             t0 = time.perf_counter()
-            with psycopg.connect(dsn, autocommit=True) as c:
-                c.execute(DDL)
-                step = 500_000
-                for lo in range(1, args.rows + 1, step):
-                    c.execute(FILL, {"lo": lo, "hi": min(lo + step - 1, args.rows)})
-                c.execute("VACUUM ANALYZE bench")
-                c.execute("CREATE PUBLICATION pub FOR TABLE bench")
-                (table_mb,) = c.execute(
-                    "SELECT pg_relation_size('bench') / 1e6::float8"
-                ).fetchone() or (0.0,)
+            table_mb = fill(dsn, names, args.rows)
             print(
-                f"filled {args.rows:,} rows ({table_mb:,.0f} MB heap) in {time.perf_counter() - t0:.1f}s"
+                f"filled {len(names)} table(s) × {args.rows:,} rows ({table_mb:,.1f} MB heap) "
+                f"in {time.perf_counter() - t0:.1f}s"
             )
             psql = find_psql(pg)
-            floor_text_s, text_bytes = floor(psql, dsn, "")
-            floor_csv_s, csv_bytes = floor(psql, dsn, " (FORMAT csv)")
+            floor_text_s, text_bytes = floor(psql, dsn, "", names, work)
+            floor_csv_s, csv_bytes = floor(psql, dsn, " (FORMAT csv)", names, work)
+            lake_cfg = LakeConfig(path=str(work / "lake"))
+            if args.driver_mb is not None:
+                lake_cfg.bootstrap_driver_mb = args.driver_mb
             cfg = Config(
-                source=SourceConfig(dsn=dsn, slot="bench", publications=["pub"]),
-                lake=LakeConfig(path=str(work / "lake")),
+                source=SourceConfig(dsn=dsn, slot="bench", publications=["pub"]), lake=lake_cfg
             )
             result = run_bootstrap(cfg, spark=spark, parallel=args.parallel, progress=print)
-            copy = result.tables["public.bench"]
-            assert copy.rows == args.rows, (copy.rows, args.rows)
+            assert len(result.tables) == len(names)
+            copied = list(result.tables.values())
+            assert all(t.rows == args.rows for t in copied), [t.rows for t in copied]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
-    rows = args.rows
+    rows = args.rows * len(names)
+    copy_bytes = sum(t.bytes for t in copied)
     out = {
         "postgres": args.version,
+        "tables": len(names),
+        "rows_per_table": args.rows,
         "rows": rows,
         "parallel": args.parallel,
+        "driver_mb": args.driver_mb,
         "load_average_1m": round(load, 1),
-        "floor_text": {
-            "seconds": round(floor_text_s, 2),
-            "rows_per_s": round(rows / floor_text_s),
-            "mb_per_s": round(text_bytes / 1e6 / floor_text_s, 1),
-            "mb": round(text_bytes / 1e6, 1),
-        },
-        "floor_csv": {
-            "seconds": round(floor_csv_s, 2),
-            "rows_per_s": round(rows / floor_csv_s),
-            "mb_per_s": round(csv_bytes / 1e6 / floor_csv_s, 1),
-            "mb": round(csv_bytes / 1e6, 1),
-        },
-        "bootstrap_copy": {
-            "seconds": round(copy.seconds, 2),
-            "rows_per_s": round(rows / copy.seconds),
-            "mb_per_s": round(copy.bytes / 1e6 / copy.seconds, 1),
-            "mb": round(copy.bytes / 1e6, 1),
-            "ranges": copy.ranges,
-        },
-        "bootstrap_total_seconds": round(result.seconds, 2),
-        "ratio_copy_vs_text_floor": round(copy.seconds / floor_text_s, 1),
+        "floor_text": rates(floor_text_s, rows, text_bytes),
+        "floor_csv": rates(floor_csv_s, rows, csv_bytes),
+        # Tables are copied one after another (Spark) or several at once (driver): the
+        # whole run is the figure to compare, the per-table sum shows the overlap.
+        "bootstrap_total": rates(result.seconds, rows, copy_bytes),
+        "per_table_seconds_sum": round(sum(t.seconds for t in copied), 2),
+        "ranges": sum(t.ranges for t in copied),
+        "ratio_total_vs_text_floor": round(result.seconds / floor_text_s, 1),
     }
     print()
-    print(f"{'':28}{'seconds':>10}{'rows/s':>14}{'MB/s':>10}")
+    print(f"{'':30}{'seconds':>10}{'rows/s':>14}{'MB/s':>10}")
     for label, key in (
         ("floor: COPY text > null", "floor_text"),
         ("floor: COPY csv > null", "floor_csv"),
-        ("bootstrap copy (→ Parquet)", "bootstrap_copy"),
+        ("bootstrap (slot→commit)", "bootstrap_total"),
     ):
         r = out[key]
         assert isinstance(r, dict)
-        print(f"{label:28}{r['seconds']:>10.2f}{r['rows_per_s']:>14,}{r['mb_per_s']:>10.1f}")
+        print(f"{label:30}{r['seconds']:>10.2f}{r['rows_per_s']:>14,}{r['mb_per_s']:>10.1f}")
     print(
-        f"bootstrap copy / text floor: {out['ratio_copy_vs_text_floor']}x "
-        f"(total bootstrap incl. slot and commit {out['bootstrap_total_seconds']}s; "
+        f"bootstrap / text floor: {out['ratio_total_vs_text_floor']}x "
+        f"({len(names)} table(s), per-table times summed {out['per_table_seconds_sum']}s; "
         f"load average {out['load_average_1m']})"
     )
     if args.json == "-":

@@ -299,11 +299,11 @@ def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
 class _Steps:
     """Debug timings of one table's steps (``--log-level DEBUG`` shows them)."""
 
-    def __init__(self, what: str, spark: Any = None) -> None:
-        self.what, self.t = what, time.monotonic()
+    def __init__(self, what: str, spark: Any = None, logger: logging.Logger = log) -> None:
+        self.what, self.t, self.log = what, time.monotonic(), logger
         # Listing the session's job ids crosses py4j once per job ever run (measured: a
         # quarter of a small table's time): only for a debug log.
-        debug = spark is not None and log.isEnabledFor(logging.DEBUG)
+        debug = spark is not None and logger.isEnabledFor(logging.DEBUG)
         self.tracker = spark.sparkContext.statusTracker() if debug else None
         self.jobs = self._jobs()
 
@@ -312,7 +312,7 @@ class _Steps:
 
     def __call__(self, step: str) -> None:
         now, jobs = time.monotonic(), self._jobs()
-        log.debug("%s: %s in %.2fs (%d jobs)", self.what, step, now - self.t, jobs - self.jobs)
+        self.log.debug("%s: %s in %.2fs (%d jobs)", self.what, step, now - self.t, jobs - self.jobs)
         self.t, self.jobs = now, jobs
 
 

@@ -49,6 +49,21 @@ cluster has fewer task slots); tables are copied one after another. Progress: a 
 thread polls ``pg_stat_progress_copy`` for the bootstrap's own backends (live rows and
 bytes) and each table ends with a line of rows, bytes and rates.
 
+Small tables (why not Spark). Through Spark every table pays a chain of jobs whatever its
+size (creating the state, the copy's write, its history read, creating the change log:
+seven jobs and 1.3–2.3 s on two cores for a 1,000-row table), so a database of hundreds
+of small tables took minutes. A table of one range (not worth splitting) and at most
+``lake.bootstrap_driver_mb`` on disk (heap and TOAST, from the file sizes) is therefore
+copied on the driver, ``parallel`` tables at a time on a thread pool (each thread keeps
+one connection in the snapshot), through the same :func:`copy_rows` and
+:func:`convert_csv`; a multiset is grouped by :func:`multiset_table` (pyarrow, the twin
+of the Spark path's :func:`multiset_rows`). Its Delta tables are created by the driver
+exactly as Spark creates them (:func:`slotlake.delta.create_on_driver`: same protocol,
+features, configuration and column mapping ids) and the copy is written by ``deltalake``
+in one overwrite commit carrying the same txn marker: the lake cannot tell the two paths
+apart except by the commits' ``engineInfo``. The small tables go first, then the big
+ones through Spark. Lakes on Hadoop file systems take the Spark path for every table.
+
 Re-bootstrap rule (nothing is ever dropped silently):
 
 * Slot absent, lake without commits → bootstrap.
@@ -84,6 +99,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import math
 import re
@@ -96,6 +112,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from slotlake.batch import _Steps
 from slotlake.config import Config
 from slotlake.ddltypes import parse_struct, parse_type
 from slotlake.lake import (
@@ -108,6 +125,7 @@ from slotlake.lake import (
     CommitRecord,
     Lake,
     TableCommit,
+    local_path,
     make_record,
     new_attempt,
 )
@@ -159,6 +177,8 @@ class TablePlan:
     key_columns: list[str]
     row_filter: str | None
     blocks: int
+    # On-disk bytes to copy (heap + TOAST of every leaf): what decides the driver path.
+    bytes: int = 0
     ranges: list[tuple[int | None, int | None]] = field(default_factory=list)
 
     @property
@@ -331,13 +351,16 @@ def read_plan(
             keys = []
         # Heap blocks to split; a partitioned root spans its largest leaf (a ctid range
         # applies to every partition's scan alike). pg_partition_tree lists nothing for a
-        # table that is neither partitioned nor a partition.
-        (blocks,) = conn.execute(
+        # table that is neither partitioned nor a partition. The size (heap and TOAST of
+        # every leaf) is the file size, not a statistic: right even before any ANALYZE.
+        blocks, nbytes = conn.execute(
             "SELECT coalesce((SELECT max(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)"
             " WHERE isleaf), pg_relation_size(%s::oid))::bigint"
-            " / current_setting('block_size')::int",
-            (oid, oid),
-        ).fetchone() or (0,)
+            " / current_setting('block_size')::int,"
+            " coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid)"
+            " WHERE isleaf), pg_table_size(%s::oid))::bigint",
+            (oid, oid, oid, oid),
+        ).fetchone() or (0, 0)
         row_filter = None
         if not entry["unfiltered"] and entry["filters"]:
             row_filter = " OR ".join(f"({f})" for f in entry["filters"])
@@ -350,6 +373,7 @@ def read_plan(
             key_columns=keys,
             row_filter=row_filter,
             blocks=int(blocks),
+            bytes=int(nbytes),
         )
         plan_.ranges = split_ranges(plan_.blocks, parallel, min_range_blocks)
         plans.append(plan_)
@@ -488,21 +512,43 @@ def convert_csv(chunk: bytes, plan: TablePlan, schema: pa.Schema) -> pa.RecordBa
 def copy_range(
     task: CopyTask, index: int, on_done: Callable[[int, int], None] | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """Stream range ``index`` of the task's table as state batches; reports (rows, bytes)."""
-    lo, hi = task.plan.ranges[index]
-    query = task.plan.copy_query(lo, hi)
-    rows = nbytes = 0
-    secrets = [p for p in (dsn_password(task.dsn),) if p]
+    """Stream range ``index`` of the task's table as state batches over a connection of its
+    own; reports (rows, bytes)."""
+    conn = snapshot_connection(task)
     try:
-        conn = open_snapshot_connection(
+        yield from copy_rows(conn, task, index, on_done)
+        with contextlib.suppress(psycopg.Error):  # read only: nothing to undo
+            conn.rollback()
+    finally:
+        conn.close()
+
+
+def snapshot_connection(task: CopyTask) -> psycopg.Connection[Any]:
+    """:func:`open_snapshot_connection` for the task, failing with a BootstrapError."""
+    try:
+        return open_snapshot_connection(
             task.dsn, task.snapshot, task.application_name, task.settings
         )
     except psycopg.Error as exc:
+        secrets = [p for p in (dsn_password(task.dsn),) if p]
         raise BootstrapError(
             redact_text(
                 f"cannot open a copy connection in snapshot {task.snapshot}: {exc}", secrets
             )
         ) from None
+
+
+def copy_rows(
+    conn: psycopg.Connection[Any],
+    task: CopyTask,
+    index: int,
+    on_done: Callable[[int, int], None] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Stream range ``index`` of the task's table over ``conn``, a connection in the
+    snapshot; its transaction stays open (the driver copies several tables over one)."""
+    lo, hi = task.plan.ranges[index]
+    query = task.plan.copy_query(lo, hi)
+    rows = nbytes = 0
     try:
         with conn.cursor().copy(query) as copy:
             buf = bytearray()
@@ -520,13 +566,11 @@ def copy_range(
                 rows += batch.num_rows
                 nbytes += len(buf)
                 yield batch
-        conn.rollback()
     except psycopg.Error as exc:
+        secrets = [p for p in (dsn_password(task.dsn),) if p]
         raise BootstrapError(
             redact_text(f"copy of {task.plan.name} range {lo}..{hi} failed: {exc}", secrets)
         ) from None
-    finally:
-        conn.close()
     if on_done is not None:
         on_done(rows, nbytes)
 
@@ -540,6 +584,7 @@ class TableResult:
     bytes: int
     seconds: float
     ranges: int
+    driver: bool = False  # copied and written on the driver (a small table)
 
 
 @dataclass
@@ -565,12 +610,21 @@ class _ProgressPoller:
         self.progress = progress
         self.table = ""
         self.started = time.monotonic()
-        # Accumulators of the ranges whose Spark task finished (their COPY is gone from
-        # pg_stat_progress_copy); set per table by copy_table.
+        # Rows and bytes of the COPYs that ended (they are gone from pg_stat_progress_copy):
+        # Spark accumulators of one table's ranges, or the driver's running totals.
         self.finished: tuple[Any, Any] | None = None
         self._shown = (0, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bootstrap-progress", daemon=True)
+
+    def begin(self, table: str, finished: tuple[Any, Any] | None = None) -> None:
+        """Report what follows as ``table`` (a name, or the small tables together)."""
+        self.table, self.started, self._shown, self.finished = (
+            table,
+            time.monotonic(),
+            (0, 0),
+            finished,
+        )
 
     def start(self) -> None:
         if self.interval > 0:
@@ -839,6 +893,74 @@ def multiset_rows(df: DataFrame, columns: Sequence[str]) -> DataFrame:
     )
 
 
+def multiset_table(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """:func:`multiset_rows` for a copy held by the driver, with pyarrow's group_by: the
+    same groups, the same representative values, the same columns.
+
+    Spark's grouping normalises floats (-0.0 is 0.0; every NaN is one NaN), also inside
+    arrays, and compares arrays and maps whole. Arrow groups floats by value and cannot
+    group nested values: columns are normalised first, and nested values and
+    ``_fallback`` are grouped on their JSON text (built in Python: tables on this path
+    are small).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    data = {c: _normalised(table.column(c)) for c in columns}
+    keys = {f"k{i}": _groupable(col) for i, col in enumerate(data.values())}
+    keys["kfb"] = pa.array(
+        [json.dumps(sorted(fb)) for fb in table.column("_fallback").to_pylist()], pa.string()
+    )
+    keys["row"] = pa.array(range(table.num_rows), pa.int64())
+    groups = (
+        pa.table(keys)
+        .group_by([k for k in keys if k != "row"], use_threads=False)
+        .aggregate([("row", "min"), ("row", "count")])
+    )
+    first = groups.column("row_min")
+    out = pa.table({c: col.take(first) for c, col in data.items()})
+    out = out.append_column(table.schema.field("_fallback"), table.column("_fallback").take(first))
+    missing = table.schema.field("_missing_toast")
+    out = out.append_column(missing, pa.array([[]] * len(first), missing.type))
+    return out.append_column(COPIES, pc.cast(groups.column("row_count"), pa.int64()))
+
+
+def _normalised(col: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    """A column as Spark's grouping keys hold it: -0.0 is 0.0 (NaN is one value in both),
+    inside arrays and maps too."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_floating(col.type):
+        return pc.if_else(pc.equal(col, 0), pa.scalar(0.0, col.type), col)
+    if pa.types.is_nested(col.type):
+        return pa.array([_normal_value(v) for v in col.to_pylist()], col.type)
+    return col
+
+
+def _normal_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return 0.0 if value == 0 else value
+    if isinstance(value, list):
+        return [_normal_value(v) for v in value]
+    if isinstance(value, tuple):  # a map entry
+        return tuple(_normal_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _normal_value(v) for k, v in value.items()}
+    return value
+
+
+def _groupable(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A column Arrow can group by: nested values as their JSON text, anything else as it is."""
+    import pyarrow as pa
+
+    if not pa.types.is_nested(col.type):
+        return col
+    return pa.array(
+        [None if v is None else json.dumps(v, default=repr) for v in col.to_pylist()], pa.string()
+    )
+
+
 def copy_table(
     spark: SparkSession,
     lake: Lake,
@@ -847,6 +969,7 @@ def copy_table(
     app_id: str,
     batch: int,
     poller: _ProgressPoller | None = None,
+    steps: Callable[[str], None] = lambda step: None,
 ) -> tuple[int, int, WriteResult]:
     """Copy one table as Spark tasks (one per range) into its Delta state, in one commit.
 
@@ -862,7 +985,7 @@ def copy_table(
     rows_acc = sc.accumulator(0)
     bytes_acc = sc.accumulator(0)
     if poller is not None:
-        poller.finished = (rows_acc, bytes_acc)
+        poller.begin(task.plan.name, (rows_acc, bytes_acc))
 
     def done(rows: int, nbytes: int) -> None:
         rows_acc.add(rows)
@@ -879,28 +1002,69 @@ def copy_table(
         df = multiset_rows(df, [c.name for c in task.plan.columns])
     path = lake.path(state_rel)
     ensure_table(spark, path, parse_struct(_delta_state_ddl(task.plan)), drop_missing=True)
+    steps("state table ready")
     result = overwrite(df, path, app_id, batch)
+    steps("copied into the state")
     # The copy runs once, in the write's job (a multiset's in its map stage): Spark merges
     # each successful task's accumulator updates once, so these are the rows copied.
     return int(rows_acc.value), int(bytes_acc.value), result
 
 
-def ensure_empty(spark: SparkSession, lake: Lake, rel: str, ddl: str) -> int:
+def ensure_empty(
+    spark: SparkSession, lake: Lake, rel: str, ddl: str, on_driver: bool = False
+) -> int:
     """Create the Delta table ``rel`` with these columns (or add the missing ones to it);
     returns its current version. A new table is empty: what sync finds before its first
-    append (a change log, the transactions table)."""
+    append (a change log, the transactions table). ``on_driver``: a local lake's table,
+    created without Spark (:func:`ensure_on_driver`)."""
 
     from slotlake.delta import ensure_table, last_commit
 
+    schema = parse_struct(ddl)
+    if on_driver:
+        return ensure_on_driver(spark, lake, rel, schema)
     path = lake.path(rel)
     ensure_table(spark, path, parse_struct(ddl))
     return last_commit(spark, path).version
 
 
+def ensure_on_driver(
+    spark: SparkSession, lake: Lake, rel: str, schema: Any, drop_missing: bool = False
+) -> int:
+    """:func:`slotlake.delta.ensure_table` for a local lake's table, without Spark unless
+    its columns must change: a new table's first log entry is written by the driver
+    (:func:`slotlake.delta.create_on_driver`); a table that already has the columns is left
+    as it is; only a re-bootstrap onto a table whose columns changed at the source runs
+    Spark's ALTER TABLE (rare DDL). Returns the table's version."""
+    from slotlake.delta import (
+        create_on_driver,
+        delta_schema,
+        ensure_table,
+        local_version,
+        needs_evolution,
+    )
+
+    local = _local(lake, rel)
+    current = delta_schema(local)
+    if current is None:
+        return create_on_driver(local, schema)
+    if needs_evolution(current, schema, {}, drop_missing):
+        ensure_table(spark, lake.path(rel), schema, drop_missing=drop_missing)
+    version = local_version(local)
+    assert version is not None
+    return version
+
+
+def _local(lake: Lake, rel: str) -> str:
+    return str(local_path(lake.path(rel)))
+
+
 def _head(spark: SparkSession, lake: Lake, rel: str) -> int | None:
     """The latest version of the lake's Delta table ``rel`` (None: there is none)."""
-    from slotlake.delta import is_delta_table, last_commit
+    from slotlake.delta import is_delta_table, last_commit, local_version
 
+    if lake.on_local_disk:
+        return local_version(_local(lake, rel))  # from the log, no Spark job
     path = lake.path(rel)
     if not lake.exists(rel) or not is_delta_table(spark, path):
         return None
@@ -909,13 +1073,234 @@ def _head(spark: SparkSession, lake: Lake, rel: str) -> int | None:
 
 def _earlier_types(spark: SparkSession, lake: Lake, rels: Sequence[str]) -> dict[str, str]:
     """Column → Spark type in the lake's existing Delta tables ``rels`` (log first)."""
+    from slotlake.delta import delta_schema
+
     out: dict[str, str] = {}
     for rel in rels:
-        if _head(spark, lake, rel) is None:
-            continue
-        for f in spark.read.format("delta").load(lake.path(rel)).schema.fields:
+        if lake.on_local_disk:
+            schema = delta_schema(_local(lake, rel))
+        elif _head(spark, lake, rel) is not None:
+            schema = spark.read.format("delta").load(lake.path(rel)).schema
+        else:
+            schema = None
+        for f in schema.fields if schema is not None else []:
             out.setdefault(f.name, f.dataType.simpleString())
     return out
+
+
+# -- one table's copy, on either path -------------------------------------------------------
+
+
+@dataclass
+class _Attempt:
+    """What the copies of one bootstrap attempt share."""
+
+    spark: SparkSession
+    lake: Lake
+    dsn: str
+    snapshot: str
+    application_name: str
+    settings: tuple[tuple[str, str], ...]
+    app_id: str  # the attempt's Delta txnAppId
+    batch: int
+    last: CommitRecord | None
+    parallel: int
+    driver_bytes: int  # tables up to this size are copied on the driver (0: none)
+    poller: _ProgressPoller
+    touch: Callable[[str], None]  # record a table's version before the attempt writes it
+
+    def prepare(self, plan: TablePlan) -> tuple[str, str]:
+        """The table's (state, change log) paths, recorded for an undo; on a lake with
+        history, columns whose earlier type does not widen are planned as text."""
+        state_rel = Lake.table_path(STATE, plan.name)
+        changes_rel = Lake.table_path(CHANGES, plan.name)
+        self.touch(state_rel)
+        self.touch(changes_rel)
+        if self.last is not None:
+            keep_history_types(
+                plan, _earlier_types(self.spark, self.lake, [changes_rel, state_rel])
+            )
+        return state_rel, changes_rel
+
+    def task(self, plan: TablePlan) -> CopyTask:
+
+        from slotlake.decode import arrow_schema_for
+
+        schema = arrow_schema_for(parse_struct(_state_ddl(plan)))
+        return CopyTask(self.dsn, self.snapshot, self.application_name, self.settings, plan, schema)
+
+
+def on_driver(plan: TablePlan, limit_bytes: int) -> bool:
+    """Whether a table is copied on the driver: one range (not worth splitting) and at most
+    ``limit_bytes`` on disk. Bigger tables are split into ranges copied by Spark tasks."""
+    return limit_bytes > 0 and len(plan.ranges) == 1 and plan.bytes <= limit_bytes
+
+
+def _table_commit(
+    plan: TablePlan,
+    rels: tuple[str, str],
+    state: WriteResult,
+    rows: int,
+    changes_version: int,
+) -> TableCommit:
+    state_rel, changes_rel = rels
+    return TableCommit(
+        changes=changes_rel,
+        state=state_rel,
+        change_rows=0,
+        # Rows of the Delta state: a multiset's distinct rows, as sync counts them.
+        state_rows=int(state.metrics.get("numOutputRows", rows)),
+        columns=[[c.name, c.spark_ddl, "state"] for c in plan.columns],
+        key_columns=list(plan.key_columns),
+        replica_identity=plan.replica_identity,
+        changes_version=changes_version,
+        state_version=state.version,
+        written=True,
+    )
+
+
+def _table_line(name: str, r: TableResult) -> str:
+    secs = max(r.seconds, 1e-9)
+    return (
+        f"bootstrap: {name}: {r.rows:,} rows, {r.bytes / 1e6:,.1f} MB in {r.seconds:.1f}s "
+        f"({r.rows / secs:,.0f} rows/s, {r.bytes / 1e6 / secs:,.1f} MB/s, "
+        + ("on the driver)" if r.driver else f"{r.ranges} range(s))")
+    )
+
+
+def _copy_with_spark(att: _Attempt, plan: TablePlan) -> tuple[TableResult, TableCommit]:
+    """A big table: its ranges copied by Spark tasks into its state (one Spark write)."""
+    t0 = time.monotonic()
+    steps = _Steps(f"bootstrap: {plan.name}", att.spark, log)
+    rels = att.prepare(plan)
+    steps("lake tables looked up")
+    rows, nbytes, state = copy_table(
+        att.spark, att.lake, att.task(plan), rels[0], att.app_id, att.batch, att.poller, steps
+    )
+    changes_version = ensure_empty(att.spark, att.lake, rels[1], _change_ddl(plan))
+    steps("empty change log created")
+    result = TableResult(rows, nbytes, time.monotonic() - t0, len(plan.ranges))
+    return result, _table_commit(plan, rels, state, rows, changes_version)
+
+
+class _Total:
+    """A running sum several copy threads add to (the progress poller reads ``value``)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
+def _copy_on_driver(
+    att: _Attempt,
+    plans: Sequence[TablePlan],
+    report: Callable[[TablePlan, TableResult, TableCommit], None],
+) -> None:
+    """Small tables: copied and written on the driver, ``att.parallel`` at a time (COPY,
+    Arrow's CSV parser and delta-rs release the GIL); ``report`` sees each table as it
+    ends, on this thread."""
+    if plans:
+        copies = _DriverCopies(att)
+        try:
+            copies.run(plans, report)
+        finally:
+            copies.close()
+
+
+class _DriverCopies:
+    """The small tables' copies: a thread pool, one connection in the exported snapshot
+    per thread, and the running totals the progress poller shows.
+
+    A thread keeps its connection (and the snapshot's transaction on it) for every table
+    it copies: opening one per table (connect, session settings, snapshot import) would
+    cost more than the COPY of a small table.
+    """
+
+    def __init__(self, att: _Attempt) -> None:
+        self.att = att
+        self.totals = (_Total(), _Total())
+        self._local = threading.local()
+        self._opened: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+
+    def run(
+        self,
+        plans: Sequence[TablePlan],
+        report: Callable[[TablePlan, TableResult, TableCommit], None],
+    ) -> None:
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        rels = {p.name: self.att.prepare(p) for p in plans}  # before any write: for an undo
+        self.att.poller.begin(f"{len(plans)} small table(s)", self.totals)
+        workers = max(1, min(self.att.parallel, len(plans)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="bootstrap-copy") as pool:
+            futures = {pool.submit(self.copy, p, rels[p.name]): p for p in plans}
+            try:
+                for future in as_completed(futures):
+                    report(futures[future], *future.result())
+            except BaseException:
+                # An undo must not race a table still being written: leaving the pool's
+                # block waits for the running copies; the queued ones never start.
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def close(self) -> None:
+        for conn in self._opened:
+            conn.close()
+
+    def _connection(self, task: CopyTask) -> psycopg.Connection[Any]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = snapshot_connection(task)
+            with self._lock:
+                self._opened.append(conn)
+        return conn
+
+    def copy(self, plan: TablePlan, rels: tuple[str, str]) -> tuple[TableResult, TableCommit]:
+        """One small table: COPY → Arrow → its Delta state (created by the driver, then
+        one ``deltalake`` overwrite carrying the attempt's txn marker) and empty change
+        log."""
+        import pyarrow as pa
+
+        from slotlake.delta import arrow_overwrite, delta_schema
+
+        att = self.att
+        t0 = time.monotonic()
+        steps = _Steps(f"bootstrap: {plan.name} (driver)", logger=log)
+        task = att.task(plan)
+        copied_bytes = 0
+
+        def ended(rows: int, nbytes: int) -> None:
+            nonlocal copied_bytes
+            copied_bytes = nbytes
+            self.totals[0].add(rows)
+            self.totals[1].add(nbytes)
+
+        batches = copy_rows(self._connection(task), task, 0, ended)
+        copied = pa.Table.from_batches(list(batches), schema=task.arrow_schema)
+        steps("copied")
+        data = multiset_table(copied, [c.name for c in plan.columns]) if plan.multiset else copied
+        state_rel, changes_rel = rels
+        schema = parse_struct(_delta_state_ddl(plan))
+        ensure_on_driver(att.spark, att.lake, state_rel, schema, drop_missing=True)
+        # An existing (re-bootstrapped) table may order its columns differently.
+        order = delta_schema(_local(att.lake, state_rel))
+        assert order is not None
+        state = arrow_overwrite(
+            _local(att.lake, state_rel), data.select(order.fieldNames()), att.app_id, att.batch
+        )
+        steps("state written")
+        changes_version = ensure_empty(
+            att.spark, att.lake, changes_rel, _change_ddl(plan), on_driver=True
+        )
+        steps("empty change log created")
+        result = TableResult(copied.num_rows, copied_bytes, time.monotonic() - t0, 1, driver=True)
+        return result, _table_commit(plan, rels, state, copied.num_rows, changes_version)
 
 
 def run_bootstrap(
@@ -1109,51 +1494,43 @@ def _bootstrap(
             plans = read_plan(snap_conn, cfg.source.publications, parallel, min_range_blocks)
             _refuse_missing_privileges(snap_conn, role, plans)
             snap_conn.rollback()
-
-        from slotlake.decode import arrow_schema_for
-
         poller = _ProgressPoller(dsn, app, progress_interval, progress)
-        poller.start()
-        tables: dict[str, TableCommit] = {}
+        att = _Attempt(
+            spark,
+            lake,
+            dsn,
+            snapshot,
+            app,
+            settings,
+            app_id,
+            batch,
+            last,
+            parallel,
+            cfg.lake.bootstrap_driver_mb << 20 if lake.on_local_disk else 0,
+            poller,
+            touch,
+        )
+        small = [p for p in plans if on_driver(p, att.driver_bytes)]
+        commits: dict[str, TableCommit] = {}
         results: dict[str, TableResult] = {}
+
+        def report(plan: TablePlan, result: TableResult, commit: TableCommit) -> None:
+            results[plan.name], commits[plan.name] = result, commit
+            progress(_table_line(plan.name, result))
+
+        poller.start()
+        _copy_on_driver(att, small, report)
         for plan in plans:
-            t0 = time.monotonic()
-            poller.table, poller.started, poller._shown = plan.name, t0, (0, 0)
-            state_rel = Lake.table_path(STATE, plan.name)
-            changes_rel = Lake.table_path(CHANGES, plan.name)
-            touch(state_rel)
-            touch(changes_rel)
-            if last is not None:
-                keep_history_types(plan, _earlier_types(spark, lake, [changes_rel, state_rel]))
-            schema = arrow_schema_for(parse_struct(_state_ddl(plan)))
-            task = CopyTask(dsn, snapshot, app, settings, plan, schema)
-            rows, nbytes, state = copy_table(spark, lake, task, state_rel, app_id, batch, poller)
-            changes_version = ensure_empty(spark, lake, changes_rel, _change_ddl(plan))
-            secs = time.monotonic() - t0
-            results[plan.name] = TableResult(rows, nbytes, secs, len(plan.ranges))
-            progress(
-                f"bootstrap: {plan.name}: {rows:,} rows, {nbytes / 1e6:,.1f} MB in {secs:.1f}s "
-                f"({rows / max(secs, 1e-9):,.0f} rows/s, {nbytes / 1e6 / max(secs, 1e-9):,.1f} MB/s, "
-                f"{len(plan.ranges)} range(s))"
-            )
-            tables[plan.name] = TableCommit(
-                changes=changes_rel,
-                state=state_rel,
-                change_rows=0,
-                # Rows of the Delta state: a multiset's distinct rows, as sync counts them.
-                state_rows=int(state.metrics.get("numOutputRows", rows)),
-                columns=[[c.name, c.spark_ddl, "state"] for c in plan.columns],
-                key_columns=list(plan.key_columns),
-                replica_identity=plan.replica_identity,
-                changes_version=changes_version,
-                state_version=state.version,
-                written=True,
-            )
+            if plan.name not in commits:
+                report(plan, *_copy_with_spark(att, plan))
+        tables = {p.name: commits[p.name] for p in plans}
         poller.stop()
         # The copy is done: the snapshot may go. The slot stays (it is not temporary).
         repl.close()
         touch(TRANSACTIONS)
-        transactions_version = ensure_empty(spark, lake, TRANSACTIONS, TRANSACTIONS_DDL)
+        transactions_version = ensure_empty(
+            spark, lake, TRANSACTIONS, TRANSACTIONS_DDL, on_driver=att.driver_bytes > 0
+        )
         if last is not None:
             for name, t in last.tables.items():
                 if name not in tables:
@@ -1256,7 +1633,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--parallel",
         type=int,
         default=DEFAULT_PARALLEL,
-        help=f"copy connections (ranges per table) at most (default {DEFAULT_PARALLEL})",
+        help="copy connections at most: ranges of a big table, small tables at once "
+        f"(default {DEFAULT_PARALLEL})",
     )
 
 

@@ -58,6 +58,11 @@ class LakeConfig:
     # ones by Spark's MERGE with deletion vectors. 0 sends every table through Spark.
     driver_write_rows: int = 50_000
     driver_write_state_mb: int = 64
+    # `slotlake bootstrap`: a published table of at most this many MiB on disk (heap and
+    # TOAST) that is not split into ranges is copied on the driver and written with
+    # `deltalake`, several at once, without Spark jobs; bigger ones as Spark tasks over
+    # parallel ranges. 0 sends every table through Spark. Local lakes only.
+    bootstrap_driver_mb: int = 64
 
 
 @dataclass

@@ -116,6 +116,10 @@ def ensure_table(
             spark.sql(f"ALTER TABLE {ref} DROP COLUMNS ({', '.join(quote(n) for n in gone)})")
     current = spark.read.format("delta").load(path).schema
     want_types = {f.name: f.dataType for f in schema.fields}
+    if "_old" in want_types and "_old" in current.fieldNames():
+        # A change log's old image keeps every column it ever had (as the table does):
+        # only the types of the fields both name can change, not the struct's field list.
+        want_types["_old"] = _old_image_type(current["_old"].dataType, want_types["_old"])
     changed = [
         f.name
         for f in current.fields
@@ -141,8 +145,14 @@ def needs_evolution(
             return True
     if want - names or (drop_missing and names - want):
         return True
-    types = {f.name: _type_key(f.dataType) for f in current.fields}
-    return any(f.name in types and types[f.name] != _type_key(f.dataType) for f in schema.fields)
+    have = {f.name: f.dataType for f in current.fields}
+    for f in schema.fields:
+        wanted = f.dataType
+        if f.name == "_old" and "_old" in have:
+            wanted = _old_image_type(have["_old"], wanted)  # as ensure_table compares it
+        if f.name in have and _type_key(have[f.name]) != _type_key(wanted):
+            return True
+    return False
 
 
 def delta_schema(path: str) -> StructType | None:
@@ -155,6 +165,17 @@ def delta_schema(path: str) -> StructType | None:
     from pyspark.sql.types import StructType
 
     return StructType.fromJson(json.loads(DeltaTable(path).schema().to_json()))
+
+
+def _old_image_type(have: Any, want: Any) -> Any:
+    """The ``_old`` struct ``have`` with the types ``want`` gives its fields."""
+    from pyspark.sql.types import StructField
+    from pyspark.sql.types import StructType as ST
+
+    if not isinstance(have, ST) or not isinstance(want, ST):
+        return want
+    types = {f.name: f.dataType for f in want.fields}
+    return ST([StructField(f.name, types.get(f.name, f.dataType), f.nullable) for f in have.fields])
 
 
 def _struct_fields(schema: StructType, name: str) -> dict[str, Any]:
@@ -420,3 +441,147 @@ def arrow_merge_keyed(
             "numTargetRowsDeleted": str(metrics.get("num_target_rows_deleted", 0)),
         },
     )
+
+
+# --- Tables created from the driver ------------------------------------------------------
+#
+# The bootstrap creates a Delta table per published table (state and change log). Through
+# Spark each creation is a JVM round of its own (DeltaTable.createIfNotExists, then a
+# history read for the version: 0.2–0.5 s and a job or two on two cores), which a database
+# of hundreds of small tables paid hundreds of times. The ``deltalake`` package cannot
+# stand in: delta-rs 1.6 ``DeltaTable.create`` with ``delta.columnMapping.mode = name``
+# leaves ``columnMapping`` out of the protocol (Spark then refuses the table:
+# DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH), and with ``delta.minReaderVersion = 3`` /
+# ``delta.minWriterVersion = 7`` in its configuration it lists ``variantType`` as a reader
+# feature (plus ``invariants`` and ``appendOnly`` writer features) and keeps both keys in
+# the table's configuration: a reader that does not know ``variantType`` would refuse a
+# table that has no variant column. Creating a table is one log entry (Delta protocol:
+# version 0 holds ``protocol`` and ``metaData``), so the driver writes it itself, exactly
+# as Spark's ``ensure_table`` does: the same protocol and features, the same
+# configuration, column mapping ids numbered depth-first from 1 with ``col-<uuid>``
+# physical names and ``delta.columnMapping.maxColumnId``. Data then goes in through
+# ``deltalake`` (which writes the physical names and field ids of a mapped table).
+
+# Table property → the table feature Spark's Delta lists for it (reader and writer alike).
+_PROPERTY_FEATURES = {
+    ("delta.enableDeletionVectors", "true"): "deletionVectors",
+    ("delta.columnMapping.mode", "name"): "columnMapping",
+}
+DRIVER_ENGINE = "slotlake (driver)"
+
+
+def local_version(path: str) -> int | None:
+    """The latest version of the Delta table at a local ``path`` (None: there is none)."""
+    import os
+
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(path).version())
+
+
+def create_on_driver(path: str, schema: StructType) -> int:
+    """Create the Delta table at a local ``path`` as Spark's :func:`ensure_table` would
+    (see above), writing its version 0 directly; returns 0."""
+    import json
+    import time
+    import uuid
+
+    from slotlake.lake import LocalFS
+
+    mapped, max_id = _column_mapped(schema)
+    features = sorted(
+        {f for (key, value), f in _PROPERTY_FEATURES.items() if TABLE_PROPERTIES.get(key) == value}
+        | ({"timestampNtz"} if _has_timestamp_ntz(schema) else set())
+    )
+    configuration = {k: v for k, v in TABLE_PROPERTIES.items() if not k.startswith("delta.min")} | {
+        "delta.columnMapping.maxColumnId": str(max_id)
+    }
+    now = int(time.time() * 1000)
+    actions = [
+        {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": "CREATE TABLE",
+                "operationParameters": {
+                    "partitionBy": "[]",
+                    "properties": json.dumps(configuration),
+                },
+                "isBlindAppend": True,
+                "engineInfo": DRIVER_ENGINE,
+            }
+        },
+        {
+            "metaData": {
+                "id": str(uuid.uuid4()),
+                "format": {"provider": "parquet", "options": {}},
+                "schemaString": mapped.json(),
+                "partitionColumns": [],
+                "configuration": configuration,
+                "createdTime": now,
+            }
+        },
+        {
+            "protocol": {
+                "minReaderVersion": int(TABLE_PROPERTIES["delta.minReaderVersion"]),
+                "minWriterVersion": int(TABLE_PROPERTIES["delta.minWriterVersion"]),
+                "readerFeatures": features,
+                "writerFeatures": features,
+            }
+        },
+    ]
+    # Put-if-absent, as every Delta writer commits: a table created meanwhile is an error.
+    LocalFS().create_new(
+        f"{path}/_delta_log/{0:020d}.json", "".join(json.dumps(a) + "\n" for a in actions)
+    )
+    return 0
+
+
+def _column_mapped(schema: StructType) -> tuple[StructType, int]:
+    """``schema`` with column mapping ids and physical names on every struct field, numbered
+    depth-first (a struct before its fields) as Delta assigns them; returns the last id."""
+    import uuid
+
+    from pyspark.sql.types import ArrayType, DataType, MapType, StructField
+    from pyspark.sql.types import StructType as ST
+
+    last = 0
+
+    def walk(dtype: DataType) -> DataType:
+        nonlocal last
+        if isinstance(dtype, ST):
+            fields = []
+            for f in dtype.fields:
+                last += 1
+                metadata = {
+                    **f.metadata,
+                    "delta.columnMapping.id": last,
+                    "delta.columnMapping.physicalName": f"col-{uuid.uuid4()}",
+                }
+                fields.append(StructField(f.name, walk(f.dataType), f.nullable, metadata))
+            return ST(fields)
+        if isinstance(dtype, ArrayType):
+            return ArrayType(walk(dtype.elementType), dtype.containsNull)
+        if isinstance(dtype, MapType):
+            return MapType(walk(dtype.keyType), walk(dtype.valueType), dtype.valueContainsNull)
+        return dtype
+
+    mapped = walk(schema)
+    assert isinstance(mapped, ST)
+    return mapped, last
+
+
+def _has_timestamp_ntz(dtype: Any) -> bool:
+    from pyspark.sql.types import ArrayType, MapType, TimestampNTZType
+    from pyspark.sql.types import StructType as ST
+
+    if isinstance(dtype, TimestampNTZType):
+        return True
+    if isinstance(dtype, ST):
+        return any(_has_timestamp_ntz(f.dataType) for f in dtype.fields)
+    if isinstance(dtype, ArrayType):
+        return _has_timestamp_ntz(dtype.elementType)
+    if isinstance(dtype, MapType):
+        return _has_timestamp_ntz(dtype.keyType) or _has_timestamp_ntz(dtype.valueType)
+    return False

@@ -271,6 +271,10 @@ def test_bootstrap_then_syncs(pg_dsn: str, slot: str, spark, tmp_path: Path) -> 
         assert "bootstrap: DDL capture trigger installed" in lines
         assert set(rec.tables) == set(TABLES)
         assert result.tables["public.kv"].ranges == 3  # the copy really was split
+        # ... by Spark tasks; the one-range tables were copied on the driver.
+        on_driver = {n for n, t in result.tables.items() if t.driver}
+        assert "public.kv" not in on_driver
+        assert {"public.full_t", "public.nokey_t", "public.cl", "s2.t"} <= on_driver
         assert any(
             line.startswith("bootstrap: public.kv: ") and "rows/s" in line and "MB/s" in line
             for line in lines

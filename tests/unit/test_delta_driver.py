@@ -1,0 +1,90 @@
+"""Delta tables the driver creates (bootstrap's small tables): their first log entry, and
+when an existing table needs Spark's ALTER TABLE. (That Spark creates the very same
+tables is checked against Spark itself in tests/integration/test_bootstrap_small.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql.types import (
+    ArrayType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+)
+
+from slotlake.delta import create_on_driver, delta_schema, local_version, needs_evolution
+
+
+def _schema(*fields: tuple[str, object]) -> StructType:
+    return StructType([StructField(n, t) for n, t in fields])  # type: ignore[arg-type]
+
+
+OLD = _schema(("id", LongType()), ("a", StringType()), ("c", StringType()))
+CURRENT = _schema(("id", LongType()), ("a", StringType()), ("_old", OLD))
+
+
+def test_needs_evolution_follows_what_ensure_table_would_change() -> None:
+    same_image = _schema(("id", LongType()), ("a", StringType()))
+    # The old image keeps columns the table no longer has: not a difference.
+    assert not needs_evolution(
+        CURRENT, _schema(("id", LongType()), ("a", StringType()), ("_old", same_image)), {}, False
+    )
+    new_field = _schema(
+        ("id", LongType()), ("a", StringType()), ("_old", _schema(("d", LongType())))
+    )
+    assert needs_evolution(CURRENT, new_field, {}, False)
+    retyped = _schema(("id", LongType()), ("a", LongType()), ("_old", _schema(("a", LongType()))))
+    assert needs_evolution(CURRENT, retyped, {}, False)
+    fewer = _schema(("id", LongType()), ("_old", _schema(("id", LongType()))))
+    assert not needs_evolution(CURRENT, fewer, {}, False)
+    assert needs_evolution(CURRENT, fewer, {}, True)
+
+
+def test_create_on_driver_writes_sparks_first_entry(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    nested = _schema(("x", TimestampNTZType()), ("y", ArrayType(_schema(("z", LongType())))))
+    schema = _schema(
+        ("id", LongType()),
+        ("m", MapType(StringType(), StringType())),
+        ("_old", nested),
+    )
+    assert local_version(path) is None and delta_schema(path) is None
+    assert create_on_driver(path, schema) == 0
+    entry = {
+        k: v
+        for line in (tmp_path / "t/_delta_log/00000000000000000000.json").read_text().splitlines()
+        for k, v in json.loads(line).items()
+    }
+    features = ["columnMapping", "deletionVectors", "timestampNtz"]
+    assert entry["protocol"] == {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": features,
+        "writerFeatures": features,
+    }
+    assert entry["metaData"]["configuration"] == {
+        "delta.enableDeletionVectors": "true",
+        "delta.columnMapping.mode": "name",
+        "delta.columnMapping.maxColumnId": "6",
+    }
+    # Ids depth-first, a struct before its fields (as Delta numbers them).
+    got = delta_schema(path)
+    assert got is not None and got.simpleString() == schema.simpleString()
+    ids = {f.name: f.metadata["delta.columnMapping.id"] for f in got.fields}
+    assert ids == {"id": 1, "m": 2, "_old": 3}
+    old = got["_old"].dataType
+    assert [f.metadata["delta.columnMapping.id"] for f in old.fields] == [4, 5]
+    assert old["y"].dataType.elementType["z"].metadata["delta.columnMapping.id"] == 6
+    names = [f.metadata["delta.columnMapping.physicalName"] for f in got.fields]
+    assert len(set(names)) == 3 and all(n.startswith("col-") for n in names)
+    assert DeltaTable(path).version() == 0
+    # Put-if-absent: a second creation fails instead of replacing the table.
+    with pytest.raises(FileExistsError):
+        create_on_driver(path, schema)
