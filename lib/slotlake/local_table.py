@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from slotlake.decode import BatchCatalog
 
+RAW_BATCH_ROWS = 32_768
 # The raw columns make_decoder reads.
 DECODER_COLUMNS = [
     "seq",
@@ -75,13 +76,16 @@ def read_raw_dml(raw_dir: str, oids: Mapping[str, set[int]]) -> dict[str, pa.Tab
     parts: dict[str, list[pa.Table]] = {name: [] for name in oids}
     for f in raw_files(raw_dir):
         with pq.ParquetFile(f) as pf:
-            for i in range(pf.num_row_groups):
-                group = pf.read_row_group(i, columns=[*DECODER_COLUMNS, "msg_type"])
+            # In batches, not row groups: a raw row group holds up to a million payloads,
+            # most of them a big table's that Spark decodes.
+            for batch in pf.iter_batches(
+                batch_size=RAW_BATCH_ROWS, columns=[*DECODER_COLUMNS, "msg_type"]
+            ):
                 mask = pc.and_(
-                    pc.is_in(group.column("msg_type"), pa.array(DML_TYPES)),
-                    pc.is_in(group.column("rel_oid"), wanted),
+                    pc.is_in(batch.column("msg_type"), pa.array(DML_TYPES)),
+                    pc.is_in(batch.column("rel_oid"), wanted),
                 )
-                rows = group.filter(mask).drop_columns(["msg_type"])
+                rows = pa.Table.from_batches([batch.filter(mask)]).drop_columns(["msg_type"])
                 if not rows.num_rows:
                     continue
                 for name, table_oids in oids.items():
