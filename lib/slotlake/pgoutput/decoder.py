@@ -216,7 +216,9 @@ class _TupleParsers(dict[int, _TupleParser]):
                 raise _Malformed
             if ncols > _MAX_COLUMNS:
                 return _wide_tuple(buf, pos)
-            parser = self[ncols] = _compile_tuple_parser(ncols)
+            parser = self.get(ncols)  # compiled since, if this was held on to
+            if parser is None:
+                parser = self[ncols] = _compile_tuple_parser(ncols)
             return parser(buf, pos)
 
         return first_use
