@@ -28,6 +28,9 @@ import psycopg
 
 from slotlake.localpg import LocalPostgres
 
+# slotlake's messages/s over pypgoutput's on the same corpus (issue 9; it was 5× before).
+TARGET_RATIO = 8.0
+
 MIXED_DDL = """
 CREATE TABLE mixed (
     id int8 PRIMARY KEY,
@@ -188,21 +191,24 @@ def cross_check(payloads: list[bytes], sample: int = 20_000) -> None:
 
 def time_interleaved(
     runners: dict[str, tuple[Callable[[list[bytes]], int], list[bytes]]], repeat: int
-) -> dict[str, tuple[float, int]]:
-    """Best time of each runner, the runs alternating (A B A B …).
+) -> dict[str, tuple[float, int, float]]:
+    """Best wall time, message count and best CPU time of each runner, the runs alternating.
 
-    Alternating spreads any change in machine load over both decoders instead of
-    penalising whichever happened to run during a busy spell.
+    Alternating (A B A B …) spreads any change in machine load over both decoders
+    instead of penalising whichever happened to run during a busy spell. The CPU
+    time (this process's) is kept too: on a shared machine a long run (pypgoutput's)
+    is more likely than a short one to be descheduled for a while, which wall time
+    counts and CPU time does not.
     """
-    best: dict[str, tuple[float, int]] = {name: (float("inf"), 0) for name in runners}
+    best = {name: (float("inf"), 0, float("inf")) for name in runners}
     for _ in range(repeat):
         for name, (run, corpus) in runners.items():
             gc.collect()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             count = run(corpus)
-            elapsed = time.perf_counter() - started
-            if elapsed < best[name][0]:
-                best[name] = (elapsed, count)
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+            wall, _, best_cpu = best[name]
+            best[name] = (min(wall, elapsed), count, min(best_cpu, cpu))
     return best
 
 
@@ -274,13 +280,19 @@ def main(argv: list[str] | None = None) -> int:
         {"slotlake": (ours_run, payloads), "pypgoutput": (theirs_run, supported)}, args.repeat
     )
     for name, nbytes in (("slotlake", total_bytes), ("pypgoutput", supported_bytes)):
-        seconds, count = best[name]
-        results["decoders"][name] = _figures(count, nbytes, seconds)
-        log(f"{name}: {count:,} messages in {seconds:.2f}s")
+        seconds, count, cpu = best[name]
+        results["decoders"][name] = {
+            **_figures(count, nbytes, seconds),
+            "cpu_seconds": round(cpu, 4),
+        }
+        log(f"{name}: {count:,} messages in {seconds:.2f}s ({cpu:.2f}s CPU)")
     ours, theirs = results["decoders"]["slotlake"], results["decoders"]["pypgoutput"]
     results["ratio_messages_per_s"] = round(ours["messages_per_s"] / theirs["messages_per_s"], 2)
-    results["target_ratio"] = 5.0
-    results["meets_target"] = results["ratio_messages_per_s"] >= 5.0
+    results["ratio_messages_per_cpu_s"] = round(
+        ours["messages"] / ours["cpu_seconds"] / (theirs["messages"] / theirs["cpu_seconds"]), 2
+    )
+    results["target_ratio"] = TARGET_RATIO
+    results["meets_target"] = results["ratio_messages_per_s"] >= TARGET_RATIO
 
     if not args.no_breakdown:
         # Where the time goes: small rows vs TOAST-sized ones, per message type.
@@ -295,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"slotlake": (ours_run, group), "pypgoutput": (theirs_run, group)}, args.repeat
             )
             nbytes = sum(len(p) for p in group)
-            row = {name: _figures(c, nbytes, sec) for name, (sec, c) in gb.items()}
+            row = {name: _figures(c, nbytes, sec) for name, (sec, c, _) in gb.items()}
             row["ratio"] = round(
                 row["slotlake"]["messages_per_s"] / row["pypgoutput"]["messages_per_s"], 2
             )
@@ -315,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"ratio (messages/s): {results['ratio_messages_per_s']}× "
-        f"({'meets' if results['meets_target'] else 'MISSES'} the 5× target)"
+        f"({'meets' if results['meets_target'] else 'MISSES'} the {TARGET_RATIO:g}× target); "
+        f"messages per CPU second: {results['ratio_messages_per_cpu_s']}×"
     )
     if results["by_type"]:
         print(

@@ -268,6 +268,23 @@ VECTORS: list[tuple[str, bytes, bool, Any]] = [
         Delete(None, OID, "K", ("7", None, None)),
     ),
     V(
+        # The usual DELETE: key columns, then a NULL for every other column.
+        "delete-key-null-run",
+        b"D" + u32(OID) + b"K" + tuple_data(["7", "k", *[None] * 7]),
+        Delete(None, OID, "K", ("7", "k", *[None] * 7)),
+    ),
+    V(
+        # A run of NULLs ending the old tuple, then the 'N' marker, not the payload's end.
+        "update-key-null-run",
+        b"U"
+        + u32(OID)
+        + b"K"
+        + tuple_data(["7", *[None] * 6])
+        + b"N"
+        + tuple_data(["8", *[None] * 5, "nnnn"]),
+        Update(None, OID, "K", ("7", *[None] * 6), ("8", *[None] * 5, "nnnn")),
+    ),
+    V(
         "delete-old",
         b"D" + u32(OID) + b"O" + tuple_data(["7", "ü", b"\xff"]),
         Delete(None, OID, "O", ("7", "ü", b"\xff")),
@@ -520,6 +537,49 @@ def test_large_values_and_many_columns() -> None:
     values = (*(str(i) if i % 3 else None for i in range(1600)), big, b"\x00" * 70_000)
     msg = decode(b"I" + u32(1) + b"N" + tuple_data(values))
     assert msg.new == values
+
+
+@pytest.mark.parametrize("nulls", [0, 1, 4, 5, 6, 40])
+@pytest.mark.parametrize("key", [[], ["1"], ["nnnn", "n"], ["é", None, "x"]])
+def test_runs_of_nulls(key: list[Any], nulls: int) -> None:
+    # A run of five or more NULLs is taken in one step: it must end exactly where
+    # the NULLs end, whatever surrounds it.
+    for values in ([*key, *[None] * nulls], [*key, *[None] * nulls, "nn"], [None] * nulls + key):
+        body = tuple_data(values)
+        assert decode(b"I" + u32(1) + b"N" + body) == Insert(None, 1, tuple(values))
+        assert decode(b"D" + u32(1) + b"K" + body) == Delete(None, 1, "K", tuple(values))
+        update = b"U" + u32(1) + b"O" + body + b"N" + tuple_data(["z"])
+        assert decode(update) == Update(None, 1, "O", tuple(values), ("z",))
+        # One more 'n' than there are columns is a trailing byte, not a column.
+        err = decode_error_of(b"D" + u32(1) + b"K" + body + b"n")
+        assert (err.field, err.offset) == ("end", 6 + len(body))
+
+
+def decode_error_of(payload: bytes) -> DecodeError:
+    with pytest.raises(DecodeError) as e:
+        decode(payload)
+    with pytest.raises(DecodeError) as ref:
+        decode_checked(payload)
+    assert str(e.value) == str(ref.value)
+    return e.value
+
+
+def test_more_columns_than_postgresql_sends() -> None:
+    # At most 1664 columns come from a server; a wider TupleData is still read
+    # (by the reference parser, not a compiled one).
+    values = tuple(str(i) if i % 2 else None for i in range(2000))
+    payload = b"I" + u32(1) + b"N" + tuple_data(values)
+    assert decode(payload) == Insert(None, 1, values)
+    err = decode_error_of(payload[:-1])
+    assert err.field == "new[1999].value"
+
+
+def test_a_column_count_the_payload_cannot_hold_compiles_nothing() -> None:
+    from slotlake.pgoutput import decoder
+
+    err = decode_error_of(b"I" + u32(1) + b"N" + u16(1500) + b"nnn")
+    assert err.field == "new.ncolumns"
+    assert 1500 not in decoder._TUPLE_PARSERS
 
 
 # -- timestamps ---------------------------------------------------------------------------

@@ -62,6 +62,17 @@ def test_delete_round_trip(old: list[Any], kind: str, x: int | None, relation: i
     assert decode(payload, in_stream=x is not None) == Delete(x, relation, kind, tuple(old))
 
 
+@given(
+    key=st.lists(st.one_of(st.text(max_size=8), st.none()), max_size=4),
+    nulls=st.integers(0, 40),
+    tail=st.lists(st.sampled_from(["n", "nnnn", "", None, UNCHANGED_TOAST]), max_size=3),
+)
+def test_rows_with_runs_of_nulls_round_trip(key: list[Any], nulls: int, tail: list[Any]) -> None:
+    # Key-only old tuples end in a run of NULLs, which the decoder takes in one step.
+    values = tuple([*key, *[None] * nulls, *tail])
+    assert decode(b"D" + u32(5) + b"K" + tuple_data(values)) == Delete(None, 5, "K", values)
+
+
 def same_outcome(payload: bytes, in_stream: bool) -> None:
     """decode() either fails with DecodeError, or agrees with the reference parser."""
     try:
