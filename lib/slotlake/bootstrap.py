@@ -447,7 +447,7 @@ def convert_csv(chunk: bytes, plan: TablePlan, schema: pa.Schema) -> pa.RecordBa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    from slotlake.pgtypes import Fallback, resolve_type
+    from slotlake.pgtypes import resolve_type
 
     names = [f"c{i}" for i in range(len(plan.columns))] or ["c"]
     table = pacsv.read_csv(
@@ -482,22 +482,18 @@ def convert_csv(chunk: bytes, plan: TablePlan, schema: pa.Schema) -> pa.RecordBa
             # As the codec: parse to double, then round to float4.
             arr = pc.cast(pc.cast(text, pa.float64()), pa.float32(), safe=False)
         else:
-            conv = resolve_type(
+            # numeric, timestamptz, arrays, …: the sync decoder's whole-column kernels
+            # (COPY CSV under the session settings is the text pgoutput sends); only
+            # the rows a kernel rejects go value by value, their Fallback texts kept.
+            pg_type = resolve_type(
                 col.type_oid, col.typmod, {col.type_oid: col.type_name} if col.type_name else None
-            ).from_text
-            out: list[Any] = [None] * n
-            for j, v in enumerate(text.to_pylist()):
-                if v is None:
-                    continue
-                value = conv(v)
-                if type(value) is Fallback:
-                    fb = fallbacks[j]
-                    if fb is None:
-                        fb = fallbacks[j] = {}
-                    fb[col.name] = value.text
-                else:
-                    out[j] = value
-            arr = pa.array(out, type=target)
+            )
+            arr, fell = pg_type.convert_column(text, target)
+            for j, fb_text in fell.items():
+                fb = fallbacks[j]
+                if fb is None:
+                    fb = fallbacks[j] = {}
+                fb[col.name] = fb_text
         arrays.append(arr.cast(target) if arr.type != target else arr)
     arrays.append(
         pa.array(

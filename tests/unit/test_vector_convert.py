@@ -516,3 +516,33 @@ def test_kernels_take_the_common_values(
     for values in (text, binary or []):
         pg.convert_column(values, arrow_type(pg))
     assert calls == []
+
+
+def test_convert_column_takes_an_arrow_string_column() -> None:
+    """The bootstrap hands its CSV columns over as Arrow strings: same values, same
+    Fallback rows as the Python list."""
+    import pyarrow as pa
+
+    from slotlake.pgtypes import resolve_type
+
+    cases = [
+        (
+            1700,
+            (12 << 16 | 2) + 4,
+            ["1.50", None, "NaN", "-3.25", "Infinity"],
+            pa.decimal128(12, 2),
+        ),
+        (
+            1184,
+            -1,
+            ["2024-01-02 03:04:05+00", "infinity", None, "0044-03-15 00:00:00+00 BC"],
+            pa.timestamp("us", tz="UTC"),
+        ),
+        (1009, -1, ["{a,b}", None, '{"x,y",z}', "{}", "{{1,2},{3,4}}"], pa.list_(pa.string())),
+        (1700, -1, [None, None], pa.decimal128(38, 6)),
+    ]
+    for oid, typmod, values, target in cases:
+        pg_type = resolve_type(oid, typmod, None)
+        assert pg_type.convert_column(pa.array(values, pa.string()), target) == (
+            pg_type.convert_column(values, target)
+        )

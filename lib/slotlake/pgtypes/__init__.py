@@ -206,7 +206,10 @@ class PgType:
             raise self._error(value, exc) from exc
 
     def convert_column(
-        self, values: Sequence[str | bytes | None], target: pa.DataType, keep_text: bool = False
+        self,
+        values: Sequence[str | bytes | None] | pa.Array,
+        target: pa.DataType,
+        keep_text: bool = False,
     ) -> tuple[pa.Array, dict[int, str]]:
         """A column of datums → (Arrow array of ``target``, {row: Fallback text}).
 
@@ -222,7 +225,17 @@ class PgType:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        kinds = set(map(type, values))
+        arrow_in: pa.Array | None = None
+        if isinstance(values, pa.Array):
+            # A column already in Arrow (the bootstrap's CSV reader): straight to the
+            # text kernel; only its rejected rows are read back into Python.
+            if values.null_count == len(values):
+                return pa.nulls(len(values), target), {}
+            if keep_text or not pa.types.is_string(values.type):
+                values = values.to_pylist()
+            else:
+                arrow_in = values
+        kinds = {str} if arrow_in is not None else set(map(type, values))
         kinds.discard(type(None))
         everything = range(len(values))
         if not kinds:
@@ -239,20 +252,29 @@ class PgType:
             else None
         )
         if kernel is None:
-            return self._per_value(values, everything, target)
+            return self._per_value(_pylist(values), everything, target)
         try:
             converted, rejected = kernel(
-                pa.array(values, pa.string() if kinds == {str} else pa.binary())
+                arrow_in
+                if arrow_in is not None
+                else pa.array(values, pa.string() if kinds == {str} else pa.binary())
             )
         except (Decline, pa.ArrowInvalid):
-            return self._per_value(values, everything, target)
+            return self._per_value(_pylist(values), everything, target)
         converted = converted.cast(target)
         rows = (
             np.flatnonzero(rejected.to_numpy(zero_copy_only=False)) if rejected is not None else ()
         )
         if not len(rows):
             return converted, {}
-        patch, fallbacks = self._per_value(values, rows, target)
+        if arrow_in is not None:
+            patch, fallbacks = self._per_value(
+                dict(zip(rows.tolist(), arrow_in.take(pa.array(rows)).to_pylist(), strict=True)),
+                rows,
+                target,
+            )
+        else:
+            patch, fallbacks = self._per_value(values, rows, target)
         # Row r of the result is row r of `converted`, or the per-value result of a rejected row.
         pick = np.arange(len(values))
         pick[rows] = len(values) + np.arange(len(rows))
@@ -260,7 +282,7 @@ class PgType:
 
     def _per_value(
         self,
-        values: Sequence[str | bytes | None],
+        values: Sequence[str | bytes | None] | Mapping[int, str | None],
         rows: Sequence[int],
         target: pa.DataType,
         keep_text: bool = False,
@@ -291,6 +313,13 @@ class PgType:
             return self._codec.binary_text(value)
         except _CONVERSION_ERRORS as exc:
             raise self._error(value, exc) from exc
+
+
+def _pylist(values: Sequence[str | bytes | None] | pa.Array) -> Sequence[str | bytes | None]:
+    """The datums as a Python sequence (an Arrow column read back, for the per-value path)."""
+    import pyarrow as pa
+
+    return values.to_pylist() if isinstance(values, pa.Array) else values
 
 
 def _resolve_name(namespace: str, name: str) -> tuple[str, _CodecFactory]:
