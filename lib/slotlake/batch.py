@@ -43,6 +43,7 @@ from slotlake.delta import (
     append,
     arrow_append,
     delta_schema,
+    ensure_local,
     ensure_table,
     local_last_commit,
     merge,
@@ -222,7 +223,6 @@ def read_prior_state(
 
 
 def _state_schema(cat: TableCatalog) -> StructType:
-
     ddl = state_schema_ddl(cat)
     if cat.is_multiset:
         ddl += f", `{COPIES}` bigint"
@@ -534,19 +534,21 @@ def _process_local(
         )
     changes = changes.drop_columns([n for n, _ in WORK_COLUMNS if n in changes.column_names])
     changes = changes.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
-    # A new table or DDL at the source: Spark creates or evolves it (ensure_table's rules).
-    schemas = []
-    for rel, schema, drop in (
-        (changes_rel, _change_log_schema(cat), False),
-        (state_rel, state_struct, True),
-    ):
-        path = str(local_path(lake.path(rel)))
-        current = local_table.table_ready(path, schema, cat.renames, drop)
-        if current is None:
-            ensure_table(table_session(spark()), lake.path(rel), schema, cat.renames, drop)
-            current = delta_schema(path)
-        assert current is not None
-        schemas.append(current)
+    # A new table is created by the driver; DDL at the source goes through Spark's ALTER.
+    schemas = [
+        ensure_local(
+            lambda: table_session(spark()),
+            lake.path(rel),
+            str(local_path(lake.path(rel))),
+            schema,
+            cat.renames,
+            drop,
+        )
+        for rel, schema, drop in (
+            (changes_rel, _change_log_schema(cat), False),
+            (state_rel, state_struct, True),
+        )
+    ]
     return local_table.write_local(
         cat,
         changes,
@@ -723,14 +725,21 @@ def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
     )
 
 
+def _raw_on_disk(lake: Lake, raw_rel: str, raw_local: str | None) -> str | None:
+    """The raw batch's directory on the driver's disk: the pull's local copy, or the lake's
+    own on a local lake (None: it is on a Hadoop file system only)."""
+    if raw_local is not None:
+        return raw_local
+    return str(local_path(lake.path(raw_rel))) if lake.on_local_disk else None
+
+
 def _scan(lake: Lake, raw_rel: str, raw_local: str | None) -> RawScan:
     """Scan the raw batch on the driver: its local copy, or a download of it."""
     if not lake.exists(raw_rel):
         raise RawDataError(f"raw directory {lake.path(raw_rel)} is missing")
-    if raw_local is not None:
-        return scan_raw(raw_local)
-    if lake.on_local_disk:
-        return scan_raw(str(local_path(lake.path(raw_rel))))
+    raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
+    if raw_dir is not None:
+        return scan_raw(raw_dir)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="slotlake-raw-") as tmp:
@@ -831,12 +840,14 @@ def process_batch(
     ddl_input = BatchDdl.read(spark() if has_messages else None, lake, raw_rel, bcat, fault)
     local = driver.pick(lake, [c for c in busy if c.name not in (snapshots or {})], expected)
     local_raw: dict[str, pa.Table] = {}
+    raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
     if local:
         from slotlake.local_table import read_raw_dml
 
-        raw_dir = raw_local or str(local_path(lake.path(raw_rel)))
+        assert raw_dir is not None  # the driver takes tables of a lake on local disk only
+        t_raw = time.monotonic()
         local_raw = read_raw_dml(raw_dir, {n: bcat.tables[n].oids for n in local})
-    timings["local_raw"] = time.monotonic() - t0 - timings["catalog"]
+        timings["local_raw"] = time.monotonic() - t_raw
     fault("decode")
 
     def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
@@ -885,10 +896,10 @@ def process_batch(
     tx_path = lake.path(TRANSACTIONS)
     if (
         lake.on_local_disk
+        and raw_dir is not None
         and scan.commits <= driver.TOTAL_FACTOR * driver.max_rows
         and delta_schema(str(local_path(tx_path))) is not None
     ):
-        raw_dir = raw_local or str(local_path(lake.path(raw_rel)))
         rows = _transactions_local(raw_dir, bcat, batch)
         tx = arrow_append(str(local_path(tx_path)), rows, app_id, batch)
     else:

@@ -1027,25 +1027,13 @@ def ensure_empty(
 def ensure_on_driver(
     spark: SparkSession, lake: Lake, rel: str, schema: Any, drop_missing: bool = False
 ) -> int:
-    """:func:`slotlake.delta.ensure_table` for a local lake's table, without Spark unless
-    its columns must change: a new table's first log entry is written by the driver
-    (:func:`slotlake.delta.create_on_driver`); a table that already has the columns is left
-    as it is; only a re-bootstrap onto a table whose columns changed at the source runs
-    Spark's ALTER TABLE (rare DDL). Returns the table's version."""
-    from slotlake.delta import (
-        create_on_driver,
-        delta_schema,
-        ensure_table,
-        local_version,
-        needs_evolution,
-    )
+    """:func:`slotlake.delta.ensure_local` for the lake's table ``rel``: a new table is
+    created by the driver, only a re-bootstrap onto a table whose columns changed at the
+    source runs Spark's ALTER TABLE (rare DDL). Returns the table's version."""
+    from slotlake.delta import ensure_local, local_version
 
     local = _local(lake, rel)
-    current = delta_schema(local)
-    if current is None:
-        return create_on_driver(local, schema)
-    if needs_evolution(current, schema, {}, drop_missing):
-        ensure_table(spark, lake.path(rel), schema, drop_missing=drop_missing)
+    ensure_local(lambda: spark, lake.path(rel), local, schema, drop_missing=drop_missing)
     version = local_version(local)
     assert version is not None
     return version

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -348,12 +349,14 @@ def _done(path: str, app_id: str, batch: int, held: int | None = UNREAD) -> Writ
     """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
     from deltalake import DeltaTable
 
-    table = DeltaTable(path) if held == UNREAD or (held is not None and held >= batch) else None
-    done = table.transaction_version(app_id) if table is not None and held == UNREAD else held
-    if table is None or done is None or done < batch:
+    table = None
+    if held == UNREAD:
+        table = DeltaTable(path)
+        held = table.transaction_version(app_id)
+    if held is None or held < batch:
         return None
     # Nothing writes the table between its batch and the commit record (the lake lock).
-    return _last(table)
+    return _last(table if table is not None else DeltaTable(path))
 
 
 def local_last_commit(path: str) -> WriteResult:
@@ -479,6 +482,31 @@ def local_version(path: str) -> int | None:
     from deltalake import DeltaTable
 
     return int(DeltaTable(path).version())
+
+
+def ensure_local(
+    spark: Callable[[], SparkSession],
+    uri: str,
+    path: str,
+    schema: StructType,
+    renames: dict[str, str] | None = None,
+    drop_missing: bool = False,
+) -> StructType:
+    """:func:`ensure_table` for a table on local disk (``uri`` as Spark names it, ``path``
+    on disk), without Spark unless its columns must change: a new table's first log entry
+    is written by the driver (:func:`create_on_driver`), a table that already has the
+    columns is left as it is, and only DDL at the source asks ``spark`` for a session to
+    ALTER it. Returns the table's schema."""
+    current = delta_schema(path)
+    if current is None:
+        create_on_driver(path, schema)
+    elif needs_evolution(current, schema, renames or {}, drop_missing):
+        ensure_table(spark(), uri, schema, renames, drop_missing)
+    else:
+        return current
+    out = delta_schema(path)
+    assert out is not None
+    return out
 
 
 def create_on_driver(path: str, schema: StructType) -> int:

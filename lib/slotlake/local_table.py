@@ -19,8 +19,8 @@ done here instead, from raw Parquet to Delta commit:
 5. ``deltalake`` appends the change log and MERGEs (or, after a TRUNCATE, overwrites) the
    state, each one commit carrying the batch's (txnAppId, txnVersion) pair.
 
-Spark is still asked to create a table or evolve its schema (the first batch of a table,
-DDL at the source): :func:`slotlake.delta.ensure_table` owns those rules.
+A new table is created by the driver; Spark is asked only to evolve a table's schema
+(DDL at the source): :func:`slotlake.delta.ensure_local`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ from slotlake.delta import (
     arrow_append,
     arrow_merge_keyed,
     arrow_overwrite,
-    delta_schema,
-    needs_evolution,
     sql_ident,
 )
 from slotlake.state import arrow_merge_predicate
@@ -64,16 +62,17 @@ DECODER_COLUMNS = [
 
 def read_raw_dml(raw_dir: str, oids: Mapping[str, set[int]]) -> dict[str, pa.Table]:
     """The raw DML rows of each named table (by its relation oids), in one pass over the
-    batch's raw Parquet; only row groups' matching rows are kept in memory."""
+    batch's raw Parquet; only the rows of these tables are kept in memory."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from slotlake.raw import raw_files
 
-    owner = {oid: name for name, table_oids in oids.items() for oid in table_oids}
-    wanted = pa.array(sorted(owner), type=pa.int64())
-    parts: dict[str, list[pa.Table]] = {name: [] for name in oids}
+    wanted = pa.array(
+        sorted({oid for table_oids in oids.values() for oid in table_oids}), pa.int64()
+    )
+    kept: list[pa.Table] = []
     for f in raw_files(raw_dir):
         with pq.ParquetFile(f) as pf:
             # In batches, not row groups: a raw row group holds up to a million payloads,
@@ -86,15 +85,18 @@ def read_raw_dml(raw_dir: str, oids: Mapping[str, set[int]]) -> dict[str, pa.Tab
                     pc.is_in(batch.column("rel_oid"), wanted),
                 )
                 rows = pa.Table.from_batches([batch.filter(mask)]).drop_columns(["msg_type"])
-                if not rows.num_rows:
-                    continue
-                for name, table_oids in oids.items():
-                    mine = rows.filter(pc.is_in(rows.column("rel_oid"), pa.array(table_oids)))
-                    if mine.num_rows:
-                        parts[name].append(mine)
+                if rows.num_rows:
+                    kept.append(rows)
+    if not kept:
+        empty = _empty_raw(raw_dir)
+        return {name: empty for name in oids}
+    rows = pa.concat_tables(kept)
+    # One split per table over the kept rows (bounded by DriverWrites), not per batch read.
     return {
-        name: pa.concat_tables(tables).sort_by("seq") if tables else _empty_raw(raw_dir)
-        for name, tables in parts.items()
+        name: rows.filter(
+            pc.is_in(rows.column("rel_oid"), pa.array(sorted(table_oids), pa.int64()))
+        )
+        for name, table_oids in oids.items()
     }
 
 
@@ -211,17 +213,6 @@ def prior_reader(
         return rows
 
     return read
-
-
-def table_ready(
-    path: str, want: StructType, renames: Mapping[str, str], drop: bool
-) -> StructType | None:
-    """The schema of the Delta table at local ``path`` if it exists exactly as
-    :func:`slotlake.delta.ensure_table` would leave it (then no Spark is needed), else None."""
-    current = delta_schema(path)
-    if current is None or needs_evolution(current, want, dict(renames), drop):
-        return None
-    return current
 
 
 def write_local(

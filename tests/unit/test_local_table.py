@@ -12,14 +12,13 @@ from deltalake import write_deltalake
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from slotlake.catalog import TableCatalog
-from slotlake.delta import delta_schema, needs_evolution
+from slotlake.delta import delta_schema, ensure_local, needs_evolution
 from slotlake.local_table import (
     DECODER_COLUMNS,
     align_prior_arrow,
     conform_arrow,
     prior_reader,
     read_raw_dml,
-    table_ready,
 )
 from slotlake.raw import RAW_SCHEMA
 
@@ -179,13 +178,35 @@ def _struct(ddl: str) -> StructType:
         ("id int, name string", {}, True, False),  # type change
     ],
 )
-def test_table_ready_matches_ensure_table(
+def test_needs_evolution_matches_ensure_table(
     tmp_path: Path, want: str, renames: dict[str, str], drop: bool, ready: bool
 ) -> None:
     path = str(tmp_path / "t")
-    assert table_ready(path, _struct(want), renames, drop) is None  # no table yet
+    assert delta_schema(path) is None  # no table yet
     write_deltalake(path, pa.table({"id": pa.array([1], pa.int64()), "name": ["x"]}))
     current = delta_schema(path)
     assert current is not None and current.fieldNames() == ["id", "name"]
-    assert (table_ready(path, _struct(want), renames, drop) is not None) is ready
     assert needs_evolution(current, _struct(want), renames, drop) is not ready
+
+    class AskedForSpark(Exception):
+        pass
+
+    def spark() -> None:
+        raise AskedForSpark
+
+    # ensure_local asks for Spark exactly when the table's columns must change.
+    if ready:
+        assert ensure_local(spark, path, path, _struct(want), renames, drop) == current  # type: ignore[arg-type]
+    else:
+        with pytest.raises(AskedForSpark):
+            ensure_local(spark, path, path, _struct(want), renames, drop)  # type: ignore[arg-type]
+
+
+def test_ensure_local_creates_a_new_table_without_spark(tmp_path: Path) -> None:
+    def spark() -> None:
+        raise AssertionError("a new table needs no Spark")
+
+    path = str(tmp_path / "t")
+    got = ensure_local(spark, path, path, _struct("id bigint, name string"))  # type: ignore[arg-type]
+    assert got.fieldNames() == ["id", "name"]
+    assert delta_schema(path) == got
