@@ -320,6 +320,9 @@ def sync_child(spec: dict[str, Any]) -> dict[str, Any]:
         source=SourceConfig(dsn=spec["dsn"], slot=SLOT, publications=[PUBLICATION]),
         lake=LakeConfig(path=spec["lake"]),
     )
+    for setting in spec.get("lake_set") or []:
+        key, _, value = setting.partition("=")
+        setattr(cfg.lake, key, type(getattr(cfg.lake, key))(value))
     la = loadavg()
     cpu0 = time.process_time()
     t0 = time.monotonic()
@@ -408,10 +411,12 @@ def sync_child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def measure_sync(dsn: str, target: Lsn, workdir: Path, timeout: float) -> dict[str, Any]:
+def measure_sync(
+    dsn: str, target: Lsn, workdir: Path, timeout: float, lake_set: list[str] | None = None
+) -> dict[str, Any]:
     lake = workdir / "lake"
     shutil.rmtree(lake, ignore_errors=True)
-    spec = {"dsn": dsn, "target": str(target), "lake": str(lake)}
+    spec = {"dsn": dsn, "target": str(target), "lake": str(lake), "lake_set": lake_set}
     t0 = time.monotonic()
     fig: dict[str, Any] = {}
     with subprocess.Popen(
@@ -617,7 +622,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         res.setdefault("floors", [res["floor"]]).append(measure_floor(dsn, target))
                     res["pulls"].append(measure_pull(dsn, target, workdir))
             if "c" in steps:
-                res["sync"] = measure_sync(dsn, target, workdir, args.sync_timeout)
+                res["sync"] = measure_sync(dsn, target, workdir, args.sync_timeout, args.lake_set)
             if "d" in steps and sub is not None:
                 res["native"] = measure_native(
                     dsn, sub.dsn(DATABASE), target, w["row_counts"], args.native_timeout
@@ -650,6 +655,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-timeout", type=float, default=7200.0, help="seconds")
     parser.add_argument("--native-timeout", type=float, default=3600.0, help="seconds")
     parser.add_argument("--json", metavar="PATH", help="write results as JSON ('-' = stdout)")
+    parser.add_argument(
+        "--lake",
+        dest="lake_set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a [lake] setting for the sync, e.g. driver_write_rows=2000000 (repeatable)",
+    )
     parser.add_argument("--sync-child", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sync_child:

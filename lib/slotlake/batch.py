@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from slotlake import fastdefault
 from slotlake.catalog import TableCatalog
@@ -42,6 +42,7 @@ from slotlake.delta import (
     WriteResult,
     append,
     arrow_append,
+    create_on_driver,
     delta_schema,
     ensure_local,
     ensure_table,
@@ -81,6 +82,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from slotlake.snapshot import TableSnapshot
+
+# Who merges a driver-lane table's state: deltalake, or Spark (deletion vectors).
+StateMerge = Literal["driver", "spark"]
 
 log = logging.getLogger(__name__)
 
@@ -319,38 +323,54 @@ class _Steps:
 @dataclass(frozen=True)
 class DriverWrites:
     """Which tables are done on the driver (:mod:`slotlake.local_table`): keyed tables
-    whose batch and state are both small. Their rows stay on the driver and deltalake's
-    MERGE rewrites the state files it touches; above either bound Spark's jobs and MERGE
-    with deletion vectors are cheaper (``lake.driver_write_rows`` /
-    ``lake.driver_write_state_mb``). All such tables of a batch together hold at most
+    with few changes (``lake.driver_write_rows`` rows, ``lake.driver_write_mb`` of
+    payloads for all of them: a table past that is given back to Spark while the raw batch
+    is read, see :func:`slotlake.local_table.read_raw_dml`). Their rows stay on the driver: decoded,
+    filled and appended to the change log without a Spark job. Their state is merged by
+    deltalake (which rewrites the files a MERGE touches) while it is small
+    (``lake.driver_write_state_mb``); a bigger state gets Spark's MERGE with deletion
+    vectors, fed the driver's final rows. All such tables of a batch together hold at most
     ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark."""
 
-    max_rows: int = 50_000
+    max_rows: int = 250_000
     max_state_bytes: int = 64 << 20
+    max_bytes: int = 64 << 20
     TOTAL_FACTOR = 4
 
     @classmethod
     def of(cls, lake_cfg: Any) -> DriverWrites:
-        return cls(lake_cfg.driver_write_rows, lake_cfg.driver_write_state_mb << 20)
+        return cls(
+            lake_cfg.driver_write_rows,
+            lake_cfg.driver_write_state_mb << 20,
+            lake_cfg.driver_write_mb << 20,
+        )
 
-    def take(self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int) -> bool:
-        if cat.is_multiset or expected_rows > self.max_rows or self.max_state_bytes <= 0:
-            return False
+    def take(
+        self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int
+    ) -> StateMerge | None:
+        """None when Spark does the whole table, else who merges its state."""
+        if cat.is_multiset or expected_rows > self.max_rows or self.max_rows <= 0:
+            return None
         if not lake.on_local_disk or not cat.versions:
-            return False  # object stores and HDFS: Spark's Hadoop file systems write
+            return None  # object stores and HDFS: Spark's Hadoop file systems write
         size = table_bytes(str(local_path(state_path)))
-        return size is None or size <= self.max_state_bytes  # None: created by this batch
+        # None: created by this batch.
+        return "driver" if size is None or size <= self.max_state_bytes else "spark"
 
-    def pick(self, lake: Lake, cats: list[TableCatalog], expected: dict[str, int]) -> list[str]:
-        """The tables of a batch done on the driver: fewest changes first, within the
-        driver's total."""
-        picked, total = [], 0
+    def pick(
+        self, lake: Lake, cats: list[TableCatalog], expected: dict[str, int]
+    ) -> dict[str, StateMerge]:
+        """The tables of a batch done on the driver (fewest changes first, within the
+        driver's total), each with who merges its state."""
+        picked: dict[str, StateMerge] = {}
+        total = 0
         for cat in sorted(cats, key=lambda c: (expected[c.name], c.name)):
             rows = expected[cat.name]
             if total + rows > self.TOTAL_FACTOR * self.max_rows:
                 break
-            if self.take(lake, cat, lake.path(Lake.table_path(STATE, cat.name)), rows):
-                picked.append(cat.name)
+            merge = self.take(lake, cat, lake.path(Lake.table_path(STATE, cat.name)), rows)
+            if merge is not None:
+                picked[cat.name] = merge
                 total += rows
         return picked
 
@@ -368,6 +388,7 @@ def process_table(
     ddl_input: BatchDdl | None = None,
     snap: TableSnapshot | None = None,
     local_raw: pa.Table | None = None,
+    state_merge: StateMerge = "driver",
 ) -> TableCommit:
     """Decode, fill and write one table for batch ``batch``: append its change log, then
     MERGE its state, each in one idempotent Delta commit, from a session of its own.
@@ -378,7 +399,7 @@ def process_table(
     replaced by the copy, then the changes from the copy's consistent point are merged.
     ``local_raw``: the table's raw DML rows when :class:`DriverWrites` took it: then it is
     done on the driver without Spark (:mod:`slotlake.local_table`), unless fast defaults
-    need Spark's UPDATE first.
+    need Spark's UPDATE first; ``state_merge`` says who merges its state.
     """
     from pyspark.sql import functions as F
 
@@ -418,8 +439,10 @@ def process_table(
             done[0] if done[0] is not None else UNREAD,
             done[1] if done[1] is not None else UNREAD,
         )
-        c, s = _process_local(lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs, held)
-        steps("done on the driver")
+        c, s = _process_local(
+            lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs, held, state_merge
+        )
+        steps("done on the driver" + (" (state merged by Spark)" if state_merge == "spark" else ""))
         return _finish(commit, c, s, prior)
     session = table_session(lazy())
     if cat.versions:
@@ -510,8 +533,11 @@ def _process_local(
     raw: pa.Table,
     truncs: list[tuple[int, int]],
     held: tuple[int | None, int | None],
+    state_merge: StateMerge = "driver",
 ) -> tuple[WriteResult, WriteResult]:
-    """A small keyed table's batch on the driver (see :mod:`slotlake.local_table`)."""
+    """A keyed table's batch with few changes on the driver (see
+    :mod:`slotlake.local_table`); with ``state_merge="spark"`` its state's MERGE runs in
+    Spark from the driver's final rows."""
     import pyarrow as pa
 
     from slotlake import local_table
@@ -549,6 +575,12 @@ def _process_local(
             (state_rel, state_struct, True),
         )
     ]
+
+    def spark_merge(rows: pa.Table) -> WriteResult:
+        session = table_session(spark())
+        source = session.createDataFrame(rows)
+        return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
+
     return local_table.write_local(
         cat,
         changes,
@@ -560,6 +592,7 @@ def _process_local(
         batch,
         held,
         (schemas[0], schemas[1]),
+        spark_merge if state_merge == "spark" else None,
     )
 
 
@@ -846,8 +879,17 @@ def process_batch(
 
         assert raw_dir is not None  # the driver takes tables of a lake on local disk only
         t_raw = time.monotonic()
-        local_raw = read_raw_dml(raw_dir, {n: bcat.tables[n].oids for n in local})
+        local_raw = read_raw_dml(raw_dir, {n: bcat.tables[n].oids for n in local}, driver.max_bytes)
         timings["local_raw"] = time.monotonic() - t_raw
+        for name in [n for n in local if n not in local_raw]:
+            log.info(
+                "batch %d: %s: its changes' payloads pass lake.driver_write_mb (%d MiB): "
+                "done by Spark",
+                batch,
+                name,
+                driver.max_bytes >> 20,
+            )
+            del local[name]
     fault("decode")
 
     def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
@@ -865,6 +907,7 @@ def process_batch(
             ddl_input,
             (snapshots or {}).get(cat.name),
             local_raw.get(cat.name),
+            local.get(cat.name, "driver"),
         )
         fault("table_written")
         return cat.name, out, time.monotonic() - t1
@@ -898,10 +941,14 @@ def process_batch(
         lake.on_local_disk
         and raw_dir is not None
         and scan.commits <= driver.TOTAL_FACTOR * driver.max_rows
-        and delta_schema(str(local_path(tx_path))) is not None
     ):
+        # A lake's first batch creates the table here too: through Spark that first
+        # append was a cold job over the whole raw batch (measured 10.8 s at 1M changes).
+        tx_local = str(local_path(tx_path))
+        if delta_schema(tx_local) is None:
+            create_on_driver(tx_local, parse_struct(TRANSACTIONS_DDL))
         rows = _transactions_local(raw_dir, bcat, batch)
-        tx = arrow_append(str(local_path(tx_path)), rows, app_id, batch)
+        tx = arrow_append(tx_local, rows, app_id, batch)
     else:
         tx = append(
             _transactions(spark().read.parquet(lake.path(raw_rel)), bcat, batch)

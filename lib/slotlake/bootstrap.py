@@ -112,7 +112,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from slotlake.batch import _Steps
+from slotlake.batch import TRANSACTIONS_DDL, _Steps
 from slotlake.config import Config
 from slotlake.ddltypes import parse_struct, parse_type
 from slotlake.lake import (
@@ -799,15 +799,6 @@ def _create_slot(dsn: str, slot: str, version: int) -> tuple[psycopg.Connection[
     assert row is not None
     _, consistent_point, snapshot, _plugin = row
     return repl, Lsn.parse(consistent_point), str(snapshot)
-
-
-# The transactions table's columns, as slotlake.batch appends them (each sync's Commit
-# messages). The bootstrap creates the table empty; the first sync's append would fail on
-# a difference, which test_bootstrap_then_syncs would show.
-TRANSACTIONS_DDL = (
-    "commit_lsn bigint, end_lsn bigint, commit_ts timestamp, xid bigint, origin string, "
-    "streamed boolean, _batch bigint"
-)
 
 
 def _state_ddl(plan: TablePlan) -> str:

@@ -103,6 +103,23 @@ class TableCatalog:
         """FULL identity or no key: rows are matched by their whole value."""
         return self.replica_identity == "f" or not self.key_columns
 
+    def may_fall_back(self, column: str) -> bool:
+        """Whether a value of ``column`` can have been kept as ``_fallback`` text.
+
+        Only then must a MERGE compare ``_fallback`` too: reading that map for every row
+        of the target costs more than the key itself. A column no version knows counts as
+        one that may (the state may hold values of an earlier type).
+        """
+        seen = False
+        for version in self.versions:
+            names = {oid: (ns, name) for oid, ns, name in version.type_names}
+            for col in version.columns:
+                if col.name == column:
+                    seen = True
+                    if resolve_type(col.type_oid, col.typmod, names).may_fall_back:
+                        return True
+        return not seen
+
     def version_at(self, oid: int, seq: int) -> RelationVersion:
         candidates = [v for v in self.versions if v.oid == oid]
         seqs = [v.seq for v in candidates]

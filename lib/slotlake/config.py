@@ -53,10 +53,13 @@ class LakeConfig:
     vacuum_min_age_hours: int = 24
     # Tables of one batch written at once (threads over one SparkContext).
     table_workers: int = 4
-    # A table whose batch has at most this many rows and whose state at most this many MiB
-    # is written from the driver with `deltalake` (no Spark jobs for its commits); bigger
-    # ones by Spark's MERGE with deletion vectors. 0 sends every table through Spark.
-    driver_write_rows: int = 50_000
+    # A keyed table whose batch has at most this many rows is done on the driver (decode,
+    # TOAST fill, change log: no Spark job), as long as all such tables' payloads stay
+    # within driver_write_mb MiB; its state is merged by `deltalake` up to
+    # driver_write_state_mb MiB, above that by Spark's MERGE with deletion vectors.
+    # 0 rows sends every table through Spark.
+    driver_write_rows: int = 250_000
+    driver_write_mb: int = 64
     driver_write_state_mb: int = 64
     # `slotlake bootstrap`: a published table of at most this many MiB on disk (heap and
     # TOAST) that is not split into ranges is copied on the driver and written with

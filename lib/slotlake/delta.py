@@ -345,7 +345,9 @@ def _commit_properties(app_id: str, batch: int) -> Any:
 UNREAD = -2
 
 
-def _done(path: str, app_id: str, batch: int, held: int | None = UNREAD) -> WriteResult | None:
+def written_already(
+    path: str, app_id: str, batch: int, held: int | None = UNREAD
+) -> WriteResult | None:
     """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
     from deltalake import DeltaTable
 
@@ -390,7 +392,7 @@ def _arrow_write(
 ) -> WriteResult:
     from deltalake import DeltaTable, write_deltalake
 
-    done = _done(path, app_id, batch, held)
+    done = written_already(path, app_id, batch, held)
     if done is not None:
         return done
     # One log read: the write advances the table object it is given.
@@ -420,7 +422,7 @@ def arrow_merge_keyed(
     """
     from deltalake import DeltaTable
 
-    done = _done(path, app_id, batch, held)
+    done = written_already(path, app_id, batch, held)
     if done is not None:
         return done
     table = DeltaTable(path)  # the MERGE advances it: one log read

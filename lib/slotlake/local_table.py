@@ -36,6 +36,7 @@ from slotlake.delta import (
     arrow_merge_keyed,
     arrow_overwrite,
     sql_ident,
+    written_already,
 )
 from slotlake.state import arrow_merge_predicate
 
@@ -60,19 +61,27 @@ DECODER_COLUMNS = [
 ]
 
 
-def read_raw_dml(raw_dir: str, oids: Mapping[str, set[int]]) -> dict[str, pa.Table]:
+def read_raw_dml(
+    raw_dir: str, oids: Mapping[str, set[int]], max_bytes: int | None = None
+) -> dict[str, pa.Table]:
     """The raw DML rows of each named table (by its relation oids), in one pass over the
-    batch's raw Parquet; only the rows of these tables are kept in memory."""
+    batch's raw Parquet; only the rows of these tables are kept in memory.
+
+    ``max_bytes`` bounds the payload bytes kept for all of them: past it the table with
+    the most bytes is given up (left out of the result, for Spark to do) until the rest
+    fits, so the driver never holds more than about that plus one read batch.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from slotlake.raw import raw_files
 
-    wanted = pa.array(
-        sorted({oid for table_oids in oids.values() for oid in table_oids}), pa.int64()
-    )
+    table_of = {oid: name for name, table_oids in oids.items() for oid in table_oids}
+    wanted = pa.array(sorted(table_of), pa.int64())
     kept: list[pa.Table] = []
+    sizes: dict[str, int] = dict.fromkeys(oids, 0)
+    given_up: set[str] = set()
     for f in raw_files(raw_dir):
         with pq.ParquetFile(f) as pf:
             # In batches, not row groups: a raw row group holds up to a million payloads,
@@ -85,18 +94,41 @@ def read_raw_dml(raw_dir: str, oids: Mapping[str, set[int]]) -> dict[str, pa.Tab
                     pc.is_in(batch.column("rel_oid"), wanted),
                 )
                 rows = pa.Table.from_batches([batch.filter(mask)]).drop_columns(["msg_type"])
-                if rows.num_rows:
-                    kept.append(rows)
+                if not rows.num_rows:
+                    continue
+                kept.append(rows)
+                if max_bytes is None:
+                    continue
+                per_oid = (
+                    rows.select(["rel_oid"])
+                    .append_column("n", pc.binary_length(rows.column("data")))
+                    .group_by("rel_oid")
+                    .aggregate([("n", "sum")])
+                )
+                for oid, n in zip(
+                    per_oid.column("rel_oid").to_pylist(),
+                    per_oid.column("n_sum").to_pylist(),
+                    strict=True,
+                ):
+                    sizes[table_of[oid]] += n
+                while sum(sizes.values()) > max_bytes:
+                    name = max(sizes, key=sizes.__getitem__)
+                    given_up.add(name)
+                    del sizes[name]
+                    wanted = pa.array(sorted(o for o, t in table_of.items() if t in sizes))
+                    wanted = wanted.cast(pa.int64())
+                    kept = [k.filter(pc.is_in(k.column("rel_oid"), wanted)) for k in kept]
+    names = [n for n in oids if n not in given_up]
     if not kept:
         empty = _empty_raw(raw_dir)
-        return {name: empty for name in oids}
+        return {name: empty for name in names}
     rows = pa.concat_tables(kept)
     # One split per table over the kept rows (bounded by DriverWrites), not per batch read.
     return {
         name: rows.filter(
-            pc.is_in(rows.column("rel_oid"), pa.array(sorted(table_oids), pa.int64()))
+            pc.is_in(rows.column("rel_oid"), pa.array(sorted(oids[name]), pa.int64()))
         )
-        for name, table_oids in oids.items()
+        for name in names
     }
 
 
@@ -226,11 +258,15 @@ def write_local(
     batch: int,
     held: tuple[int | None, int | None],
     schemas: tuple[StructType, StructType],
+    merge_state: Callable[[pa.Table], WriteResult] | None = None,
 ) -> tuple[WriteResult, WriteResult]:
     """A keyed table's change log and state at local paths, each one ``deltalake`` commit.
 
     ``held``: the txn versions of ``app_id`` the two tables hold and ``schemas`` their
-    schemas (both read by the caller)."""
+    schemas (both read by the caller). ``merge_state``: who merges the final rows into a
+    big state instead (Spark's MERGE writes deletion vectors where deltalake would rewrite
+    every touched file); an overwrite after TRUNCATE writes only the rows left, so it
+    stays here."""
     import pyarrow.compute as pc
 
     changes = conform_arrow(changes, arrow_schema_for(schemas[0]))
@@ -243,6 +279,12 @@ def write_local(
         )
         return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])
+    if merge_state is not None:
+        state_cols = arrow_schema_for(schemas[1])
+        typed = conform_arrow(rows.select([*data, "_fallback", "_missing_toast"]), state_cols)
+        for name in ("_key", "_deleted"):
+            typed = typed.append_column(name, rows.column(name))
+        return c, written_already(state_path, app_id, batch, held[1]) or merge_state(typed)
     s = arrow_merge_keyed(
         state_path, rows, arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch, held[1]
     )

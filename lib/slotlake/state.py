@@ -320,7 +320,8 @@ def fill_and_merge_keyed(
 
 
 def merge_condition(cat: TableCatalog) -> str:
-    """MERGE ON: the replica identity, null-safe, plus the text of a key kept as text."""
+    """MERGE ON: the replica identity, null-safe, plus the text of a key kept as text
+    where the key's type can keep one."""
     from slotlake.delta import quote
 
     types = dict(cat.columns)
@@ -328,7 +329,7 @@ def merge_condition(cat: TableCatalog) -> str:
     for k in cat.key_columns:
         q = quote(k)
         parts.append(f"t.{q} <=> s._key.{q}")
-        if types.get(k) != "string":
+        if types.get(k) != "string" and cat.may_fall_back(k):
             parts.append(
                 f"try_element_at(t._fallback, {_sql_string(k)}) <=> s._key.{quote('~' + k)}"
             )
@@ -346,7 +347,7 @@ def arrow_merge_predicate(cat: TableCatalog) -> str:
     parts = []
     for k in cat.key_columns:
         parts.append(f"(t.{sql_ident(k)} IS NOT DISTINCT FROM get_field(s._key, {lit(k)}))")
-        if types.get(k) != "string":
+        if types.get(k) != "string" and cat.may_fall_back(k):
             parts.append(
                 f"(t._fallback[{lit(k)}] IS NOT DISTINCT FROM get_field(s._key, {lit('~' + k)}))"
             )

@@ -162,11 +162,11 @@ def _batch5(c: psycopg.Connection) -> None:
     c.execute("INSERT INTO kv (id, txt) VALUES (2, 'reinserted')")
 
 
-def _writers(root: str, table: str) -> set[str]:
-    """Which engines wrote the data commits of a Delta state table (from its log)."""
+def _writers(root: str, table: str, kind: str = "state") -> set[str]:
+    """Which engines wrote the data commits of a Delta table (from its log)."""
     from deltalake import DeltaTable
 
-    history = DeltaTable(f"{root}/{Lake.table_path('state', table)}").history()
+    history = DeltaTable(f"{root}/{Lake.table_path(kind, table)}").history()
     return {
         "delta-rs" if "delta-rs" in str(h.get("clientVersion", "")) else "spark"
         for h in history
@@ -174,16 +174,19 @@ def _writers(root: str, table: str) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("writer", ["driver", "spark"])
+@pytest.mark.parametrize("writer", ["driver", "spark-merge", "spark"])
 def test_varied_workload_in_batches(
     pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str
 ) -> None:
     """The same workload with small keyed tables written from the driver (``deltalake``,
-    the default for them) and with every table through Spark's MERGE."""
+    the default for them), with the driver's rows merged by Spark (as for a big state),
+    and with every table through Spark."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     if writer == "spark":
         cfg.lake.driver_write_rows = 0
+    if writer == "spark-merge":
+        cfg.lake.driver_write_state_mb = 0
     tables = list(KEYS)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(AUDIT_SQL)
@@ -241,7 +244,18 @@ def test_varied_workload_in_batches(
         ops = read_changes(lake, table).column("_op").to_pylist()
         assert ops.count("T") == 1
     assert len(list(Lake(lake).commits())) == 5
-    assert _writers(lake, "public.kv") == ({"delta-rs"} if writer == "driver" else {"spark"})
+    assert (
+        _writers(lake, "public.kv")
+        == {
+            "driver": {"delta-rs"},
+            # The first batch creates the table: an empty state is merged on the driver.
+            "spark-merge": {"delta-rs", "spark"},
+            "spark": {"spark"},
+        }[writer]
+    )
+    assert _writers(lake, "public.kv", "changes") == (
+        {"spark"} if writer == "spark" else {"delta-rs"}
+    )
     assert _writers(lake, "public.full_t") == {"spark"}  # multisets always go through Spark
 
 
@@ -311,3 +325,43 @@ def test_small_tables_batch_starts_no_spark(
     assert not any(changes.column("_missing_toast").to_pylist())
     assert read_changes(lake, "public.c").column("_op").to_pylist().count("T") == 1
     assert _writers(lake, "public.a") == {"delta-rs"}
+
+
+def test_driver_gives_a_table_past_its_byte_bound_to_spark(
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:
+    """``lake.driver_write_mb`` bounds the payloads the driver holds: a table whose
+    changes carry more (wide rows) is given back to Spark while the raw batch is read;
+    the small one stays on the driver, and both mirror the source."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    cfg.lake.driver_write_mb = 1
+    names = {"public.wide": "id", "public.narrow": "id"}
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        for qualified, key in names.items():
+            t = qualified.split(".")[1]
+            c.execute(f"CREATE TABLE {t} ({key} int PRIMARY KEY, v text, big text)")
+            c.execute(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL")
+            audit(c, t, key)
+        c.execute("CREATE PUBLICATION pub FOR TABLE wide, narrow")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        for rounds in range(2):
+            # wide: 60 rows of ~30 kB (1.8 MB of payloads); narrow: a few bytes a row.
+            c.execute(
+                "INSERT INTO wide SELECT g, 'v', repeat(md5(g::text), 950) "
+                "FROM generate_series(%s::int, %s::int) g",
+                (rounds * 100 + 1, rounds * 100 + 60),
+            )
+            c.execute(
+                "INSERT INTO narrow SELECT g, 'v', 'x' FROM generate_series(%s::int, %s::int) g",
+                (rounds * 100 + 1, rounds * 100 + 60),
+            )
+            c.execute("UPDATE wide SET v = 'w' WHERE id % 7 = 0")  # big: from the state
+            c.execute("UPDATE narrow SET v = 'w' WHERE id % 7 = 0")
+            result = run_sync(cfg, spark=spark)
+            assert result.status == "committed"
+            assert_mirror(c, lake, list(names))
+            assert_log_matches_audit(c, lake, names)
+    assert _writers(lake, "public.wide", "changes") == {"spark"}
+    assert _writers(lake, "public.narrow", "changes") == {"delta-rs"}

@@ -276,3 +276,38 @@ def test_tables_are_kept_apart() -> None:
 )
 def test_widens_to(old: str, new: str, ok: bool) -> None:
     assert widens_to(old, new) is ok
+
+
+DATE, XID8 = 1082, 5069
+
+
+@pytest.mark.parametrize(
+    ("oid", "typmod", "expected"),
+    [
+        (INT4, -1, False),
+        (INT8, -1, False),
+        (TEXT, -1, False),
+        (DATE, -1, True),  # 'infinity' and BC dates are kept as text
+        (NUMERIC, numeric(12, 2), True),  # 'NaN'
+        (XID8, -1, True),  # beyond bigint
+    ],
+)
+def test_may_fall_back_follows_the_key_type(oid: int, typmod: int, expected: bool) -> None:
+    from slotlake.state import arrow_merge_predicate, merge_condition
+
+    cat = catalog(rel(col("k", oid, key=True, typmod=typmod), col("v", TEXT)))
+    assert cat.may_fall_back("k") is expected
+    # The MERGE reads the _fallback map of every target row only when it can matter.
+    assert ("_fallback" in merge_condition(cat)) is (expected and cat.columns[0][1] != "string")
+    assert ("_fallback" in arrow_merge_predicate(cat)) is ("_fallback" in merge_condition(cat))
+
+
+def test_may_fall_back_once_any_version_may() -> None:
+    cat = catalog(
+        rel(col("k", DATE, key=True), col("v", TEXT)),
+        rel(col("k", DATE, key=True), col("v", TEXT), col("w", INT4)),
+    )
+    assert cat.may_fall_back("k")
+    assert not cat.may_fall_back("w")
+    # A column no version names: the state may hold values of an earlier type.
+    assert cat.may_fall_back("gone")

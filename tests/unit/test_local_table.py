@@ -59,6 +59,26 @@ def test_read_raw_dml_splits_one_pass_by_table(tmp_path: Path) -> None:
     assert out["a"].column_names == DECODER_COLUMNS
 
 
+def test_read_raw_dml_gives_up_the_biggest_tables_past_max_bytes(tmp_path: Path) -> None:
+    # Payloads are b"payload-<seq>": 9 bytes for seq < 10, 10 for 10..99.
+    rows = [(i, "I", 10) for i in range(1, 9)]  # a: 8 × 9 = 72 bytes
+    rows += [(i, "U", 20) for i in range(10, 13)]  # b: 3 × 10 = 30 bytes
+    rows += [(13, "D", 30)]  # c: 10 bytes
+    pq.write_table(_raw_rows(rows[:6]), tmp_path / "part-0.parquet")
+    pq.write_table(_raw_rows(rows[6:]), tmp_path / "part-1.parquet")
+    oids = {"a": {10}, "b": {20}, "c": {30}}
+    assert set(read_raw_dml(str(tmp_path), oids, max_bytes=112)) == {"a", "b", "c"}
+    # a passes 40 while the first file is read and is given up; b and c (40) stay whole.
+    out = read_raw_dml(str(tmp_path), oids, max_bytes=40)
+    assert set(out) == {"b", "c"}
+    assert out["b"].column("seq").to_pylist() == [10, 11, 12]
+    # Under 40, b (the bigger of the two left) goes too; c stays.
+    out = read_raw_dml(str(tmp_path), oids, max_bytes=35)
+    assert set(out) == {"c"}
+    assert out["c"].column("seq").to_pylist() == [13]
+    assert read_raw_dml(str(tmp_path), oids, max_bytes=0) == {}
+
+
 def test_conform_pads_missing_columns_and_old_struct() -> None:
     old = pa.struct([("id", pa.int64())])
     table = pa.table(

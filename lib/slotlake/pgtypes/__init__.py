@@ -176,6 +176,11 @@ class PgType:
         names = None if self._described is None else {self.oid: self._described}
         return resolve_type, (self.oid, self.typmod, names)
 
+    @property
+    def may_fall_back(self) -> bool:
+        """Whether some value of the type is kept as a lossless text fallback."""
+        return self._codec.may_fall_back
+
     def _error(self, value: str | bytes, exc: Exception) -> ValueError:
         kind = "text" if isinstance(value, str) else "binary"
         return ValueError(
