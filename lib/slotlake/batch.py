@@ -46,10 +46,12 @@ from slotlake.delta import (
     delta_schema,
     ensure_local,
     ensure_table,
+    forget_local_table,
     local_last_commit,
     merge,
     overwrite,
     quote,
+    reusing_local_tables,
     table_bytes,
     table_session,
     txn_version,
@@ -577,6 +579,7 @@ def _process_local(
     ]
 
     def spark_merge(rows: pa.Table) -> WriteResult:
+        forget_local_table(state_path)
         session = table_session(spark())
         source = session.createDataFrame(rows)
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
@@ -797,7 +800,8 @@ def _raw_errors_in_one_line(fn: Callable[..., BatchOutput]) -> Callable[..., Bat
     ) -> BatchOutput:
         lazy = LazySession.of(spark)
         try:
-            return fn(lazy, lake, raw_rel, *args, **kwargs)
+            with reusing_local_tables():
+                return fn(lazy, lake, raw_rel, *args, **kwargs)
         except Exception as exc:
             # A failed batch must not leave its cached raw DML behind in a long-lived
             # session: a retry reading the same path would be served the stale cache.

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +43,60 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 class WriteResult:
     version: int  # the table's version holding this batch
     metrics: dict[str, str]  # operationMetrics of that commit
+
+
+# --- Reused table handles -----------------------------------------------------------------
+#
+# Opening a Delta table with ``deltalake`` replays its log (~2.5 ms for a small table);
+# the driver lane asked that seven times per table and batch (size, txn versions, schema,
+# the two writes). Within :func:`reusing_local_tables` each local path is opened once: the
+# writes below advance the very object they were given. A handle is checked before reuse
+# (one stat): if the table's next log entry exists, something else wrote it (Spark's
+# ALTER or MERGE of the same batch) and the table is opened again.
+_OPEN: dict[str, Any] | None = None
+_OPEN_DEPTH = 0
+_OPEN_LOCK = threading.Lock()
+
+
+@contextmanager
+def reusing_local_tables() -> Iterator[None]:
+    """Open each local Delta table at most once inside the block (one batch's writes)."""
+    global _OPEN, _OPEN_DEPTH
+    with _OPEN_LOCK:
+        _OPEN_DEPTH += 1
+        if _OPEN is None:
+            _OPEN = {}
+    try:
+        yield
+    finally:
+        with _OPEN_LOCK:
+            _OPEN_DEPTH -= 1
+            if _OPEN_DEPTH == 0:
+                _OPEN = None
+
+
+def open_local(path: str) -> Any:
+    """``deltalake.DeltaTable(path)``, reused inside :func:`reusing_local_tables`."""
+    import os
+
+    from deltalake import DeltaTable
+
+    cache = _OPEN
+    if cache is None:
+        return DeltaTable(path)
+    table = cache.get(path)
+    if table is not None:
+        following = os.path.join(path, "_delta_log", f"{table.version() + 1:020d}.json")
+        if not os.path.exists(following):
+            return table
+    table = cache[path] = DeltaTable(path)
+    return table
+
+
+def forget_local_table(path: str) -> None:
+    """Drop a reused handle: the table is about to be written by something else."""
+    if _OPEN is not None:
+        _OPEN.pop(path, None)
 
 
 def quote(name: str) -> str:
@@ -162,10 +218,9 @@ def delta_schema(path: str) -> StructType | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-    from deltalake import DeltaTable
     from pyspark.sql.types import StructType
 
-    return StructType.fromJson(json.loads(DeltaTable(path).schema().to_json()))
+    return StructType.fromJson(json.loads(open_local(path).schema().to_json()))
 
 
 def _old_image_type(have: Any, want: Any) -> Any:
@@ -250,10 +305,9 @@ def txn_version(path: str, app_id: str) -> int | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-    from deltalake import DeltaTable
 
     try:
-        return DeltaTable(path).transaction_version(app_id)
+        return open_local(path).transaction_version(app_id)
     except Exception:  # a reader that cannot tell must not stop the batch
         log.debug("could not read txn versions of %s", path, exc_info=True)
         return None
@@ -328,9 +382,8 @@ def table_bytes(path: str) -> int | None:
         return None
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
-    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    actions = pa.table(open_local(path).get_add_actions(flatten=True))
     return int(pc.sum(actions.column("size_bytes")).as_py() or 0) if actions.num_rows else 0
 
 
@@ -349,23 +402,20 @@ def written_already(
     path: str, app_id: str, batch: int, held: int | None = UNREAD
 ) -> WriteResult | None:
     """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
-    from deltalake import DeltaTable
 
     table = None
     if held == UNREAD:
-        table = DeltaTable(path)
+        table = open_local(path)
         held = table.transaction_version(app_id)
     if held is None or held < batch:
         return None
     # Nothing writes the table between its batch and the commit record (the lake lock).
-    return _last(table if table is not None else DeltaTable(path))
+    return _last(table if table is not None else open_local(path))
 
 
 def local_last_commit(path: str) -> WriteResult:
     """:func:`last_commit` of a table at a local ``path``, read by deltalake (no Spark)."""
-    from deltalake import DeltaTable
-
-    return _last(DeltaTable(path))
+    return _last(open_local(path))
 
 
 def _last(table: Any) -> WriteResult:
@@ -390,13 +440,13 @@ def arrow_overwrite(
 def _arrow_write(
     path: str, data: Any, mode: str, app_id: str, batch: int, held: int | None
 ) -> WriteResult:
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
     done = written_already(path, app_id, batch, held)
     if done is not None:
         return done
     # One log read: the write advances the table object it is given.
-    table = DeltaTable(path)
+    table = open_local(path)
     write_deltalake(table, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
     return WriteResult(table.version(), {"numOutputRows": str(data.num_rows)})
 
@@ -420,12 +470,11 @@ def arrow_merge_keyed(
     The same clauses as the Spark MERGE: a deleted key's row goes, a matched key's row is
     replaced, a new key is inserted; ``helper_columns`` of the source are not table columns.
     """
-    from deltalake import DeltaTable
 
     done = written_already(path, app_id, batch, held)
     if done is not None:
         return done
-    table = DeltaTable(path)  # the MERGE advances it: one log read
+    table = open_local(path)  # the MERGE advances it
     metrics = (
         table.merge(
             source,
@@ -481,9 +530,8 @@ def local_version(path: str) -> int | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-    from deltalake import DeltaTable
 
-    return int(DeltaTable(path).version())
+    return int(open_local(path).version())
 
 
 def ensure_local(
@@ -503,6 +551,7 @@ def ensure_local(
     if current is None:
         create_on_driver(path, schema)
     elif needs_evolution(current, schema, renames or {}, drop_missing):
+        forget_local_table(path)
         ensure_table(spark(), uri, schema, renames, drop_missing)
     else:
         return current
