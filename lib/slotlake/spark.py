@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -42,6 +43,8 @@ LOCAL_DEFAULTS: dict[str, str] = {
     # the lake's logs are small, and 50 tasks per snapshot dominate a small batch's time.
     "spark.databricks.delta.snapshotPartitions": "2",
 }
+
+log = logging.getLogger(__name__)
 
 
 def delta_coordinates() -> list[str]:
@@ -120,7 +123,25 @@ def build_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_benign_delta_errors(session)
     return session
+
+
+# Every MERGE into a table with deletion vectors and column mapping logs, at ERROR, that
+# Delta could not push its internal ``__delta_internal_is_row_deleted = 0`` filter down to
+# Parquet (the column has no physical name); Delta then applies the filter after the scan,
+# so nothing is wrong — but an ERROR line per MERGE in a scheduler's log is an alarm.
+_BENIGN_ERROR_LOGGERS = ("org.apache.spark.sql.delta.DeltaParquetFileFormat",)
+
+
+def _quiet_benign_delta_errors(session: SparkSession) -> None:
+    try:
+        jvm = session.sparkContext._jvm  # type: ignore[attr-defined]
+        level = jvm.org.apache.logging.log4j.Level.getLevel("FATAL")
+        for name in _BENIGN_ERROR_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:  # a cluster's own logging setup: leave it alone
+        log.debug("could not quiet Delta's benign filter errors", exc_info=True)
 
 
 class LazySession:

@@ -1,0 +1,15 @@
+"""What build_session sets up in the JVM beyond the Spark conf."""
+
+from __future__ import annotations
+
+
+def test_deltas_benign_filter_error_is_quiet_and_the_rest_warns(spark) -> None:  # type: ignore[no-untyped-def]
+    jvm = spark.sparkContext._jvm
+    manager = jvm.org.apache.logging.log4j.LogManager
+    delta_format = manager.getLogger("org.apache.spark.sql.delta.DeltaParquetFileFormat")
+    assert delta_format.getLevel().toString() == "FATAL"
+    # Only that logger: Delta's own errors elsewhere still reach the log.
+    assert manager.getLogger("org.apache.spark.sql.delta.DeltaLog").getLevel().toString() in (
+        "WARN",
+        "ERROR",
+    )
