@@ -7,6 +7,8 @@ SparkSession (the issue's targets in brackets):
   size    a batch of ``--changes`` changes (80 % updates of random rows, 10 % deletes,
           10 % inserts) on a ``--big``-row table vs the same batch on a ``--small``-row
           table                                                          [≤ 1.25×]
+          and the small table once more with the driver lane off (every step in
+          Spark), to show what the big table costs beyond the path it takes
   spread  the same ``--changes`` changes spread over ``--tables`` tables vs all in one
           table                                                          [≤ 2×]
   process ``--process-changes`` changes over 8 tables, one ``slotlake sync`` process timed
