@@ -46,7 +46,6 @@ from slotlake.delta import (
     delta_schema,
     ensure_local,
     ensure_table,
-    forget_local_table,
     local_last_commit,
     merge,
     overwrite,
@@ -579,7 +578,6 @@ def _process_local(
     ]
 
     def spark_merge(rows: pa.Table) -> WriteResult:
-        forget_local_table(state_path)
         session = table_session(spark())
         source = session.createDataFrame(rows)
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)

@@ -93,12 +93,6 @@ def open_local(path: str) -> Any:
     return table
 
 
-def forget_local_table(path: str) -> None:
-    """Drop a reused handle: the table is about to be written by something else."""
-    if _OPEN is not None:
-        _OPEN.pop(path, None)
-
-
 def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -551,7 +545,6 @@ def ensure_local(
     if current is None:
         create_on_driver(path, schema)
     elif needs_evolution(current, schema, renames or {}, drop_missing):
-        forget_local_table(path)
         ensure_table(spark(), uri, schema, renames, drop_missing)
     else:
         return current

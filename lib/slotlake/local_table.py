@@ -80,8 +80,8 @@ def read_raw_dml(
     table_of = {oid: name for name, table_oids in oids.items() for oid in table_oids}
     wanted = pa.array(sorted(table_of), pa.int64())
     kept: list[pa.Table] = []
+    # Payload bytes read so far of each table still kept; a table given up leaves it.
     sizes: dict[str, int] = dict.fromkeys(oids, 0)
-    given_up: set[str] = set()
     for f in raw_files(raw_dir):
         with pq.ParquetFile(f) as pf:
             # In batches, not row groups: a raw row group holds up to a million payloads,
@@ -112,13 +112,12 @@ def read_raw_dml(
                 ):
                     sizes[table_of[oid]] += n
                 while sum(sizes.values()) > max_bytes:
-                    name = max(sizes, key=sizes.__getitem__)
-                    given_up.add(name)
-                    del sizes[name]
-                    wanted = pa.array(sorted(o for o, t in table_of.items() if t in sizes))
-                    wanted = wanted.cast(pa.int64())
+                    del sizes[max(sizes, key=sizes.__getitem__)]
+                    wanted = pa.array(
+                        sorted(o for o, t in table_of.items() if t in sizes), pa.int64()
+                    )
                     kept = [k.filter(pc.is_in(k.column("rel_oid"), wanted)) for k in kept]
-    names = [n for n in oids if n not in given_up]
+    names = list(sizes)
     if not kept:
         empty = _empty_raw(raw_dir)
         return {name: empty for name in names}

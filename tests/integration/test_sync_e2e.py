@@ -281,6 +281,20 @@ def test_update_without_prior_state_lists_missing_toast(
     ]
 
 
+def _audited_toast_tables(c: psycopg.Connection, slot: str, names: dict[str, str]) -> None:
+    """Tables ``(key int PRIMARY KEY, v text, big text)`` with ``big`` stored out of line,
+    each audited, all in publication ``pub``, and the slot created after them."""
+    c.execute(AUDIT_SQL)
+    for qualified, key in names.items():
+        t = qualified.split(".")[1]
+        c.execute(f"CREATE TABLE {t} ({key} int PRIMARY KEY, v text, big text)")
+        c.execute(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL")
+        audit(c, t, key)
+    tables = ", ".join(q.split(".")[1] for q in names)
+    c.execute(f"CREATE PUBLICATION pub FOR TABLE {tables}")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
 def test_small_tables_batch_starts_no_spark(
     pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,14 +305,7 @@ def test_small_tables_batch_starts_no_spark(
     cfg = make_config(pg_dsn, lake, slot)
     names = {"public.a": "id", "public.b": "id", "public.c": "k"}
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        for qualified, key in names.items():
-            t = qualified.split(".")[1]
-            c.execute(f"CREATE TABLE {t} ({key} int PRIMARY KEY, v text, big text)")
-            c.execute(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL")
-            audit(c, t, key)
-        c.execute("CREATE PUBLICATION pub FOR TABLE a, b, c")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _audited_toast_tables(c, slot, names)
         for t, key in (("a", "id"), ("b", "id"), ("c", "k")):
             c.execute(
                 f"INSERT INTO {t} ({key}, v, big) SELECT g, 'v', repeat(md5(g::text), 200) "
@@ -338,14 +345,7 @@ def test_driver_gives_a_table_past_its_byte_bound_to_spark(
     cfg.lake.driver_write_mb = 1
     names = {"public.wide": "id", "public.narrow": "id"}
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        for qualified, key in names.items():
-            t = qualified.split(".")[1]
-            c.execute(f"CREATE TABLE {t} ({key} int PRIMARY KEY, v text, big text)")
-            c.execute(f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL")
-            audit(c, t, key)
-        c.execute("CREATE PUBLICATION pub FOR TABLE wide, narrow")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _audited_toast_tables(c, slot, names)
         for rounds in range(2):
             # wide: 60 rows of ~30 kB (1.8 MB of payloads); narrow: a few bytes a row.
             c.execute(
