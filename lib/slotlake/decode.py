@@ -326,7 +326,7 @@ def _place(
     return pa.concat_arrays(arrays).take(pa.array(pick))
 
 
-def _sparse_lists(nrows: int, rows: dict[int, list[Any]], arrow_type: pa.DataType) -> pa.Array:
+def sparse_lists(nrows: int, rows: dict[int, list[Any]], arrow_type: pa.DataType) -> pa.Array:
     """A list (or map) column that is empty except at ``rows``."""
     import numpy as np
     import pyarrow as pa
@@ -595,10 +595,10 @@ def make_decoder(
             _op=pa.array(ops, pa.string()),
             _old_kind=pa.array(old_kinds, pa.string()),
             _batch=pa.array(np.full(nrows, batch, dtype=np.int64)),
-            _missing_toast=_sparse_lists(nrows, {}, schema_type("_missing_toast").type),
-            _fallback=_sparse_lists(nrows, fallback_rows, schema_type("_fallback").type),
+            _missing_toast=sparse_lists(nrows, {}, schema_type("_missing_toast").type),
+            _fallback=sparse_lists(nrows, fallback_rows, schema_type("_fallback").type),
             _truncate_options=pa.nulls(nrows, schema_type("_truncate_options").type),
-            _unchanged=_sparse_lists(nrows, still_open, schema_type("_unchanged").type),
+            _unchanged=sparse_lists(nrows, still_open, schema_type("_unchanged").type),
         )
         return meta
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -429,6 +430,56 @@ def arrow_overwrite(
 ) -> WriteResult:
     """Replace the table's rows with a ``pyarrow.Table`` in one commit, as batch ``batch``."""
     return _arrow_write(path, data, "overwrite", app_id, batch, held)
+
+
+def arrow_overwrite_stream(
+    path: str,
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    app_id: str,
+    batch: int,
+    held: int | None = UNREAD,
+) -> WriteResult:
+    """:func:`arrow_overwrite` from a stream of batches, written as they come (delta-rs
+    rolls files of ~100 MB), so that a table of any size costs the driver a few batches of
+    memory. An error raised by the stream is raised as itself, not as delta-rs's wrapper;
+    the overwrite commits only after the stream ended."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    done = written_already(path, app_id, batch, held)
+    if done is not None:
+        return done
+    rows = 0
+    failed: list[BaseException] = []
+
+    def counted() -> Iterator[pa.RecordBatch]:
+        nonlocal rows
+        try:
+            for rb in batches:
+                rows += rb.num_rows
+                yield rb
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+
+    table = open_local(path)
+    try:
+        write_deltalake(
+            table,
+            pa.RecordBatchReader.from_batches(schema, counted()),
+            mode="overwrite",
+            commit_properties=_commit_properties(app_id, batch),
+        )
+    except Exception:
+        if failed:
+            raise failed[0] from None
+        raise
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # a generator stopped early must release what it holds (connections)
+    return WriteResult(table.version(), {"numOutputRows": str(rows)})
 
 
 def _arrow_write(

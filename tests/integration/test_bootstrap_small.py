@@ -108,10 +108,15 @@ def _shape(lake: str, rel: str) -> tuple[Any, ...]:
     return proto, v0["metaData"]["configuration"], schema
 
 
-def test_small_tables_on_the_driver(pg_dsn: str, slot: str, spark, tmp_path: Path) -> None:
+def test_small_tables_on_the_driver(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch
+) -> None:
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
-    cfg.lake.bootstrap_driver_mb = 1  # big_t (~3 MB) goes to Spark
+    cfg.lake.bootstrap_driver_mb = 1  # big_t (~3 MB) is not a small table...
+    # ... and goes to Spark instead of being streamed on the driver: what Spark creates is
+    # compared below with what the driver creates.
+    monkeypatch.setattr(bootstrap_module, "streamed_on_driver", lambda plan, limit: False)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(SCHEMA)
         _populate(c)
@@ -326,3 +331,71 @@ def test_multiset_table_groups_as_spark(spark) -> None:
 
     assert canon(ours) == canon(theirs)
     assert sorted(theirs.column(COPIES).to_pylist()) == [1, 1, 1, 1, 2, 2]
+
+
+def test_big_table_streamed_on_the_driver(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch
+) -> None:
+    """A keyed table too big for the small tables' pool is streamed on the driver, its
+    ranges copied at once, without starting Spark; a copy failing half-way commits nothing
+    and undoes the attempt; the rerun mirrors the source and syncs on from there."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    cfg.lake.bootstrap_driver_mb = 1  # big (~5 MB) is not a small table
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE big (id int8 PRIMARY KEY, v text, n numeric(10,2), at timestamptz)")
+        c.execute(
+            "INSERT INTO big SELECT g, repeat('x', g % 50), g / 3.0, "
+            "timestamptz '2024-01-01 00:00+00' + g * interval '1 minute' "
+            "FROM generate_series(1, 60000) g"
+        )
+        c.execute("UPDATE big SET n = 'NaN' WHERE id = 7")  # a fallback value in a range
+        c.execute("CREATE TABLE small (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO small VALUES (1, 'one')")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+
+        def no_spark(cfg):  # type: ignore[no-untyped-def]
+            raise AssertionError("the bootstrap started Spark")
+
+        monkeypatch.setattr(bootstrap_module, "_session", no_spark)
+        real = bootstrap_module.convert_csv
+        calls = []
+
+        def flaky(chunk, plan, schema):  # type: ignore[no-untyped-def]
+            if plan.name == "public.big":
+                calls.append(1)
+                if len(calls) == 2:
+                    raise RuntimeError("injected failure in the second batch")
+            return real(chunk, plan, schema)
+
+        monkeypatch.setattr(bootstrap_module, "convert_csv", flaky)
+        lines: list[str] = []
+        with pytest.raises(RuntimeError, match="injected failure in the second batch"):
+            run_bootstrap(cfg, parallel=3, min_range_blocks=1, progress=lines.append)
+        for folder in ("state", "changes", "transactions"):
+            assert not list((Path(lake) / folder).glob("*")), folder
+        assert any("dropped the slot" in line for line in lines)
+        # No copy connection is left behind by the stopped range threads.
+        assert c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'slotlake:%'"
+        ).fetchone() == (0,)
+
+        monkeypatch.setattr(bootstrap_module, "convert_csv", real)
+        lines.clear()
+        result = run_bootstrap(cfg, parallel=3, min_range_blocks=1, progress=lines.append)
+        copied = result.tables["public.big"]
+        assert copied.driver and copied.ranges == 3 and copied.rows == 60000
+        (line,) = [x for x in lines if x.startswith("bootstrap: public.big: ")]
+        assert line.endswith("on the driver, 3 range(s))"), line
+        rec = Lake(lake).last_commit()
+        assert rec is not None and rec.tables["public.big"].state_rows == 60000
+        t = rec.tables["public.big"]
+        assert _engines(lake, t.state)[1].startswith("delta-rs")
+        assert_mirror(c, lake, ["public.big", "public.small"])
+        rows = {r["id"]: r for r in read_state(lake, "public.big").to_pylist()}
+        assert dict(rows[7]["_fallback"]) == {"n": "NaN"} and rows[7]["n"] is None
+
+        c.execute("UPDATE big SET v = 'changed' WHERE id % 1000 = 0")
+        c.execute("DELETE FROM big WHERE id BETWEEN 100 AND 110")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, lake, ["public.big", "public.small"])
