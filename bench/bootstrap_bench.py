@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -117,10 +118,10 @@ TABLE_LINE = re.compile(r"^(\S+): (\d+) rows, ([\d.]+) MB in ([\d.]+)s$")
 
 def timed_command(
     dsn: str, lake: Path, parallel: int, driver_mb: int | None
-) -> tuple[float, dict[str, tuple[int, int, float]]]:
+) -> tuple[float, float, dict[str, tuple[int, int, float]]]:
     """One ``slotlake bootstrap`` in a process of its own, from its start to its exit (Python
     start-up, and Spark's when a table goes through Spark, included); returns its seconds
-    and each table's (rows, COPY bytes, seconds) from its output."""
+    its peak RSS in MB and each table's (rows, COPY bytes, seconds) from its output."""
     argv = [
         sys.executable,
         "-m",
@@ -137,13 +138,15 @@ def timed_command(
     t0 = time.perf_counter()
     done = subprocess.run(argv, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
+    # The biggest child so far: psql's are far smaller than the bootstrap.
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     sys.stdout.write(done.stderr[-2000:])
     tables = {}
     for line in done.stdout.splitlines():
         m = TABLE_LINE.match(line)
         if m:
             tables[m[1]] = (int(m[2]), int(float(m[3]) * 1e6), float(m[4]))
-    return seconds, tables
+    return seconds, peak_mb, tables
 
 
 def rates(seconds: float, rows: int, nbytes: int) -> dict[str, float]:
@@ -181,7 +184,9 @@ def main() -> int:
             psql = find_psql(pg)
             floor_text_s, text_bytes = floor(psql, dsn, "", names, work)
             floor_csv_s, csv_bytes = floor(psql, dsn, " (FORMAT csv)", names, work)
-            seconds, copied = timed_command(dsn, work / "lake", args.parallel, args.driver_mb)
+            seconds, peak_mb, copied = timed_command(
+                dsn, work / "lake", args.parallel, args.driver_mb
+            )
             assert len(copied) == len(names), copied
             assert all(rows == args.rows for rows, _, _ in copied.values()), copied
     finally:
@@ -204,6 +209,7 @@ def main() -> int:
         "bootstrap_total": rates(seconds, rows, copy_bytes),
         "per_table_seconds_sum": round(sum(t for _, _, t in copied.values()), 2),
         "ratio_total_vs_text_floor": round(seconds / floor_text_s, 1),
+        "bootstrap_peak_rss_mb": round(peak_mb),
     }
     print()
     print(f"{'':30}{'seconds':>10}{'rows/s':>14}{'MB/s':>10}")
@@ -217,7 +223,8 @@ def main() -> int:
         print(f"{label:30}{r['seconds']:>10.2f}{r['rows_per_s']:>14,}{r['mb_per_s']:>10.1f}")
     print(
         f"bootstrap / text floor: {out['ratio_total_vs_text_floor']}x "
-        f"({len(names)} table(s), per-table times summed {out['per_table_seconds_sum']}s; "
+        f"({len(names)} table(s), per-table times summed {out['per_table_seconds_sum']}s, "
+        f"peak RSS {out['bootstrap_peak_rss_mb']} MB; "
         f"load average {out['load_average_1m']})"
     )
     if args.json == "-":

@@ -560,7 +560,7 @@ def _process_local(
             [changes, marks.select(changes.column_names).cast(changes.schema)]
         )
     changes = changes.drop_columns([n for n, _ in WORK_COLUMNS if n in changes.column_names])
-    changes = changes.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
+    changes = local_table.in_commit_order(changes)
     # A new table is created by the driver; DDL at the source goes through Spark's ALTER.
     schemas = [
         ensure_local(

@@ -230,3 +230,28 @@ def test_ensure_local_creates_a_new_table_without_spark(tmp_path: Path) -> None:
     got = ensure_local(spark, path, path, _struct("id bigint, name string"))  # type: ignore[arg-type]
     assert got.fieldNames() == ["id", "name"]
     assert delta_schema(path) == got
+
+
+def test_in_commit_order_sorts_only_when_needed() -> None:
+    from slotlake.local_table import in_commit_order
+
+    ordered = pa.table(
+        {"_commit_lsn": [1, 1, 2, 5], "_tx_ordinal": [0, 1, 0, 0], "v": ["a", "b", "c", "d"]}
+    )
+    assert in_commit_order(ordered) is ordered  # no copy
+    shuffled = pa.table(
+        {"_commit_lsn": [5, 1, 2, 1], "_tx_ordinal": [0, 1, 0, 0], "v": ["d", "b", "c", "a"]}
+    )
+    assert in_commit_order(shuffled).column("v").to_pylist() == ["a", "b", "c", "d"]
+    ties = pa.table({"_commit_lsn": [2, 2], "_tx_ordinal": [3, 1], "v": ["y", "x"]})
+    assert in_commit_order(ties).column("v").to_pylist() == ["x", "y"]
+    nulls = pa.table(
+        {
+            "_commit_lsn": pa.array([3, None, 1], pa.int64()),
+            "_tx_ordinal": [0, 0, 0],
+            "v": [3, 0, 1],
+        }
+    )
+    assert in_commit_order(nulls).column("v").to_pylist() == [1, 3, 0]  # nulls last
+    empty = ordered.slice(0, 0)
+    assert in_commit_order(empty) is empty
