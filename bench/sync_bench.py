@@ -315,6 +315,12 @@ def sync_child(spec: dict[str, Any]) -> dict[str, Any]:
     from slotlake.spark import build_session
     from slotlake.sync import run_sync
 
+    if os.environ.get("SLOTLAKE_BENCH_DEBUG"):
+        # Each table's steps with their seconds and Spark jobs (slotlake.batch's _Steps).
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("slotlake").setLevel(logging.DEBUG)
     sampler = Sampler().start()
     cfg = Config(
         source=SourceConfig(dsn=spec["dsn"], slot=SLOT, publications=[PUBLICATION]),
