@@ -135,11 +135,15 @@ def timed_command(
     ]
     if driver_mb is not None:
         argv.append(f"--set=lake.bootstrap_driver_mb={driver_mb}")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # The biggest child so far: psql's are far smaller than the bootstrap.
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak_mb = after.ru_maxrss / 1024
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"slotlake bootstrap: {seconds:.2f}s wall, {cpu:.2f}s CPU (client side)")
     sys.stdout.write(done.stderr[-2000:])
     tables = {}
     for line in done.stdout.splitlines():

@@ -61,10 +61,11 @@ class LakeConfig:
     driver_write_rows: int = 250_000
     driver_write_mb: int = 64
     driver_write_state_mb: int = 64
-    # `slotlake bootstrap`: a published table of at most this many MiB on disk (heap and
-    # TOAST) that is not split into ranges is copied on the driver and written with
-    # `deltalake`, several at once, without Spark jobs; bigger ones as Spark tasks over
-    # parallel ranges. 0 sends every table through Spark. Local lakes only.
+    # `slotlake bootstrap` on a local lake: a published table of at most this many MiB on
+    # disk (heap and TOAST) that is not split into ranges is copied on the driver and
+    # written with `deltalake`, several at once; a bigger keyed table is streamed on the
+    # driver (its ranges at once); a bigger multiset (grouped whole) goes through Spark
+    # tasks over parallel ranges. 0 sends every table through Spark.
     bootstrap_driver_mb: int = 64
 
 
