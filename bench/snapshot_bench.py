@@ -78,6 +78,12 @@ def writer(dsn: str, rows: int, rate: float, stop: threading.Event, done: list[i
 
 
 def main() -> int:
+    if os.environ.get("SLOTLAKE_BENCH_DEBUG"):
+        # Each table's steps with their seconds (slotlake.batch's _Steps), the copy's lines.
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("slotlake").setLevel(logging.DEBUG)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--rate", type=float, default=1000.0, help="updates per second")

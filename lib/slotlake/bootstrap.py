@@ -1229,7 +1229,7 @@ def _table_line(name: str, r: TableResult) -> str:
         where = "on the driver" + (f", {where}" if r.ranges > 1 else "")
     return (
         f"bootstrap: {name}: {r.rows:,} rows, {r.bytes / 1e6:,.1f} MB in {r.seconds:.1f}s "
-        f"({r.rows / secs:,.0f} rows/s, {r.bytes / 1e6 / secs:,.1f} MB/s, " + f"{where})"
+        f"({r.rows / secs:,.0f} rows/s, {r.bytes / 1e6 / secs:,.1f} MB/s, {where})"
     )
 
 

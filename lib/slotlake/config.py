@@ -162,6 +162,22 @@ def validate(cfg: Config) -> None:
         raise ConfigError("source.publications must name at least one publication")
     if not src.slot:
         raise ConfigError("source.slot must be set")
+    lake = cfg.lake
+    # (setting, smallest value that means something): a negative bound would silently
+    # send every table one way, or keep nothing.
+    for name, least in (
+        ("raw_retention_batches", -1),
+        ("state_versions", 0),  # 0 keeps the newest batch, as 1 does
+        ("vacuum_min_age_hours", 0),
+        ("table_workers", 1),
+        ("driver_write_rows", 0),
+        ("driver_write_mb", 0),
+        ("driver_write_state_mb", 0),
+        ("bootstrap_driver_mb", 0),
+    ):
+        value = getattr(lake, name)
+        if value < least:
+            raise ConfigError(f"lake.{name} must be {least} or more, got {value}")
 
 
 def _uri_has_password(dsn: str) -> bool:

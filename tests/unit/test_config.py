@@ -71,6 +71,11 @@ def test_overrides_win_and_parse_as_toml(tmp_path: Path) -> None:
         ("source.proto_version=7", "proto_version must be 1 to 4"),
         ("source.proto_version=1", "streaming needs source.proto_version >= 2"),
         ("weird.key=1", r"unknown configuration section \[weird\]"),
+        ("lake.driver_write_mb=-1", "lake.driver_write_mb must be 0 or more, got -1"),
+        ("lake.bootstrap_driver_mb=-64", "lake.bootstrap_driver_mb must be 0 or more"),
+        ("lake.table_workers=0", "lake.table_workers must be 1 or more, got 0"),
+        ("lake.raw_retention_batches=-2", "lake.raw_retention_batches must be -1 or more"),
+        ("lake.state_versions=-1", "lake.state_versions must be 0 or more"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, override: str, message: str) -> None:
