@@ -131,17 +131,27 @@ def build_session(
 # Delta could not push its internal ``__delta_internal_is_row_deleted = 0`` filter down to
 # Parquet (the column has no physical name); Delta then applies the filter after the scan,
 # so nothing is wrong — but an ERROR line per MERGE in a scheduler's log is an alarm.
-_BENIGN_ERROR_LOGGERS = ("org.apache.spark.sql.delta.DeltaParquetFileFormat",)
+#
+# The TOAST replay's pointer jumping (replay_sql._resolve_moves) checkpoints its rounds
+# locally; when the batch's cached data is released, Spark warns for each such RDD that
+# its lineage "cannot be recomputed after unpersisting" — true, and nothing needs it any
+# more. RDD.unpersist logs under the RDD's class, and its only other warning there is
+# about checkpointing an RDD twice, which slotlake never does: ERROR still shows errors.
+_BENIGN_LOGGERS = (
+    ("org.apache.spark.sql.delta.DeltaParquetFileFormat", "FATAL"),
+    ("org.apache.spark.rdd.MapPartitionsRDD", "ERROR"),
+)
 
 
 def _quiet_benign_delta_errors(session: SparkSession) -> None:
     try:
         jvm = session.sparkContext._jvm  # type: ignore[attr-defined]
-        level = jvm.org.apache.logging.log4j.Level.getLevel("FATAL")
-        for name in _BENIGN_ERROR_LOGGERS:
-            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+        for name, level in _BENIGN_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+                name, jvm.org.apache.logging.log4j.Level.getLevel(level)
+            )
     except Exception:  # a cluster's own logging setup: leave it alone
-        log.debug("could not quiet Delta's benign filter errors", exc_info=True)
+        log.debug("could not quiet Spark's benign log lines", exc_info=True)
 
 
 class LazySession:

@@ -13,3 +13,7 @@ def test_deltas_benign_filter_error_is_quiet_and_the_rest_warns(spark) -> None: 
         "WARN",
         "ERROR",
     )
+    # The local checkpoints' "cannot be recomputed after unpersisting" warning: errors only.
+    rdd_logger = manager.getLogger("org.apache.spark.rdd.MapPartitionsRDD")
+    assert rdd_logger.getLevel().toString() == "ERROR"
+    assert manager.getLogger("org.apache.spark.rdd.RDD").getLevel().toString() in ("WARN", "ERROR")
