@@ -59,7 +59,7 @@ Three ways a table is copied, by what it needs:
   CSV parser and the column kernels release the GIL) and written as they arrive, one
   ``deltalake`` overwrite from a stream of batches (files rolled at ~100 MB), so the
   driver holds a few batches whatever the table weighs. Measured on two cores: a
-  5M-row table in 1.9× the time of ``psql``'s own COPY to /dev/null, where the Spark path
+  5M-row table in ~2× the time of ``psql``'s own COPY to /dev/null, where the Spark path
   (Spark's Arrow transfer and Delta write on top of the same conversion) took 24×. A
   lake whose tables all go this way or the previous one starts no JVM.
 * **Through Spark**, one task per range: a multiset too big for the driver (it is grouped
