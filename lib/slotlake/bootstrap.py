@@ -1291,8 +1291,9 @@ def _selected(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[p
 
 
 class _DriverCopies:
-    """The small tables' copies: a thread pool, one connection in the exported snapshot
-    per thread, and the running totals the progress poller shows.
+    """The driver's copies: the small tables on a thread pool, one connection in the
+    exported snapshot per thread, then the streamed tables one by one; and the running
+    totals the progress poller shows.
 
     A thread keeps its connection (and the snapshot's transaction on it) for every table
     it copies: opening one per table (connect, session settings, snapshot import) would
@@ -1425,9 +1426,7 @@ def run_bootstrap(
         raise BootstrapError(f"parallel must be 1 or more, not {parallel}")
     if spark is None and "://" in cfg.lake.path:
         # A Hadoop file system lake is reached through Spark's JVM, even for the checks.
-        from slotlake.spark import build_session
-
-        spark = build_session("slotlake-bootstrap", cfg.spark)
+        spark = _session(cfg)
     lake = Lake(cfg.lake.path)
     # A lake of the old Parquet layout: OldLayoutError (one line), before the source is
     # touched.

@@ -123,7 +123,7 @@ def build_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    _quiet_benign_delta_errors(session)
+    _quiet_benign_loggers(session)
     return session
 
 
@@ -143,7 +143,7 @@ _BENIGN_LOGGERS = (
 )
 
 
-def _quiet_benign_delta_errors(session: SparkSession) -> None:
+def _quiet_benign_loggers(session: SparkSession) -> None:
     try:
         jvm = session.sparkContext._jvm  # type: ignore[attr-defined]
         for name, level in _BENIGN_LOGGERS:
