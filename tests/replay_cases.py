@@ -473,6 +473,7 @@ def arrow_type(ddl: str) -> pa.DataType:
         "int": pa.int32(),
         "bigint": pa.int64(),
         "boolean": pa.bool_(),
+        "double": pa.float64(),
         "timestamp": pa.timestamp("us", tz="UTC"),
         "map<string,string>": pa.map_(pa.string(), pa.string()),
     }

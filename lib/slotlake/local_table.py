@@ -10,12 +10,14 @@ done here instead, from raw Parquet to Delta commit:
 
 1. its DML rows are cut from the raw batch, which is read once for all such tables
    (:func:`read_raw_dml`);
-2. they are decoded by the function the executors run (:func:`slotlake.decode.make_decoder`),
-   so both paths share one decoder;
+2. they are decoded by the function the executors run (:func:`slotlake.decode.make_decoder`,
+   column-wise with NumPy for text datums), so both paths share one decoder;
 3. the prior state's rows of keys whose UPDATEs left TOAST unchanged are read through
    ``deltalake`` at the version the previous commit record names;
 4. the TOAST fill and each key's final row are DuckDB window functions over the Arrow
    tables (:mod:`slotlake.replay_duckdb`), the same rules as Spark's ``replay_window``;
+   a batch with no TOAST left open needs only each key's last record, found in Arrow
+   (:mod:`slotlake.replay_arrow`);
 5. ``deltalake`` appends the change log and MERGEs (or, after a TRUNCATE, overwrites) the
    state, each one commit carrying the batch's (txnAppId, txnVersion) pair.
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slotlake.catalog import TableCatalog
+from slotlake.replay_arrow import finals_without_toast, no_toast_open
 from slotlake.replay_sql import (
     ARRIVAL_ROLE,
     EVENT_ROLE,
@@ -129,6 +130,7 @@ def fill_keyed_local(
     read_prior: Callable[[list[Any], bool], pa.Table],
     cat: TableCatalog,
     truncations: Sequence[tuple[int, int]],
+    arrow: bool = True,
 ) -> tuple[pa.Table, pa.Table]:
     """(change rows with TOAST filled, final row of every key the batch touched).
 
@@ -145,10 +147,18 @@ def fill_keyed_local(
     Spark's schema); ``finals`` ``_k``, the state columns, ``_fallback``,
     ``_missing_toast``, ``_deleted`` and ``_key``. ``_k`` is this module's key text, not
     Spark's (both exact to the microsecond, spelled differently).
+
+    A batch that leaves no TOAST column open goes to :mod:`slotlake.replay_arrow`
+    instead (unless ``arrow`` is false): there ``_k`` is only the key's number.
     """
 
     if not cat.key_columns:
         raise ValueError(f"fill_keyed_local: {cat.name} has no key (a multiset table)")
+    if arrow and no_toast_open(events):
+        # Nothing to fill: each key's last record, in Arrow (slotlake.replay_arrow).
+        done = finals_without_toast(events, cat, truncations)
+        if done is not None:
+            return done
     # A cursor of one in-memory database: opening a database costs ~15–30 ms, a cursor ~2;
     # its TEMP tables and registered views are its own, so threads do not meet.
     with _database().cursor() as con:
