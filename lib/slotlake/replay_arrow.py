@@ -161,7 +161,7 @@ def finals_without_toast(
     from_old = np.concatenate([before_old_np, np.zeros(len(arrivals), bool)])
     image = pa.array(event_of + np.where(from_old, n, 0))  # index into new ++ old images
     key_columns = {}
-    for i, k in enumerate(keys):
+    for i in range(len(keys)):
         key_columns[f"k{i}"] = _take2(new_values[i], old_values[i], image)
         key_columns[f"t{i}"] = _take2(new_texts[i], old_texts[i], image)
     code = np.concatenate([rank[:n] * 2, rank[arrivals] * 2 + 1])  # max code = last record

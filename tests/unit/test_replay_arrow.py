@@ -104,7 +104,7 @@ def test_composite_keys_with_nulls_fallbacks_and_microseconds() -> None:
     ]
     schema = arrow_event_schema(COMPOSITE)
     table = arrow_rows(events, schema)
-    (changes, finals), duck = both(table, COMPOSITE, [(6, 0)])
+    (_, finals), duck = both(table, COMPOSITE, [(6, 0)])
 
     def rows(t: pa.Table) -> list[tuple]:
         return sorted(
@@ -142,7 +142,7 @@ def test_float_keys_stay_with_duckdb() -> None:
         arrow_event_schema(cat),
     )
     assert finals_without_toast(table, cat, []) is None
-    changes, finals = fill_keyed_local(
+    _, finals = fill_keyed_local(
         table, lambda *_: arrow_rows([], arrow_prior_schema(cat)), cat, []
     )
     assert finals.column("v").to_pylist() == ["a"]
