@@ -311,9 +311,12 @@ class Sampler:
 
 def sync_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs in its own process so that ru_maxrss is this run's peak alone."""
+    from slotlake.arrow_memory import prefer_jemalloc
     from slotlake.config import Config, LakeConfig, SourceConfig
     from slotlake.spark import build_session
     from slotlake.sync import run_sync
+
+    prefer_jemalloc()  # as `slotlake sync` does
 
     if os.environ.get("SLOTLAKE_BENCH_DEBUG"):
         # Each table's steps with their seconds and Spark jobs (slotlake.batch's _Steps).

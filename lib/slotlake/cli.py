@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from slotlake import __version__
+from slotlake.arrow_memory import prefer_jemalloc
 from slotlake.config import Config, ConfigError, load_config, parse_overrides
 from slotlake.lake import OldLayoutError, TableCommit
 from slotlake.lsn import Lsn
@@ -142,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
+    prefer_jemalloc()
     try:
         if args.command == "sync":
             return cmd_sync(args)

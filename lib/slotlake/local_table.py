@@ -72,18 +72,29 @@ def read_raw_dml(
     ``max_bytes`` bounds the payload bytes kept for all of them: past it the table with
     the most bytes is given up (left out of the result, for Spark to do) until the rest
     fits, so the driver never holds more than about that plus one read batch.
+
+    Each read batch is copied once at most: its wanted rows are taken grouped by table
+    (a stable order, so each table's rows keep theirs), and each table's rows are a slice
+    of that; a batch whose rows are all one wanted table's is kept as it was read.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from slotlake.raw import raw_files
 
-    table_of = {oid: name for name, table_oids in oids.items() for oid in table_oids}
-    wanted = pa.array(sorted(table_of), pa.int64())
-    kept: list[pa.Table] = []
+    names = list(oids)
+    oid_list = sorted({oid for table_oids in oids.values() for oid in table_oids})
+    value_set = pa.array(oid_list, pa.int64())
+    # Position in oid_list → index of its table in names.
+    table_at = np.array(
+        [next(i for i, n in enumerate(names) if oid in oids[n]) for oid in oid_list], np.int64
+    )
+    kept: dict[int, list[pa.RecordBatch]] = {i: [] for i in range(len(names))}
     # Payload bytes read so far of each table still kept; a table given up leaves it.
-    sizes: dict[str, int] = dict.fromkeys(oids, 0)
+    sizes: dict[int, int] = dict.fromkeys(kept, 0)
+    dml_types = pa.array(DML_TYPES)
     for f in raw_files(raw_dir):
         with pq.ParquetFile(f) as pf:
             # In batches, not row groups: a raw row group holds up to a million payloads,
@@ -91,46 +102,45 @@ def read_raw_dml(
             for batch in pf.iter_batches(
                 batch_size=RAW_BATCH_ROWS, columns=[*DECODER_COLUMNS, "msg_type"]
             ):
-                mask = pc.and_(
-                    pc.is_in(batch.column("msg_type"), pa.array(DML_TYPES)),
-                    pc.is_in(batch.column("rel_oid"), wanted),
-                )
-                rows = pa.Table.from_batches([batch.filter(mask)]).drop_columns(["msg_type"])
-                if not rows.num_rows:
+                at = pc.index_in(batch.column("rel_oid"), value_set=value_set)
+                at = pc.if_else(pc.is_in(batch.column("msg_type"), dml_types), at, None)
+                found = at.to_numpy(zero_copy_only=False)
+                rows = np.flatnonzero(~np.isnan(found)) if at.null_count else None
+                tables = table_at[
+                    found.astype(np.int64) if rows is None else found[rows].astype(np.int64)
+                ]
+                if not len(tables):
                     continue
-                kept.append(rows)
-                if max_bytes is None:
-                    continue
-                per_oid = (
-                    rows.select(["rel_oid"])
-                    .append_column("n", pc.binary_length(rows.column("data")))
-                    .group_by("rel_oid")
-                    .aggregate([("n", "sum")])
-                )
-                for oid, n in zip(
-                    per_oid.column("rel_oid").to_pylist(),
-                    per_oid.column("n_sum").to_pylist(),
-                    strict=True,
-                ):
-                    sizes[table_of[oid]] += n
-                while sum(sizes.values()) > max_bytes:
-                    del sizes[max(sizes, key=sizes.__getitem__)]
-                    wanted = pa.array(
-                        sorted(o for o, t in table_of.items() if t in sizes), pa.int64()
-                    )
-                    kept = [k.filter(pc.is_in(k.column("rel_oid"), wanted)) for k in kept]
-    names = list(sizes)
-    if not kept:
-        empty = _empty_raw(raw_dir)
-        return {name: empty for name in names}
-    rows = pa.concat_tables(kept)
-    # One split per table over the kept rows (bounded by DriverWrites), not per batch read.
-    return {
-        name: rows.filter(
-            pc.is_in(rows.column("rel_oid"), pa.array(sorted(oids[name]), pa.int64()))
-        )
-        for name in names
-    }
+                batch = batch.drop_columns(["msg_type"])
+                if rows is None and (tables == tables[0]).all():
+                    pieces = {int(tables[0]): batch}
+                else:
+                    order = np.argsort(tables, kind="stable")
+                    taken = batch.take(pa.array(order if rows is None else rows[order]))
+                    counts = np.bincount(tables, minlength=len(names))
+                    bounds = np.concatenate([[0], np.cumsum(counts)])
+                    pieces = {
+                        t: taken.slice(bounds[t], counts[t])
+                        for t in np.flatnonzero(counts).tolist()
+                    }
+                for t, piece in pieces.items():
+                    if t not in kept:
+                        continue  # given up
+                    kept[t].append(piece)
+                    if max_bytes is not None:
+                        sizes[t] += pc.sum(pc.binary_length(piece.column("data"))).as_py() or 0
+                while max_bytes is not None and sum(sizes.values()) > max_bytes:
+                    biggest = max(sizes, key=sizes.__getitem__)
+                    del sizes[biggest], kept[biggest]
+    empty = None
+    out: dict[str, pa.Table] = {}
+    for t, pieces in kept.items():
+        if pieces:
+            out[names[t]] = pa.Table.from_batches(pieces)
+        else:
+            empty = empty if empty is not None else _empty_raw(raw_dir)
+            out[names[t]] = empty
+    return out
 
 
 def _empty_raw(raw_dir: str) -> pa.Table:

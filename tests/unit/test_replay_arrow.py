@@ -142,9 +142,7 @@ def test_float_keys_stay_with_duckdb() -> None:
         arrow_event_schema(cat),
     )
     assert finals_without_toast(table, cat, []) is None
-    _, finals = fill_keyed_local(
-        table, lambda *_: arrow_rows([], arrow_prior_schema(cat)), cat, []
-    )
+    _, finals = fill_keyed_local(table, lambda *_: arrow_rows([], arrow_prior_schema(cat)), cat, [])
     assert finals.column("v").to_pylist() == ["a"]
 
 
