@@ -311,8 +311,8 @@ class Sampler:
 
 def sync_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs in its own process so that ru_maxrss is this run's peak alone."""
-    from slotlake.arrow_memory import prefer_jemalloc
     from slotlake.config import Config, LakeConfig, SourceConfig
+    from slotlake.memory import prefer_jemalloc
     from slotlake.spark import build_session
     from slotlake.sync import run_sync
 
@@ -331,7 +331,7 @@ def sync_child(spec: dict[str, Any]) -> dict[str, Any]:
     )
     for setting in spec.get("lake_set") or []:
         key, _, value = setting.partition("=")
-        setattr(cfg.lake, key, type(getattr(cfg.lake, key))(value))
+        setattr(cfg.lake, key, int(value) if value.lstrip("-").isdigit() else value)
     la = loadavg()
     cpu0 = time.process_time()
     t0 = time.monotonic()

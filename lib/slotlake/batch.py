@@ -331,19 +331,43 @@ class DriverWrites:
     deltalake (which rewrites the files a MERGE touches) while it is small
     (``lake.driver_write_state_mb``); a bigger state gets Spark's MERGE with deletion
     vectors, fed the driver's final rows. All such tables of a batch together hold at most
-    ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark."""
+    ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark.
+
+    By default (the two settings "auto") the bounds follow the memory the process may
+    use (:func:`slotlake.memory.memory_limit`): a quarter of it for the driver's tables,
+    at ``PEAK_PER_PAYLOAD_BYTE`` × their payload bytes and ``PEAK_PER_ROW`` bytes a row
+    (measured on bench/sync_bench.py's 1M-change table: peak RSS 1.41 GB for 160 MB of
+    payloads, ~250 MB of which the process holds anyway). A 24 GiB machine takes up to
+    768 MiB of payloads and 1.34M rows a table; a 4 GiB container 128 MiB and 224k rows.
+    """
 
     max_rows: int = 250_000
     max_state_bytes: int = 64 << 20
     max_bytes: int = 64 << 20
     TOTAL_FACTOR = 4
+    MEMORY_SHARE = 4  # the driver's tables may take 1/MEMORY_SHARE of the memory limit
+    PEAK_PER_PAYLOAD_BYTE = 8
+    PEAK_PER_ROW = 1200
 
     @classmethod
-    def of(cls, lake_cfg: Any) -> DriverWrites:
-        return cls(
-            lake_cfg.driver_write_rows,
-            lake_cfg.driver_write_state_mb << 20,
-            lake_cfg.driver_write_mb << 20,
+    def of(cls, lake_cfg: Any, memory: int | None = None) -> DriverWrites:
+        """The lake settings' bounds, "auto" ones worked out from ``memory`` (bytes; by
+        default the process's limit)."""
+        rows, mb = lake_cfg.driver_write_rows, lake_cfg.driver_write_mb
+        if rows is None or mb is None:
+            from slotlake.memory import memory_limit
+
+            budget = (memory or memory_limit()) // cls.MEMORY_SHARE
+            if rows is None:
+                rows = budget // cls.PEAK_PER_ROW // cls.TOTAL_FACTOR
+            if mb is None:
+                mb = budget // cls.PEAK_PER_PAYLOAD_BYTE >> 20
+        return cls(rows, lake_cfg.driver_write_state_mb << 20, mb << 20)
+
+    def describe(self) -> str:
+        return (
+            f"up to {self.max_rows:,} rows a table, {self.max_bytes >> 20} MiB of payloads, "
+            f"state MERGEd by deltalake up to {self.max_state_bytes >> 20} MiB"
         )
 
     def take(

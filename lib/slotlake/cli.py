@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from slotlake import __version__
-from slotlake.arrow_memory import prefer_jemalloc
 from slotlake.config import Config, ConfigError, load_config, parse_overrides
 from slotlake.lake import OldLayoutError, TableCommit
 from slotlake.lsn import Lsn
+from slotlake.memory import prefer_jemalloc
 from slotlake.redact import redact_dsn
 
 log = logging.getLogger("slotlake")

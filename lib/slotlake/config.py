@@ -57,9 +57,10 @@ class LakeConfig:
     # TOAST fill, change log: no Spark job), as long as all such tables' payloads stay
     # within driver_write_mb MiB; its state is merged by `deltalake` up to
     # driver_write_state_mb MiB, above that by Spark's MERGE with deletion vectors.
-    # 0 rows sends every table through Spark.
-    driver_write_rows: int = 250_000
-    driver_write_mb: int = 64
+    # 0 rows sends every table through Spark. None ("auto", the default): sized from the
+    # memory this process may use (slotlake.batch.DriverWrites.of).
+    driver_write_rows: int | None = None
+    driver_write_mb: int | None = None
     driver_write_state_mb: int = 64
     # `slotlake bootstrap` on a local lake: a published table of at most this many MiB on
     # disk (heap and TOAST) that is not split into ranges is copied on the driver and
@@ -100,10 +101,19 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+# Settings whose default is worked out at run time; "auto" asks for it explicitly.
+AUTO_SETTINGS = {("lake", "driver_write_rows"), ("lake", "driver_write_mb")}
+
+
 def _apply(target: Any, section: str, values: Mapping[str, Any]) -> None:
     for key, value in values.items():
         if not hasattr(target, key):
             raise ConfigError(f"unknown configuration key {section}.{key}")
+        if (section, key) in AUTO_SETTINGS:
+            if value != "auto" and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f'{section}.{key} must be an integer or "auto", got {value!r}')
+            setattr(target, key, None if value == "auto" else value)
+            continue
         current = getattr(target, key)
         if isinstance(current, bool):
             if not isinstance(value, bool):
@@ -176,7 +186,7 @@ def validate(cfg: Config) -> None:
         ("bootstrap_driver_mb", 0),
     ):
         value = getattr(lake, name)
-        if value < least:
+        if value is not None and value < least:
             raise ConfigError(f"lake.{name} must be {least} or more, got {value}")
 
 

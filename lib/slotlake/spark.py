@@ -9,8 +9,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from slotlake.arrow_memory import ENV as ARROW_POOL_ENV
-from slotlake.arrow_memory import PREFERRED as PREFERRED_POOL
+from slotlake.memory import ENV as ARROW_POOL_ENV
+from slotlake.memory import PREFERRED as PREFERRED_POOL
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -116,7 +116,7 @@ def build_session(
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
-    # The executors' Python workers allocate Arrow buffers as the driver does (arrow_memory).
+    # The executors' Python workers allocate Arrow buffers as the driver does (memory).
     settings[f"spark.executorEnv.{ARROW_POOL_ENV}"] = os.environ.get(ARROW_POOL_ENV, PREFERRED_POOL)
     settings.update(conf)
     if not submitted:

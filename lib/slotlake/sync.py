@@ -305,6 +305,8 @@ def _run_batch(
     raw_rel, attempt = plan.raw, plan.attempt
     # Started only if a table of the batch needs it (slotlake.local_table does small ones).
     lazy = LazySession(lambda: _session(cfg), spark)
+    driver = DriverWrites.of(cfg.lake)
+    log.info("batch %d: tables on the driver: %s", batch, driver.describe())
     t1 = time.monotonic()
 
     def decode_write(raw: str, local: str | None) -> BatchOutput:
@@ -320,7 +322,7 @@ def _run_batch(
             fault=fault_point,
             raw_local=local,
             workers=cfg.lake.table_workers,
-            driver=DriverWrites.of(cfg.lake),
+            driver=driver,
             snapshots=snapshot.table_snapshots(plan.snapshot),
         )
 

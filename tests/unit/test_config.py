@@ -72,6 +72,8 @@ def test_overrides_win_and_parse_as_toml(tmp_path: Path) -> None:
         ("source.proto_version=1", "streaming needs source.proto_version >= 2"),
         ("weird.key=1", r"unknown configuration section \[weird\]"),
         ("lake.driver_write_mb=-1", "lake.driver_write_mb must be 0 or more, got -1"),
+        ("lake.driver_write_rows=lots", 'lake.driver_write_rows must be an integer or "auto"'),
+        ("lake.driver_write_mb=true", 'lake.driver_write_mb must be an integer or "auto"'),
         ("lake.bootstrap_driver_mb=-64", "lake.bootstrap_driver_mb must be 0 or more"),
         ("lake.table_workers=0", "lake.table_workers must be 1 or more, got 0"),
         ("lake.raw_retention_batches=-2", "lake.raw_retention_batches must be -1 or more"),
@@ -107,3 +109,22 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_toml_syntax_error_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"c\.toml"):
         load_config(write(tmp_path, "[source\nslot="))
+
+
+def test_driver_lane_bounds_are_auto_by_default_or_as_set(tmp_path: Path) -> None:
+    from slotlake.batch import DriverWrites
+
+    cfg = load_config(write(tmp_path, TOML))
+    assert cfg.lake.driver_write_rows is None and cfg.lake.driver_write_mb is None
+    gib = 1 << 30
+    big, small = DriverWrites.of(cfg.lake, 24 * gib), DriverWrites.of(cfg.lake, 4 * gib)
+    assert (big.max_rows, big.max_bytes >> 20) == (1_342_177, 768)
+    assert (small.max_rows, small.max_bytes >> 20) == (223_696, 128)
+    assert DriverWrites.of(cfg.lake).max_bytes > 0  # this machine's own limit
+    cfg = load_config(
+        write(tmp_path, TOML),
+        parse_overrides(["lake.driver_write_rows=5000", "lake.driver_write_mb=auto"]),
+    )
+    chosen = DriverWrites.of(cfg.lake, 4 * gib)
+    assert (chosen.max_rows, chosen.max_bytes >> 20) == (5000, 128)
+    assert "5,000 rows a table, 128 MiB of payloads" in chosen.describe()

@@ -1,4 +1,6 @@
-"""The allocator behind Arrow's buffers in slotlake's processes: jemalloc.
+"""The driver process's memory: the allocator behind Arrow's buffers, and the limit.
+
+Allocator: jemalloc.
 
 pyarrow's Linux wheels allocate with mimalloc by default. Measured on the 2-core machine
 (bench/README.md): reading a 1M-change raw batch into memory the process has not touched
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 ENV = "ARROW_DEFAULT_MEMORY_POOL"
 PREFERRED = "jemalloc"
@@ -34,3 +37,21 @@ def prefer_jemalloc() -> str:
         return pa.default_memory_pool().backend_name
     os.environ[ENV] = PREFERRED
     return PREFERRED
+
+
+# cgroup v2, then v1: a container's limit, which physical memory does not show.
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_limit() -> int:
+    """Bytes this process may use: its cgroup's memory limit when it has one below the
+    machine's physical memory, else the physical memory."""
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < limit:  # "max" (v2) or a huge v1 value: none
+            limit = int(text)
+    return limit
