@@ -1,11 +1,14 @@
 #!/usr/bin/env python
-"""Decoder benchmark: slotlake.pgoutput.decode vs pypgoutput on one real corpus.
+"""Decoder benchmark: slotlake's decoders vs pypgoutput on one real corpus.
 
 Starts a throwaway PostgreSQL, runs a mixed workload (inserts, updates, deletes over
 an 8-column table plus a TOAST-heavy table, in transactions of ~10k rows), captures
 the whole slot with one ``pg_logical_slot_peek_binary_changes`` (protocol 1, text
-tuples) into a list of ``bytes``, then decodes that same list with both decoders,
-best of ``--repeat`` runs each. Not a test: run it by hand (``make bench-decode``).
+tuples) into a list of ``bytes``, then decodes that same list, best of ``--repeat``
+runs each: message by message with ``slotlake.pgoutput.decode``, column-wise as the
+batch does (each relation's Insert/Update/Delete payloads split in Arrow arrays of
+32,768 by ``slotlake.pgoutput.columnar``, every other message by ``decode``), and with
+pypgoutput. Not a test: run it by hand (``make bench-decode``).
 
     python bench/decode_bench.py [--version 15|16] [--messages N] [--repeat K] [--json PATH|-]
 """
@@ -127,6 +130,82 @@ def slotlake_runner() -> Callable[[list[bytes]], int]:
         return n
 
     return run
+
+
+# Rows per Arrow array for the column-wise split: the driver reads raw Parquet in batches
+# of this size (slotlake.local_table.RAW_BATCH_ROWS).
+COLUMNAR_ROWS = 32_768
+
+
+def columnar_corpus(payloads: list[bytes]) -> tuple[list[tuple[Any, int]], list[bytes]]:
+    """The corpus as the batch holds it: each relation's DML payloads in Arrow arrays
+    (with its column count), and every other message for the per-message decoder."""
+    import pyarrow as pa
+
+    from slotlake.pgoutput import Relation, decode
+
+    columns: dict[int, int] = {}
+    dml: dict[int, list[bytes]] = {}
+    other: list[bytes] = []
+    for p in payloads:
+        if p[0] in b"IUD":
+            dml.setdefault(int.from_bytes(p[1:5], "big"), []).append(p)
+            continue
+        other.append(p)
+        if p[0] == ord("R"):
+            msg = decode(p)
+            assert isinstance(msg, Relation)
+            columns[msg.oid] = len(msg.columns)
+    chunks = [
+        (pa.array(rows[i : i + COLUMNAR_ROWS], pa.binary()), columns[oid])
+        for oid, rows in dml.items()
+        for i in range(0, len(rows), COLUMNAR_ROWS)
+    ]
+    return chunks, other
+
+
+def columnar_runner() -> Callable[[Any], int]:
+    from slotlake.pgoutput import decode
+    from slotlake.pgoutput.columnar import split_text_dml
+
+    def run(corpus: tuple[list[tuple[Any, int]], list[bytes]]) -> int:
+        chunks, other = corpus
+        n = 0
+        for array, ncols in chunks:
+            if split_text_dml(array, ncols) is None:
+                raise AssertionError("the corpus has payloads the column-wise split declines")
+            n += len(array)
+        for payload in other:
+            decode(payload)
+            n += 1
+        return n
+
+    return run
+
+
+def cross_check_columnar(chunks: list[tuple[Any, int]], sample: int = 2_000) -> None:
+    """The column-wise split reads what the per-message decoder reads."""
+    from slotlake.pgoutput import UNCHANGED_TOAST, decode
+    from slotlake.pgoutput.columnar import KIND_NULL, KIND_UNCHANGED, split_text_dml
+
+    for array, ncols in chunks[:4]:
+        split = split_text_dml(array, ncols)
+        assert split is not None
+        for row in range(0, len(array), max(1, len(array) // sample)):
+            msg = decode(array[row].as_py())
+            for image, kinds, texts in (
+                ("new", split.new_kinds, split.new),
+                ("old", split.old_kinds, split.old),
+            ):
+                values = getattr(msg, image, None)
+                for c in range(ncols):
+                    v = None if values is None or c >= len(values) else values[c]
+                    if v is None:
+                        assert kinds[c][row] == KIND_NULL
+                    elif v is UNCHANGED_TOAST:
+                        assert kinds[c][row] == KIND_UNCHANGED
+                    else:
+                        assert texts[c][row].as_py() == v, (row, c)
 
 
 def pypgoutput_classes() -> dict[int, Any]:
@@ -276,10 +355,21 @@ def main(argv: list[str] | None = None) -> int:
     # Same list, same process; each decoder times the messages it can decode (for
     # pypgoutput that is every message of this corpus: see pypgoutput_supported_messages).
     ours_run, theirs_run = slotlake_runner(), pypgoutput_runner()
+    columnar = columnar_corpus(payloads)
+    cross_check_columnar(columnar[0])
     best = time_interleaved(
-        {"slotlake": (ours_run, payloads), "pypgoutput": (theirs_run, supported)}, args.repeat
+        {
+            "slotlake": (ours_run, payloads),
+            "slotlake columnar": (columnar_runner(), columnar),
+            "pypgoutput": (theirs_run, supported),
+        },
+        args.repeat,
     )
-    for name, nbytes in (("slotlake", total_bytes), ("pypgoutput", supported_bytes)):
+    for name, nbytes in (
+        ("slotlake", total_bytes),
+        ("slotlake columnar", total_bytes),
+        ("pypgoutput", supported_bytes),
+    ):
         seconds, count, cpu = best[name]
         results["decoders"][name] = {
             **_figures(count, nbytes, seconds),
@@ -291,8 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     results["ratio_messages_per_cpu_s"] = round(
         ours["messages"] / ours["cpu_seconds"] / (theirs["messages"] / theirs["cpu_seconds"]), 2
     )
+    col = results["decoders"]["slotlake columnar"]
+    results["ratio_columnar_messages_per_s"] = round(
+        col["messages_per_s"] / theirs["messages_per_s"], 2
+    )
     results["target_ratio"] = TARGET_RATIO
-    results["meets_target"] = results["ratio_messages_per_s"] >= TARGET_RATIO
+    # The batch decodes DML column-wise (slotlake.decode.make_decoder): that is the
+    # decoder the target is about; the per-message figure is kept beside it.
+    results["meets_target"] = results["ratio_columnar_messages_per_s"] >= TARGET_RATIO
 
     if not args.no_breakdown:
         # Where the time goes: small rows vs TOAST-sized ones, per message type.
@@ -318,17 +414,18 @@ def main(argv: list[str] | None = None) -> int:
         f"(PostgreSQL {server_version}, protocol 1, text) "
         + " ".join(f"{k}={v:,}" for k, v in sorted(types.items()))
     )
-    head = f"{'decoder':<12} {'messages':>10} {'seconds':>9} {'messages/s':>12} {'MB/s':>8}"
+    head = f"{'decoder':<18} {'messages':>10} {'seconds':>9} {'messages/s':>12} {'MB/s':>8}"
     print(head)
     for name, r in results["decoders"].items():
         print(
-            f"{name:<12} {r['messages']:>10,} {r['seconds']:>9.2f} "
+            f"{name:<18} {r['messages']:>10,} {r['seconds']:>9.2f} "
             f"{r['messages_per_s']:>12,} {r['mb_per_s']:>8.2f}"
         )
     print(
-        f"ratio (messages/s): {results['ratio_messages_per_s']}× "
-        f"({'meets' if results['meets_target'] else 'MISSES'} the {TARGET_RATIO:g}× target); "
-        f"messages per CPU second: {results['ratio_messages_per_cpu_s']}×"
+        f"ratio (messages/s): column-wise {results['ratio_columnar_messages_per_s']}× "
+        f"({'meets' if results['meets_target'] else 'MISSES'} the {TARGET_RATIO:g}× target), "
+        f"message by message {results['ratio_messages_per_s']}× "
+        f"(per CPU second {results['ratio_messages_per_cpu_s']}×)"
     )
     if results["by_type"]:
         print(

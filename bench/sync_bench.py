@@ -95,6 +95,21 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_children_cpu(pid: int) -> float:
+    """CPU seconds of a process's exited, reaped children (cutime + cstime)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def postmaster_pid(src: Any) -> int:
+    """The server's postmaster (its data directory's postmaster.pid, first line)."""
+    (data_dir,) = src._query("data directory", "SHOW data_directory")[0]
+    return int(Path(data_dir, "postmaster.pid").read_text().split()[0])
+
+
 def proc_status_kb(pid: int, key: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -237,16 +252,19 @@ def measure_pull(dsn: str, target: Lsn, workdir: Path, **pull_kw: Any) -> dict[s
     sampler = Sampler(interval=0.1)
     sampler.phase = "pull"
     with source(dsn) as src:
-        pid = src._backend_pid()
+        # The ADBC transport peeks on a connection of its own, whose backend has exited by
+        # the end: its CPU is then in the postmaster's reaped-children time.
+        pid, postmaster = src._backend_pid(), postmaster_pid(src)
         la = loadavg()
-        cpu0, ccpu0 = proc_cpu(pid), time.process_time()
+        cpu0, ccpu0 = proc_cpu(pid) + proc_children_cpu(postmaster), time.process_time()
         sampler.start()
         t0 = time.monotonic()
         result = src.pull(target, RawWriter(out), **pull_kw)
         wall = time.monotonic() - t0
         sampler.stop()
         client_cpu = time.process_time() - ccpu0
-        server_cpu = proc_cpu(pid) - cpu0
+        time.sleep(0.2)  # the peek backend's exit reaped
+        server_cpu = proc_cpu(pid) + proc_children_cpu(postmaster) - cpu0
     size = sum(f.stat().st_size for f in out.glob("*.parquet"))
     shutil.rmtree(out, ignore_errors=True)
     fig = {

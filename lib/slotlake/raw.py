@@ -166,8 +166,14 @@ class RawWriter:
         self._stream_xid: int | None = None  # inside S..E
         self._stream_ordinals: dict[int, int] = {}  # top-level xid → next ordinal
 
-    def append(self, lsn: Sequence[int], xid: Sequence[int], data: Sequence[bytes]) -> None:
-        """Add a chunk of peek rows, in peek order (columnar: three equal-length sequences)."""
+    def append(
+        self,
+        lsn: Sequence[int] | np.ndarray,
+        xid: Sequence[int] | np.ndarray,
+        data: Sequence[bytes] | pa.Array,
+    ) -> None:
+        """Add a chunk of peek rows, in peek order (columnar: three equal-length sequences;
+        ``lsn`` and ``xid`` may be NumPy arrays and ``data`` an Arrow binary array)."""
         if self._closed:
             raise RuntimeError("RawWriter is closed")
         self._raise_writer_error()
@@ -186,16 +192,27 @@ class RawWriter:
             start = stop
 
     def _segment(
-        self, lsn: Sequence[int], xid: Sequence[int], data: Sequence[bytes], start: int, stop: int
+        self,
+        lsn: Sequence[int] | np.ndarray,
+        xid: Sequence[int] | np.ndarray,
+        data: Sequence[bytes] | pa.Array,
+        start: int,
+        stop: int,
     ) -> pa.Table:
         """Rows [start, stop) of a chunk as a table of RAW_SCHEMA, envelope included."""
         s = self._summary
         n = stop - start
-        payloads = data[start:stop]
-        data_arr = pa.array(payloads, pa.binary())
-        envelope = self._envelope_fast(data_arr) if isinstance(data_arr, pa.Array) else None
-        if envelope is None:
-            envelope = self._envelope(payloads)
+        if isinstance(data, pa.Array):
+            data_arr = data.slice(start, n)
+            envelope = self._envelope_fast(data_arr)
+            if envelope is None:
+                envelope = self._envelope(data_arr.to_pylist())
+        else:
+            payloads = data[start:stop]
+            data_arr = pa.array(payloads, pa.binary())
+            envelope = self._envelope_fast(data_arr)
+            if envelope is None:
+                envelope = self._envelope(payloads)
         lsn_part = lsn[start:stop]
         try:
             lsn_arr = pa.array(lsn_part, pa.int64())
@@ -204,8 +221,8 @@ class RawWriter:
             lsn_arr = pa.array([_signed(v) for v in lsn_part], pa.int64())
         if n:
             if s.first_lsn is None:
-                s.first_lsn = Lsn(lsn_part[0] % _WRAP)
-            s.last_lsn = Lsn(lsn_part[-1] % _WRAP)
+                s.first_lsn = Lsn(int(lsn_part[0]) % _WRAP)
+            s.last_lsn = Lsn(int(lsn_part[-1]) % _WRAP)
         s.messages += n
         seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
         self._seq += n

@@ -113,7 +113,7 @@ def check_transactions(rows: list[dict]) -> list[list[dict]]:
     return txs
 
 
-@pytest.mark.parametrize("transport", ["stream", "cursor", "copy"])
+@pytest.mark.parametrize("transport", ["adbc", "stream", "cursor", "copy"])
 def test_pull_matches_the_peek_byte_for_byte(
     pg_dsn: str, slot: str, tmp_path: Path, transport: str
 ) -> None:
@@ -438,7 +438,7 @@ class _FailingWriter(RawWriter):
         super().append(lsn, xid, data)
 
 
-@pytest.mark.parametrize("transport", ["stream", "cursor", "copy"])
+@pytest.mark.parametrize("transport", ["adbc", "stream", "cursor", "copy"])
 def test_a_pull_failing_midway_leaves_the_session_usable(
     pg_dsn: str, slot: str, tmp_path: Path, transport: str
 ) -> None:
@@ -514,3 +514,52 @@ def test_stream_ordinals_group_by_top_level_xid(pg_dsn: str, slot: str, tmp_path
         if r["msg_type"] == "A":
             top, sub = struct.unpack_from(">II", r["data"], 1)
             assert r["stream_xid"] == top != sub
+
+
+def test_the_adbc_peek_takes_the_password_the_libpq_ways(
+    pg_cluster: Any, pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peek's own connection (ADBC's libpq) reads PGPASSWORD and a password file as
+    the main one does, and a wrong password is reported without the password."""
+    secret = "peek-s3cret"
+    role = f"pw_{slot}"[:63]
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    hba = pg_cluster.data_dir / "pg_hba.conf"
+    original = hba.read_text()
+    with connect(pg_dsn) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{secret}'")
+        c.execute(f"GRANT pg_read_all_data TO {role}")
+    # Only this role must give a password (the first matching line wins).
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
+    try:
+        with connect(pg_dsn) as c:
+            c.execute("SELECT pg_reload_conf()")
+        dsn = pg_dsn.replace(f"user={pg_cluster.superuser}", f"user={role}")
+        assert f"user={role}" in dsn
+        monkeypatch.delenv("PGPASSWORD", raising=False)
+        passfile = tmp_path / "pgpass"
+        passfile.write_text(f"127.0.0.1:{pg_cluster.port}:*:{role}:{secret}\n")
+        passfile.chmod(0o600)
+        for how in ("PGPASSWORD", "PGPASSFILE"):
+            monkeypatch.delenv("PGPASSWORD", raising=False)
+            monkeypatch.delenv("PGPASSFILE", raising=False)
+            monkeypatch.setenv(how, secret if how == "PGPASSWORD" else str(passfile))
+            with SlotSource(dsn, slot, [PUB], transport="adbc") as src:
+                upto = src.current_flush_lsn()
+                rows, result = pull(src, upto, tmp_path / how)
+                assert result.messages == src.count_floor(upto) == len(rows) > 300
+        monkeypatch.delenv("PGPASSFILE")
+        monkeypatch.setenv("PGPASSWORD", secret)
+        with SlotSource(dsn, slot, [PUB], transport="adbc") as src:
+            upto = src.current_flush_lsn()
+            monkeypatch.setenv("PGPASSWORD", "wrong-" + secret)  # only the peek's connection
+            with pytest.raises(SourceError) as err:
+                pull(src, upto, tmp_path / "wrong")
+        text = "".join(traceback.format_exception(err.value))
+        assert "cannot connect to" in str(err.value) and "for the peek" in str(err.value)
+        assert secret not in text
+    finally:
+        hba.write_text(original)
+        with connect(pg_dsn) as c:
+            c.execute("SELECT pg_reload_conf()")
