@@ -733,8 +733,11 @@ class SlotSource:
                         # The main session noted it already (lc_monetary and the like).
                         log.debug("peek session: %s", redact_text(str(exc), self._secrets))
                 cur.execute(query.as_string(conn))
-                reader = cur.fetch_record_batch()
-                for batch in reader:
+                # The cursor's own reader turns a failure while reading into ADBC's error,
+                # with the server's SQLSTATE; fetch_record_batch() hands out the bare
+                # pyarrow reader, whose OSError has only the message.
+                reader = getattr(getattr(cur, "_results", None), "reader", None)
+                for batch in reader if reader is not None else cur.fetch_record_batch():
                     lsns = _fixed_be(batch.column(0), 8).view(np.int64)
                     xids = _fixed_be(batch.column(1), 4).astype(np.int64)
                     datas = batch.column(2)
@@ -743,7 +746,7 @@ class SlotSource:
                     for i in range(0, len(datas), fetch_rows):
                         j = i + fetch_rows
                         yield lsns[i:j], xids[i:j], datas.slice(i, fetch_rows)
-        except adbc.Error as exc:
+        except (adbc.Error, OSError) as exc:
             raise self._error(
                 f"peek of slot {self.slot!r} failed on {self.dsn_redacted}", exc
             ) from None
