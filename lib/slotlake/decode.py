@@ -2,9 +2,11 @@
 
 The driver reads only the few messages that describe the batch (Relation, Type,
 Truncate, Stream Commit/Abort, Origin); the executors decode every DML payload with the
-same decoder (:func:`slotlake.pgoutput.decode`) inside ``mapInArrow`` — the Arrow-native
-sibling of ``mapInPandas``: both run the shared decoder in Python workers, but Arrow keeps
-decimals, nested arrays and structs without a detour through pandas dtypes.
+same decoder (:func:`make_decoder`: column-wise with :mod:`slotlake.pgoutput.columnar`,
+else message by message with :func:`slotlake.pgoutput.decode`) inside ``mapInArrow`` —
+the Arrow-native sibling of ``mapInPandas``: both run the shared decoder in Python
+workers, but Arrow keeps decimals, nested arrays and structs without a detour through
+pandas dtypes. The driver runs the very same function for the tables it does itself.
 
 Nothing here talks to PostgreSQL: the raw Parquet of a batch is enough, which is what
 reprocessing relies on.

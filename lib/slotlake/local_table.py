@@ -143,6 +143,22 @@ def read_raw_dml(
     return out
 
 
+class RawRows:
+    """A table's raw DML rows, handed over once: whoever decodes them takes them, and
+    the batch keeps no reference, so their memory goes as soon as they are decoded."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: pa.Table) -> None:
+        self._rows: pa.Table | None = rows
+
+    def take(self) -> pa.Table:
+        rows, self._rows = self._rows, None
+        if rows is None:
+            raise RuntimeError("these raw rows were taken already")
+        return rows
+
+
 def _empty_raw(raw_dir: str) -> pa.Table:
     import pyarrow.parquet as pq
 

@@ -1,8 +1,11 @@
-"""Pure-Python decoder for PostgreSQL's ``pgoutput`` logical replication protocol (1–4).
+"""Decoder for PostgreSQL's ``pgoutput`` logical replication protocol (1–4).
 
 ``decode(payload, in_stream=False)`` turns one payload into one immutable
 message object; malformed input raises :class:`DecodeError` (a ValueError)
 naming the message type, field and byte offset. No Spark, no database.
+:mod:`slotlake.pgoutput.columnar` splits a whole Arrow column of one relation's
+Insert/Update/Delete payloads at once, with NumPy, and declines (returns None) anything
+but well-formed text datums outside streams, which then go through ``decode``.
 """
 
 from slotlake.pgoutput.decoder import AnyMessage, decode
