@@ -166,13 +166,13 @@ def columnar_corpus(payloads: list[bytes]) -> tuple[list[tuple[Any, int]], list[
 
 def columnar_runner() -> Callable[[Any], int]:
     from slotlake.pgoutput import decode
-    from slotlake.pgoutput.columnar import split_text_dml
+    from slotlake.pgoutput.columnar import split_dml
 
     def run(corpus: tuple[list[tuple[Any, int]], list[bytes]]) -> int:
         chunks, other = corpus
         n = 0
         for array, ncols in chunks:
-            if split_text_dml(array, ncols) is None:
+            if split_dml(array, ncols) is None:
                 raise AssertionError("the corpus has payloads the column-wise split declines")
             n += len(array)
         for payload in other:
@@ -186,10 +186,10 @@ def columnar_runner() -> Callable[[Any], int]:
 def cross_check_columnar(chunks: list[tuple[Any, int]], sample: int = 2_000) -> None:
     """The column-wise split reads what the per-message decoder reads."""
     from slotlake.pgoutput import UNCHANGED_TOAST, decode
-    from slotlake.pgoutput.columnar import KIND_NULL, KIND_UNCHANGED, split_text_dml
+    from slotlake.pgoutput.columnar import KIND_NULL, KIND_UNCHANGED, split_dml
 
     for array, ncols in chunks[:4]:
-        split = split_text_dml(array, ncols)
+        split = split_dml(array, ncols)
         assert split is not None
         for row in range(0, len(array), max(1, len(array) // sample)):
             msg = decode(array[row].as_py())

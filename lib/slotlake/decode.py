@@ -356,8 +356,8 @@ def make_decoder(
 ):
     """The function mapInArrow runs over raw DML rows of one table.
 
-    Python only splits bytes. A record batch of text datums of one Relation version,
-    nothing streamed (nearly every batch), is split column-wise with NumPy
+    Python only splits bytes. A record batch of one Relation version, nothing streamed
+    (nearly every batch, text or binary datums), is split column-wise with NumPy
     (:mod:`slotlake.pgoutput.columnar`); any other batch is decoded message by message
     (:func:`slotlake.pgoutput.decode`: the envelope and the raw column datums, gathered
     per column). Either way each column is then converted at once by its type's pyarrow
@@ -408,8 +408,8 @@ def make_decoder(
         shaper_for: Callable[[int, int], tuple[_VersionShaper | None, float]],
     ) -> pa.RecordBatch | None:
         """The batch split column-wise (:mod:`slotlake.pgoutput.columnar`) when it is
-        what nearly every batch is — text datums, one Relation version, nothing streamed
-        — else None, and :func:`_decode_batch` decodes it message by message."""
+        what nearly every batch is — well-formed datums of one Relation version, nothing
+        streamed — else None, and :func:`_decode_batch` decodes it message by message."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -418,7 +418,7 @@ def make_decoder(
             KIND_UNCHANGED,
             OP_INSERT,
             OP_UPDATE,
-            split_text_dml,
+            split_dml,
         )
 
         nrows = len(rb)
@@ -432,7 +432,7 @@ def make_decoder(
         shaper, seq_to = shaper_for(oid_min.as_py(), seq_min)
         if shaper is None or seq_max > seq_to:
             return None
-        split = split_text_dml(rb.column("data"), shaper.ncols)
+        split = split_dml(rb.column("data"), shaper.ncols)
         if split is None:
             return None
         op_codes = np.select([split.op == OP_INSERT, split.op == OP_UPDATE], [0, 1], 2)
@@ -461,6 +461,10 @@ def make_decoder(
                 # only the key columns it carries; else it stays open (NULL for now).
                 filled = unchanged & (full_image | (key_image & is_key))
                 if filled.any():
+                    if new.type != old.type:
+                        if new.null_count < nrows:
+                            return None  # text in one image, binary in the other
+                        new = pa.nulls(nrows, old.type)
                     new = pc.if_else(pa.array(filled), old, new)
                 for row in np.flatnonzero(unchanged & ~filled).tolist():
                     still_open.setdefault(row, []).append(name)

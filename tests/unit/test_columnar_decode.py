@@ -5,8 +5,8 @@ datums of one Relation version, nothing streamed; ``columnar=False`` forces the
 reference path. Here both decode the same random batches (hypothesis: key and full old
 images, unchanged TOAST filled or left open, short tuples, every fallback edge of the
 column types, UTF-8 beyond ASCII) and must give identical record batches; crafted bytes
-check that anything outside that path — binary datums, malformed payloads, invalid
-UTF-8 — is declined, so the reference decoder reports it with its offset.
+check that anything outside that path — malformed payloads, invalid UTF-8, a column with
+text and binary datums — is declined, so the reference decoder reports it with its offset.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from slotlake.decode import (
     make_decoder,
 )
 from slotlake.pgoutput import UNCHANGED_TOAST, decode
-from slotlake.pgoutput.columnar import KIND_NULL, KIND_TEXT, KIND_UNCHANGED, split_text_dml
+from slotlake.pgoutput.columnar import KIND_NULL, KIND_TEXT, KIND_UNCHANGED, split_dml
 from tests.unit.test_make_decoder import V1, exact_rows, image, relation_payload
 from tests.unit.test_pgoutput_decode import i32, tuple_data, u16, u32
 
@@ -45,17 +45,19 @@ def catalog(columns: list[tuple[str, int, int, bool]]) -> Any:
 
 
 @st.composite
-def text_change(draw: st.DrawFn, columns: list[tuple[str, int, int, bool]]) -> bytes:
-    """One Insert/Update/Delete payload of text datums, outside any stream."""
+def dml_change(
+    draw: st.DrawFn, columns: list[tuple[str, int, int, bool]], binary: bool = False
+) -> bytes:
+    """One Insert/Update/Delete payload of text (or binary) datums, outside any stream."""
     op = draw(st.sampled_from("IUUD"))
     old_kind = draw(st.sampled_from(["K", "O"] + ([None] if op == "U" else [])))
     old = b""
     if op != "I" and old_kind is not None:
-        values = draw(image(columns, False, toast=False))
+        values = draw(image(columns, binary, toast=False))
         if old_kind == "K":
             values = tuple(v if key else None for v, (*_, key) in zip(values, columns, strict=True))
         old = old_kind.encode() + tuple_data(values)
-    new_values = draw(image(columns, False, toast=op == "U"))
+    new_values = draw(image(columns, binary, toast=op == "U"))
     # A tuple may stop short of the relation's columns: the rest read as NULL.
     new_values = new_values[: draw(st.integers(len(new_values) - 2, len(new_values)))]
     new = b"N" + tuple_data(new_values)
@@ -94,13 +96,13 @@ def both_paths(cat: Any, raw: pa.RecordBatch) -> tuple[list[pa.RecordBatch], lis
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), two_keys=st.booleans(), n=st.integers(1, 40))
+@given(data=st.data(), two_keys=st.booleans(), binary=st.booleans(), n=st.integers(1, 40))
 def test_columnar_split_equals_the_message_by_message_decoder(
-    data: st.DataObject, two_keys: bool, n: int
+    data: st.DataObject, two_keys: bool, binary: bool, n: int
 ) -> None:
     columns = TWO_KEYS if two_keys else V1
-    payloads = data.draw(st.lists(text_change(columns), min_size=n, max_size=n))
-    assert split_text_dml(pa.array(payloads, pa.binary()), len(columns)) is not None
+    payloads = data.draw(st.lists(dml_change(columns, binary), min_size=n, max_size=n))
+    assert split_dml(pa.array(payloads, pa.binary()), len(columns)) is not None
     columnar, reference = both_paths(catalog(columns), raw_batch(payloads))
     assert len(columnar) == len(reference) == 1
     assert columnar[0].schema == reference[0].schema
@@ -119,7 +121,7 @@ def test_split_kinds_and_texts_of_each_image() -> None:
         b"D" + u32(OID) + b"K" + tuple_data(["3", None, None]),
         b"U" + u32(OID) + b"N" + tuple_data(["4", "a" * 40, "b"]),
     ]
-    split = split_text_dml(pa.array(payloads, pa.binary()), 3)
+    split = split_dml(pa.array(payloads, pa.binary()), 3)
     assert split is not None
     assert bytes(split.op) == b"IUDU"
     assert split.old_kind.tolist() == [0, ord("O"), ord("K"), 0]
@@ -140,7 +142,7 @@ def test_split_kinds_and_texts_of_each_image() -> None:
 
 def test_split_of_a_sliced_array_reads_its_own_rows() -> None:
     payloads = [b"I" + u32(OID) + b"N" + tuple_data([str(i), "v" * i]) for i in range(20)]
-    split = split_text_dml(pa.array(payloads, pa.binary()).slice(5, 10), 2)
+    split = split_dml(pa.array(payloads, pa.binary()).slice(5, 10), 2)
     assert split is not None
     assert split.new[0].to_pylist() == [str(i) for i in range(5, 15)]
     assert split.new[1].to_pylist() == ["v" * i for i in range(5, 15)]
@@ -148,7 +150,7 @@ def test_split_of_a_sliced_array_reads_its_own_rows() -> None:
 
 GOOD = b"I" + u32(OID) + b"N" + tuple_data(["1", "a"])
 DECLINED = {
-    "binary datum": b"I" + u32(OID) + b"N" + tuple_data(["1", b"\x00\x01"]),
+    "text and binary datums in one column": b"I" + u32(OID) + b"N" + tuple_data(["1", b"\x00\x01"]),
     "trailing byte": GOOD + b"\x00",
     "value past the end": b"I" + u32(OID) + b"N" + u16(2) + b"t" + i32(1) + b"1t" + i32(9) + b"a",
     "negative length": b"I" + u32(OID) + b"N" + u16(2) + b"t" + i32(-1) + b"n",
@@ -171,10 +173,10 @@ DECLINED = {
 
 @pytest.mark.parametrize("what", sorted(DECLINED))
 def test_anything_else_is_declined(what: str) -> None:
-    assert split_text_dml(pa.array([GOOD, DECLINED[what], GOOD], pa.binary()), 2) is None
+    assert split_dml(pa.array([GOOD, DECLINED[what], GOOD], pa.binary()), 2) is None
 
 
-@pytest.mark.parametrize("what", sorted(set(DECLINED) - {"binary datum"}))
+@pytest.mark.parametrize("what", sorted(set(DECLINED) - {"text and binary datums in one column"}))
 def test_a_malformed_payload_gets_the_reference_error(what: str) -> None:
     """Declined, the batch goes message by message: the same error as with columnar off."""
     columns = [("id", 20, -1, True), ("v", 25, -1, False)]
@@ -197,9 +199,9 @@ def test_a_malformed_payload_gets_the_reference_error(what: str) -> None:
 
 
 def test_zero_column_relation_and_all_null_columns() -> None:
-    split = split_text_dml(pa.array([b"I" + u32(OID) + b"N" + u16(0)] * 3, pa.binary()), 0)
+    split = split_dml(pa.array([b"I" + u32(OID) + b"N" + u16(0)] * 3, pa.binary()), 0)
     assert split is not None and split.new == [] and len(split.op) == 3
-    nulls = split_text_dml(pa.array([b"I" + u32(OID) + b"N" + tuple_data([None])], pa.binary()), 1)
+    nulls = split_dml(pa.array([b"I" + u32(OID) + b"N" + tuple_data([None])], pa.binary()), 1)
     assert nulls is not None and nulls.new[0].to_pylist() == [None]
     assert nulls.new[0].type == pa.string()
 
@@ -212,7 +214,7 @@ def test_big_batch_matches_per_message_values() -> None:
         text = "x" * int(rng.integers(0, 40)) if i % 7 else None
         payloads.append(b"I" + u32(OID) + b"N" + tuple_data([str(i), text]))
         expected.append(text)
-    split = split_text_dml(pa.array(payloads, pa.binary()), 2)
+    split = split_dml(pa.array(payloads, pa.binary()), 2)
     assert split is not None
     assert split.new[1].to_pylist() == expected
     assert split.new[0].to_pylist() == [str(i) for i in range(5000)]
@@ -222,13 +224,13 @@ def test_the_columnar_path_is_the_one_taken(monkeypatch: pytest.MonkeyPatch) -> 
     import slotlake.pgoutput.columnar as columnar_module
 
     calls: list[int] = []
-    real = columnar_module.split_text_dml
+    real = columnar_module.split_dml
 
     def counting(data: pa.Array, ncols: int) -> Any:
         calls.append(len(data))
         return real(data, ncols)
 
-    monkeypatch.setattr(columnar_module, "split_text_dml", counting)
+    monkeypatch.setattr(columnar_module, "split_dml", counting)
     columnar, reference = both_paths(catalog(TWO_TEXT), raw_batch([GOOD, GOOD]))
     assert calls == [2]
     assert columnar[0].to_pylist() == reference[0].to_pylist()
@@ -241,3 +243,14 @@ def test_the_columnar_path_is_the_one_taken(monkeypatch: pytest.MonkeyPatch) -> 
         catalog(TWO_TEXT), pa.RecordBatch.from_pydict(streamed, schema=raw_batch([GOOD]).schema)
     )
     assert calls == []
+
+
+def test_binary_datums_come_as_a_binary_column() -> None:
+    payloads = [
+        b"I" + u32(OID) + b"N" + tuple_data([b"\x00\x00\x00\x01", b"\xff\x00"]),
+        b"I" + u32(OID) + b"N" + tuple_data([b"\x00\x00\x00\x02", None]),
+    ]
+    split = split_dml(pa.array(payloads, pa.binary()), 2)
+    assert split is not None
+    assert split.new[0].type == pa.binary() and split.new[1].type == pa.binary()
+    assert split.new[1].to_pylist() == [b"\xff\x00", None]  # not UTF-8, and kept as bytes

@@ -5,14 +5,14 @@ message it was most of a million-change table's batch. This module reads a whole
 column of DML payloads at once: it walks every payload's TupleData in lockstep, one
 column at a time, with NumPy gathers over the payload bytes (the kind byte and the
 big-endian value length of column *c* of every row in one step), and hands back, per
-image and column, the kind of each row's datum and its text as an Arrow string column
-that points into the payloads' own bytes. No Python runs per row or per value.
+image and column, the kind of each row's datum and the datums as an Arrow column taken
+from the payloads' own bytes. No Python runs per row or per value.
 
 It covers what nearly every batch holds: protocol messages outside a streamed
-transaction, every datum text (``t``), NULL (``n``) or unchanged TOAST (``u``).
-Anything else — a binary datum (``b``), a type byte other than I/U/D, any malformed
-payload, invalid UTF-8 — makes :func:`split_text_dml` return ``None`` rather than
-guess: the caller then decodes that batch message by message, and the reference
+transaction, every datum text (``t``), binary (``b``, with ``binary`` on), NULL
+(``n``) or unchanged TOAST (``u``). Anything else — a type byte other than I/U/D, any
+malformed payload, invalid UTF-8, a column with text in some rows and binary in others
+— makes :func:`split_dml` return ``None`` rather than guess: the caller then decodes that batch message by message, and the reference
 decoder raises its error naming the message, field and offset. Both paths must give
 the same values; the property tests in tests/unit/test_columnar_decode.py pin that.
 """
@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED", "DmlColumns", "split_text_dml"]
+__all__ = ["KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED", "DmlColumns", "split_dml"]
 
-KIND_TEXT, KIND_NULL, KIND_UNCHANGED = 0x74, 0x6E, 0x75  # 't', 'n', 'u'
-_BINARY = 0x62  # 'b'
+KIND_TEXT, KIND_NULL, KIND_UNCHANGED, KIND_BINARY = 0x74, 0x6E, 0x75, 0x62  # 't', 'n', 'u', 'b'
 OP_INSERT, OP_UPDATE, OP_DELETE = 0x49, 0x55, 0x44  # 'I', 'U', 'D'
 _MARK_NEW, _MARK_KEY, _MARK_OLD = 0x4E, 0x4B, 0x4F  # 'N', 'K', 'O'
 _HEAD = 8  # type byte, relation oid, tuple marker, column count: an Insert's TupleData at 6
@@ -42,8 +41,9 @@ class DmlColumns:
     ``op``: the type byte of each row (``OP_INSERT``…). ``old_kind``: ``K``/``O`` of the
     old image, 0 where there is none. ``new_kinds``/``old_kinds``: ``(ncols, rows)``
     kind bytes, ``KIND_NULL`` for a row without that image and for the columns a short
-    tuple leaves out. ``new``/``old``: per column, the datum texts (null unless the
-    kind is ``KIND_TEXT``).
+    tuple leaves out. ``new``/``old``: per column, the datums: a string column of texts
+    or a binary column of binary-format datums (null unless the kind is ``KIND_TEXT`` or
+    ``KIND_BINARY``).
     """
 
     op: np.ndarray
@@ -67,7 +67,7 @@ def _tuple_data(
     (kinds, value starts, value lengths, end, ok) per row.
 
     A row without the image reads as all NULL, its values empty at ``at``: the value
-    starts of a column then rise from row to row, which :func:`_texts` relies on.
+    starts of a column then rise from row to row, which :func:`_datums` relies on.
     """
     rows = len(at)
     kinds = np.full((ncols, rows), KIND_NULL, np.uint8)
@@ -92,7 +92,7 @@ def _tuple_data(
         kind = buf[safe]
         if short:
             kind = np.where(count > c, kind, KIND_NULL)
-        valued = (kind == KIND_TEXT) | (kind == _BINARY)
+        valued = (kind == KIND_TEXT) | (kind == KIND_BINARY)
         size = np.where(valued, _be(buf, safe + 1, _R4, ">u4"), 0)
         step = np.where(valued, size + 5, 1)
         if short:
@@ -103,41 +103,57 @@ def _tuple_data(
             kinds[c, idx], starts[c, idx], lengths[c, idx] = kind, pos + 5, size
         pos = pos + step
     end[idx] = pos
-    known = (kinds == KIND_TEXT) | (kinds == KIND_NULL) | (kinds == KIND_UNCHANGED)
+    known = (
+        (kinds == KIND_TEXT)
+        | (kinds == KIND_BINARY)
+        | (kinds == KIND_NULL)
+        | (kinds == KIND_UNCHANGED)
+    )
     ok[idx] = count <= ncols
     ok &= known.all(axis=0)
     return kinds, starts, lengths, end, ok
 
 
-def _texts(buf: pa.Buffer, kinds: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """The text datums of one column as a string column (null where not text).
+class _Mixed(Exception):
+    """A column with text datums in some rows and binary ones in others."""
+
+
+def _datums(buf: pa.Buffer, kinds: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """The datums of one column: a string column of text datums, or a binary column of
+    binary-format ones (null where there is no datum).
 
     Within a batch, row *i*'s datum ends before row *i + 1*'s begins, so the offsets
     ``start₀, end₀, start₁, end₁, …`` rise: over the payload bytes they make a column of
     twice the rows whose even entries are the datums (the odd ones the bytes between).
     Arrow's ``take`` of the even entries copies the datums into a column of their own,
-    in C++; a row without text is an empty null entry at its kind byte.
+    in C++ (the cast to string then validates the UTF-8); a row without a datum is an
+    empty null entry at its kind byte.
     """
     rows = len(kinds)
-    text = kinds == KIND_TEXT
-    if not text.any():
+    text, binary = kinds == KIND_TEXT, kinds == KIND_BINARY
+    is_text = bool(text.any())
+    if is_text and binary.any():
+        raise _Mixed
+    valued = text | binary
+    if not is_text and not binary.any():
         return pa.nulls(rows, pa.string())
-    size = np.where(text, lengths, 0)
+    size = np.where(valued, lengths, 0)
     offsets = np.empty(2 * rows + 1, np.int32)
     offsets[0:-1:2] = starts
     offsets[1::2] = starts + size
     offsets[-1] = offsets[-2]
     valid = np.zeros(2 * rows, bool)
-    valid[0::2] = text
+    valid[0::2] = valued
     both = pa.Array.from_buffers(
         pa.binary(),
         2 * rows,
         [pa.py_buffer(np.packbits(valid, bitorder="little")), pa.py_buffer(offsets), buf],
     )
-    return both.take(pa.array(np.arange(0, 2 * rows, 2))).cast(pa.string())
+    datums = both.take(pa.array(np.arange(0, 2 * rows, 2)))
+    return datums.cast(pa.string()) if is_text else datums
 
 
-def split_text_dml(data: pa.Array, ncols: int) -> DmlColumns | None:
+def split_dml(data: pa.Array, ncols: int) -> DmlColumns | None:
     """Split ``data`` (non-streamed Insert/Update/Delete payloads of one relation whose
     Relation message has ``ncols`` columns), or ``None`` when a payload is anything
     else (see the module docstring): then decode it message by message."""
@@ -178,9 +194,9 @@ def split_text_dml(data: pa.Array, ncols: int) -> DmlColumns | None:
         return None
     buf = pa.py_buffer(raw)
     try:
-        new = [_texts(buf, new_kinds[c], new_starts[c], new_lengths[c]) for c in range(ncols)]
-        old = [_texts(buf, old_kinds[c], old_starts[c], old_lengths[c]) for c in range(ncols)]
-    except pa.ArrowInvalid:  # invalid UTF-8: the reference decoder names the payload
+        new = [_datums(buf, new_kinds[c], new_starts[c], new_lengths[c]) for c in range(ncols)]
+        old = [_datums(buf, old_kinds[c], old_starts[c], old_lengths[c]) for c in range(ncols)]
+    except (pa.ArrowInvalid, _Mixed):  # invalid UTF-8: the reference decoder names it
         return None
     return DmlColumns(
         op=op,

@@ -232,15 +232,21 @@ class PgType:
 
         arrow_in: pa.Array | None = None
         if isinstance(values, pa.Array):
-            # A column already in Arrow (the bootstrap's CSV reader): straight to the
-            # text kernel; only its rejected rows are read back into Python.
+            # A column already in Arrow (the bootstrap's CSV reader, the column-wise
+            # decoder): straight to the text or binary kernel; only its rejected rows are
+            # read back into Python.
             if values.null_count == len(values):
                 return pa.nulls(len(values), target), {}
-            if keep_text or not pa.types.is_string(values.type):
+            if keep_text or not (
+                pa.types.is_string(values.type) or pa.types.is_binary(values.type)
+            ):
                 values = values.to_pylist()
             else:
                 arrow_in = values
-        kinds = {str} if arrow_in is not None else set(map(type, values))
+        if arrow_in is not None:
+            kinds = {str} if pa.types.is_string(arrow_in.type) else {bytes}
+        else:
+            kinds = set(map(type, values))
         kinds.discard(type(None))
         everything = range(len(values))
         if not kinds:
