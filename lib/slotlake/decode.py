@@ -483,12 +483,8 @@ def make_decoder(
                     else:
                         entry = (2 if len(filled) and filled[row] else 0, i, name, text)
                     fallbacks.setdefault(row, []).append(entry)
-        fallback_rows = {
-            row: [(key, text) for _, _, key, text in sorted(entries)]
-            for row, entries in fallbacks.items()
-        }
         return _assemble(
-            rb, None, None, ops, old_kinds, still_open, fallback_rows, new_pieces, old_pieces, nrows
+            rb, None, None, ops, old_kinds, still_open, fallbacks, new_pieces, old_pieces
         )
 
     def _decode_batch(
@@ -610,11 +606,6 @@ def make_decoder(
                             entry = (2 if i in filled.get(row, ()) else 0, i, name, text)
                         fallbacks.setdefault(row, []).append(entry)
 
-        # Per row, the keys in the row-by-row order: new image, old image, filled TOAST.
-        fallback_rows = {
-            row: [(key, text) for _, _, key, text in sorted(entries)]
-            for row, entries in fallbacks.items()
-        }
         return _assemble(
             rb,
             kept,
@@ -622,10 +613,9 @@ def make_decoder(
             pa.array(ops, pa.string()),
             pa.array(old_kinds, pa.string()),
             still_open,
-            fallback_rows,
+            fallbacks,
             new_pieces,
             old_pieces,
-            nrows,
         )
 
     def _assemble(
@@ -635,14 +625,22 @@ def make_decoder(
         ops: pa.Array,
         old_kinds: pa.Array,
         still_open: dict[int, list[str]],
-        fallback_rows: dict[int, list[tuple[str, str]]],
+        fallbacks: dict[int, list[tuple[int, int, str, str]]],
         new_pieces: dict[int, list[tuple[Sequence[int], pa.Array]]],
         old_pieces: dict[int, list[tuple[Sequence[int], pa.Array]]],
-        nrows: int,
     ) -> pa.RecordBatch:
-        """The output batch from the converted columns and the row metadata."""
+        """The output batch from the converted columns and the row metadata.
+
+        ``fallbacks``: row → (phase, position, key, text) of each value that fell back;
+        a row's keys go in the row-by-row order: new image, old image, filled TOAST.
+        """
         import pyarrow as pa
 
+        nrows = len(ops)
+        fallback_rows = {
+            row: [(key, text) for _, _, key, text in sorted(entries)]
+            for row, entries in fallbacks.items()
+        }
         data = {
             name: _place(new_pieces[j], nrows, data_types[name])
             if j in new_pieces

@@ -82,7 +82,7 @@ def read_raw_dml(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from slotlake.raw import raw_files
+    from slotlake.raw import payload_bytes, raw_files
 
     names = list(oids)
     oid_list = sorted({oid for table_oids in oids.values() for oid in table_oids})
@@ -128,7 +128,7 @@ def read_raw_dml(
                         continue  # given up
                     kept[t].append(piece)
                     if max_bytes is not None:
-                        sizes[t] += pc.sum(pc.binary_length(piece.column("data"))).as_py() or 0
+                        sizes[t] += payload_bytes(piece.column("data"))
                 while max_bytes is not None and sum(sizes.values()) > max_bytes:
                     biggest = max(sizes, key=sizes.__getitem__)
                     del sizes[biggest], kept[biggest]

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from slotlake.lsn import Lsn
@@ -202,17 +203,11 @@ class RawWriter:
         """Rows [start, stop) of a chunk as a table of RAW_SCHEMA, envelope included."""
         s = self._summary
         n = stop - start
-        if isinstance(data, pa.Array):
-            data_arr = data.slice(start, n)
-            envelope = self._envelope_fast(data_arr)
-            if envelope is None:
-                envelope = self._envelope(data_arr.to_pylist())
-        else:
-            payloads = data[start:stop]
-            data_arr = pa.array(payloads, pa.binary())
-            envelope = self._envelope_fast(data_arr)
-            if envelope is None:
-                envelope = self._envelope(payloads)
+        payloads = None if isinstance(data, pa.Array) else data[start:stop]
+        data_arr = data.slice(start, n) if payloads is None else pa.array(payloads, pa.binary())
+        envelope = self._envelope_fast(data_arr)
+        if envelope is None:
+            envelope = self._envelope(data_arr.to_pylist() if payloads is None else payloads)
         lsn_part = lsn[start:stop]
         try:
             lsn_arr = pa.array(lsn_part, pa.int64())
@@ -583,6 +578,13 @@ def raw_files(path: str | Path) -> list[Path]:
     if p.is_dir():
         return sorted(p.glob(PART_GLOB))
     return [p]
+
+
+def payload_bytes(data: Sequence[bytes] | pa.Array) -> int:
+    """Bytes of a chunk of payloads (a sequence of ``bytes`` or an Arrow binary array)."""
+    if isinstance(data, pa.Array):
+        return int(pc.sum(pc.binary_length(data)).as_py() or 0)
+    return sum(map(len, data))
 
 
 def read_raw(path: str | Path) -> pa.Table:

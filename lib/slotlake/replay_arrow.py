@@ -119,10 +119,10 @@ def finals_without_toast(
     )
 
     op = events.column("_op").combine_chunks()  # the few columns read row by row: one chunk
-    is_update = pc.equal(op, "U")
+    is_update, is_delete = pc.equal(op, "U"), pc.equal(op, "D")
     # bo: the key before the event is the old image's (a DELETE, or an UPDATE with one).
     before_old = pc.or_(
-        pc.equal(op, "D"),
+        is_delete,
         pc.and_(is_update, pc.is_valid(events.column("_old_kind").combine_chunks())),
     )
     # An UPDATE's _fallback is never NULL in DuckDB's change rows (its map_concat).
@@ -162,8 +162,8 @@ def finals_without_toast(
     image = pa.array(event_of + np.where(from_old, n, 0))  # index into new ++ old images
     key_columns = {}
     for i in range(len(keys)):
-        key_columns[f"k{i}"] = _take2(new_values[i], old_values[i], image)
-        key_columns[f"t{i}"] = _take2(new_texts[i], old_texts[i], image)
+        key_columns[f"k{i}"] = gather([new_values[i], old_values[i]], image)
+        key_columns[f"t{i}"] = gather([new_texts[i], old_texts[i]], image)
     code = np.concatenate([rank[:n] * 2, rank[arrivals] * 2 + 1])  # max code = last record
     records = pa.table({**key_columns, "c": pa.array(code)})
     last = records.group_by(list(key_columns), use_threads=False).aggregate([("c", "max")])
@@ -177,8 +177,8 @@ def finals_without_toast(
     for t_lsn, t_ordinal in truncations:
         # The TRUNCATE comes after this record: the key's row is gone.
         truncated_after |= (lsn < t_lsn) | ((lsn == t_lsn) & (ordinal <= t_ordinal))
-    is_delete = pc.equal(op, "D").to_numpy(zero_copy_only=False)
-    deleted = truncated_after | (~is_arrival & (is_delete[i] | moved_np[i]))
+    is_delete_np = is_delete.to_numpy(zero_copy_only=False)
+    deleted = truncated_after | (~is_arrival & (is_delete_np[i] | moved_np[i]))
     from_old_last = ~is_arrival & before_old_np[i]
     row = pa.array(i, mask=deleted)
     key_image = pa.array(i + np.where(from_old_last, n, 0))
@@ -188,8 +188,8 @@ def finals_without_toast(
         + [pa.field("~" + k, pa.string()) for k in keys]
     )
     key = pa.StructArray.from_arrays(
-        [_take2(new_values[j], old_values[j], key_image) for j in range(len(keys))]
-        + [_take2(new_texts[j], old_texts[j], key_image) for j in range(len(keys))],
+        [gather([new_values[j], old_values[j]], key_image) for j in range(len(keys))]
+        + [gather([new_texts[j], old_texts[j]], key_image) for j in range(len(keys))],
         fields=list(key_type),
     )
     finals = pa.table(
@@ -206,8 +206,9 @@ def finals_without_toast(
     return changes, finals
 
 
-def _take2(first: pa.Array, second: pa.Array, indices: pa.Array) -> pa.Array:
-    """``take`` over ``first`` followed by ``second`` (of one type)."""
+def gather(values: Sequence[pa.Array | pa.ChunkedArray], indices: pa.Array) -> pa.Array:
+    """``take`` over the concatenation of ``values`` (all of one type)."""
     import pyarrow as pa
 
-    return pa.chunked_array([first, second], type=first.type).take(indices).combine_chunks()
+    chunks = [c for v in values for c in (v.chunks if isinstance(v, pa.ChunkedArray) else [v])]
+    return pa.chunked_array(chunks, type=values[0].type).take(indices).combine_chunks()

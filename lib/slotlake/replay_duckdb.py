@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slotlake.catalog import TableCatalog
-from slotlake.replay_arrow import finals_without_toast, no_toast_open
+from slotlake.replay_arrow import finals_without_toast, gather, no_toast_open
 from slotlake.replay_sql import (
     ARRIVAL_ROLE,
     EVENT_ROLE,
@@ -108,14 +108,6 @@ def _jumped(table: str, n: int) -> str:
         f"LEFT JOIN {table} t{i} ON {_pending(f's.f{i}')} AND t{i}.r = s.f{i}.r" for i in range(n)
     )
     return f"SELECT s.r, {picks} FROM {table} s {joins}"
-
-
-def _gather(values: list[pa.ChunkedArray], indices: pa.Array) -> pa.Array:
-    """``take`` over the concatenation of ``values`` (all of one type)."""
-    import pyarrow as pa
-
-    chunks = [c for v in values for c in v.chunks]
-    return pa.chunked_array(chunks, type=values[0].type).take(indices).combine_chunks()
 
 
 def _arange(n: int) -> pa.Array:
@@ -260,7 +252,7 @@ class _Replay:
 
     def _key_image(self, k: int, indices: pa.Array) -> pa.Array:
         """Key column ``k`` of the image index ``i`` (new) or event count + ``i`` (old)."""
-        return _gather([self.events.column(self.keys[k]), self.old_keys[k]], indices)
+        return gather([self.events.column(self.keys[k]), self.old_keys[k]], indices)
 
     def _load_prior(self, read_prior: Callable[[list[Any], bool], pa.Table]) -> pa.Table:
         """The prior rows of the keys whose events have unchanged TOAST open (exactly)."""
@@ -424,7 +416,7 @@ class _Replay:
             if self.prior is not None:
                 # The prior rows' values follow the events' (record r = event count + j).
                 values.append(self._prior_column(c, types[c]))
-            gathered = _gather(values, out.column(f"g{i}").combine_chunks())
+            gathered = gather(values, out.column(f"g{i}").combine_chunks())
             events = events.set_column(events.schema.get_field_index(c), c, gathered)
         for name, column in (("_fallback", "fb2"), ("_missing_toast", "ms")):
             # Spark's _missing_toast of the change rows is never NULL: a non-nullable field.

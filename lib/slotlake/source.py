@@ -66,16 +66,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import capabilities, pq, sql
 
 from slotlake.lsn import Lsn
-from slotlake.raw import RawSummary, RawWriter
+from slotlake.raw import RawSummary, RawWriter, payload_bytes
 from slotlake.redact import dsn_password, redact_dsn, redact_text
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,7 @@ TRANSPORT_NOTE = (
 )
 
 Transport = Literal["adbc", "copy", "cursor", "stream"]
-TRANSPORTS = ("adbc", "stream", "cursor", "copy")
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
 
 # Session settings the decoder's text formats rely on: pgoutput runs the types' output
 # functions in *this* backend (the SQL interface), so these GUCs shape every text value.
@@ -315,9 +314,7 @@ class SlotSource:
                 f"proto_version {self.proto_version} is not supported by PostgreSQL {major} "
                 f"(highest: {max_proto})"
             )
-        settings = dict(SESSION_SETTINGS)
-        settings.update(self.session_settings)
-        for name, value in settings.items():
+        for name, value in self._settings().items():
             try:
                 conn.execute("SELECT set_config(%s, %s, false)", (name, value))
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -325,6 +322,11 @@ class SlotSource:
                 # the server default locale, which the decoder keeps as text anyway.
                 self.notes.append(redact_text(f"could not SET {name}={value!r}: {exc}"))
                 log.warning("%s", self.notes[-1])
+
+    def _settings(self) -> dict[str, str]:
+        """The session settings of every connection that peeks: the decoder's, then the
+        configuration's."""
+        return {**SESSION_SETTINGS, **self.session_settings}
 
     def close(self) -> None:
         if self._conn is not None:
@@ -624,7 +626,7 @@ class SlotSource:
         try:
             for lsns, xids, datas in chunks:
                 writer.append(lsns, xids, datas)
-                meter.add(len(datas), _payload_bytes(datas))
+                meter.add(len(datas), payload_bytes(datas))
         except psycopg.Error as exc:
             writer.abort()
             raise self._error(
@@ -707,12 +709,11 @@ class SlotSource:
 
         conn = self._require()
         query = sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto))
-        settings = {**SESSION_SETTINGS, **self.session_settings}
         statements = [
             sql.SQL("SELECT set_config({}, {}, false)")
             .format(sql.Literal(name), sql.Literal(value))
             .as_string(conn)
-            for name, value in settings.items()
+            for name, value in self._settings().items()
         ]
         conninfo = psycopg.conninfo.make_conninfo(
             self._dsn,
@@ -836,12 +837,6 @@ def _fixed_be(column: pa.Array, width: int) -> np.ndarray:
         start = int(offsets[0])
     dtype = np.dtype(">u8" if width == 8 else ">u4")
     return np.frombuffer(values.buffers()[-1], dtype, n, start).astype(dtype.newbyteorder("="))
-
-
-def _payload_bytes(datas: Any) -> int:
-    if isinstance(datas, pa.Array):
-        return int(pc.sum(pc.binary_length(datas)).as_py() or 0)
-    return sum(map(len, datas))
 
 
 class _Meter:
