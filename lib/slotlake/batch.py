@@ -375,13 +375,16 @@ class DriverWrites:
         self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int
     ) -> StateMerge | None:
         """None when Spark does the whole table, else who merges its state."""
-        if cat.is_multiset or expected_rows > self.max_rows or self.max_rows <= 0:
+        if expected_rows > self.max_rows or self.max_rows <= 0:
             return None
         if not lake.on_local_disk or not cat.versions:
             return None  # object stores and HDFS: Spark's Hadoop file systems write
         size = table_bytes(str(local_path(state_path)))
         # None: created by this batch.
-        return "driver" if size is None or size <= self.max_state_bytes else "spark"
+        if size is None or size <= self.max_state_bytes:
+            return "driver"
+        # A multiset's state is rebuilt whole on the driver: a big one stays with Spark.
+        return None if cat.is_multiset else "spark"
 
     def pick(
         self, lake: Lake, cats: list[TableCatalog], expected: dict[str, int]
@@ -561,9 +564,9 @@ def _process_local(
     held: tuple[int | None, int | None],
     state_merge: StateMerge = "driver",
 ) -> tuple[WriteResult, WriteResult]:
-    """A keyed table's batch with few changes on the driver (see
-    :mod:`slotlake.local_table`); with ``state_merge="spark"`` its state's MERGE runs in
-    Spark from the driver's final rows."""
+    """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`);
+    with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
+    final rows. A multiset's state (small, or it would not be here) is rebuilt whole."""
     import pyarrow as pa
 
     from slotlake import local_table
@@ -576,9 +579,20 @@ def _process_local(
     # Taken, not shared: the raw rows are freed once decoded (a third of the peak memory).
     events, change_arrow = local_table.decode_local(raw.take(), cat, bcat, batch)
     state_struct = _state_schema(cat)
+    state_arrow = arrow_schema_for(state_struct)
     version = prior.state_version if prior is not None and prior.state else None
-    read_prior = local_table.prior_reader(state_path, version, cat, arrow_schema_for(state_struct))
-    changes, finals = fill_keyed_local(events, read_prior, cat, truncs)
+    if cat.is_multiset:
+        from slotlake.multiset_arrow import multiset_state
+
+        at = events.schema.get_field_index("_missing_toast")
+        changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
+        whole = None
+        if version is not None and not truncs:
+            whole = local_table.read_state_whole(state_path, version, cat, state_arrow)
+        finals = multiset_state(events, whole, cat, truncs, state_arrow)
+    else:
+        read_prior = local_table.prior_reader(state_path, version, cat, state_arrow)
+        changes, finals = fill_keyed_local(events, read_prior, cat, truncs)
     markers = marker_rows(cat, bcat, batch)
     if markers:
         marks = pa.Table.from_pylist(markers, schema=change_arrow)

@@ -52,7 +52,8 @@ Three ways a table is copied, by what it needs:
   splitting) and at most ``lake.bootstrap_driver_mb`` on disk (heap and TOAST, from the
   file sizes) is copied on the driver, ``parallel`` tables at a time on a thread pool
   (each thread keeps one connection in the snapshot), through the same :func:`copy_rows`
-  and :func:`convert_csv`; a multiset is grouped by :func:`multiset_table` (pyarrow, the
+  and :func:`convert_csv`; a multiset is grouped by
+  :func:`slotlake.multiset_arrow.multiset_table` (pyarrow, the
   twin of the Spark path's :func:`multiset_rows`).
 * **Bigger keyed tables, streamed on the driver** (:func:`streamed_on_driver`): their
   ranges copied at once on ``parallel`` threads (:func:`concurrent_ranges`; COPY, Arrow's
@@ -108,7 +109,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import re
@@ -955,74 +955,6 @@ def multiset_rows(df: DataFrame, columns: Sequence[str]) -> DataFrame:
     )
 
 
-def multiset_table(table: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """:func:`multiset_rows` for a copy held by the driver, with pyarrow's group_by: the
-    same groups, the same representative values, the same columns.
-
-    Spark's grouping normalises floats (-0.0 is 0.0; every NaN is one NaN), also inside
-    arrays, and compares arrays and maps whole. Arrow groups floats by value and cannot
-    group nested values: columns are normalised first, and nested values and
-    ``_fallback`` are grouped on their JSON text (built in Python: tables on this path
-    are small).
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    data = {c: _normalised(table.column(c)) for c in columns}
-    keys = {f"k{i}": _groupable(col) for i, col in enumerate(data.values())}
-    keys["kfb"] = pa.array(
-        [json.dumps(sorted(fb)) for fb in table.column("_fallback").to_pylist()], pa.string()
-    )
-    keys["row"] = pa.array(range(table.num_rows), pa.int64())
-    groups = (
-        pa.table(keys)
-        .group_by([k for k in keys if k != "row"], use_threads=False)
-        .aggregate([("row", "min"), ("row", "count")])
-    )
-    first = groups.column("row_min")
-    out = pa.table({c: col.take(first) for c, col in data.items()})
-    out = out.append_column(table.schema.field("_fallback"), table.column("_fallback").take(first))
-    missing = table.schema.field("_missing_toast")
-    out = out.append_column(missing, pa.array([[]] * len(first), missing.type))
-    return out.append_column(COPIES, pc.cast(groups.column("row_count"), pa.int64()))
-
-
-def _normalised(col: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
-    """A column as Spark's grouping keys hold it: -0.0 is 0.0 (NaN is one value in both),
-    inside arrays and maps too."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_floating(col.type):
-        return pc.if_else(pc.equal(col, 0), pa.scalar(0.0, col.type), col)
-    if pa.types.is_nested(col.type):
-        return pa.array([_normal_value(v) for v in col.to_pylist()], col.type)
-    return col
-
-
-def _normal_value(value: Any) -> Any:
-    if isinstance(value, float):
-        return 0.0 if value == 0 else value
-    if isinstance(value, list):
-        return [_normal_value(v) for v in value]
-    if isinstance(value, tuple):  # a map entry
-        return tuple(_normal_value(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _normal_value(v) for k, v in value.items()}
-    return value
-
-
-def _groupable(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """A column Arrow can group by: nested values as their JSON text, anything else as it is."""
-    import pyarrow as pa
-
-    if not pa.types.is_nested(col.type):
-        return col
-    return pa.array(
-        [None if v is None else json.dumps(v, default=repr) for v in col.to_pylist()], pa.string()
-    )
-
-
 def copy_table(
     spark: SparkSession,
     lake: Lake,
@@ -1386,6 +1318,8 @@ class _DriverCopies:
         names = order.fieldNames()
         if plan.multiset:
             whole = pa.Table.from_batches(list(batches), schema=task.arrow_schema)
+            from slotlake.multiset_arrow import multiset_table
+
             grouped = multiset_table(whole, [c.name for c in plan.columns])
             state = arrow_overwrite(local, grouped.select(names), att.app_id, att.batch)
         else:

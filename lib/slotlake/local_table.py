@@ -292,6 +292,20 @@ def prior_reader(
     return read
 
 
+def read_state_whole(
+    state_path: str, version: int, cat: TableCatalog, state: pa.Schema
+) -> pa.Table:
+    """The whole state at ``version`` (a multiset's, to be rebuilt), as ``state``'s rows."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    from slotlake.lake import _plain_types
+
+    reader = QueryBuilder().register("t", DeltaTable(state_path, version=version))
+    rows = _plain_types(pa.table(reader.execute("SELECT * FROM t").read_all()))
+    return align_prior_arrow(rows, cat, state)
+
+
 def write_local(
     cat: TableCatalog,
     changes: pa.Table,
@@ -305,7 +319,7 @@ def write_local(
     schemas: tuple[StructType, StructType],
     merge_state: Callable[[pa.Table], WriteResult] | None = None,
 ) -> tuple[WriteResult, WriteResult]:
-    """A keyed table's change log and state at local paths, each one ``deltalake`` commit.
+    """A table's change log and state at local paths, each one ``deltalake`` commit.
 
     ``held``: the txn versions of ``app_id`` the two tables hold and ``schemas`` their
     schemas (both read by the caller). ``merge_state``: who merges the final rows into a
@@ -316,6 +330,9 @@ def write_local(
 
     changes = conform_arrow(changes, arrow_schema_for(schemas[0]))
     c = arrow_append(changes_path, changes, app_id, batch, held[0])
+    if cat.is_multiset:  # finals: the whole new state (slotlake.multiset_arrow)
+        rows = conform_arrow(finals, arrow_schema_for(schemas[1]))
+        return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     data = list(cat.state_columns)
     if truncated:
         alive = finals.filter(pc.invert(finals.column("_deleted")))

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pytest
 
 from slotlake import bootstrap as bootstrap_module
-from slotlake.bootstrap import multiset_rows, multiset_table, run_bootstrap
+from slotlake.bootstrap import multiset_rows, run_bootstrap
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import COPIES, Lake, read_state
+from slotlake.multiset_arrow import multiset_table
 from slotlake.sync import run_sync
 
 from .sync_helpers import assert_mirror, make_config
@@ -163,8 +164,9 @@ def test_small_tables_on_the_driver(
         assert dict(arr[3]["_fallback"]) == {"price": "NaN"}
         assert dict(arr[4]["_fallback"]) == {"tags": "{{x,y},{z,w}}"}
 
-        # A sync on the tables the driver wrote: deltalake's MERGE on the keyed ones,
-        # Spark's on the multisets, and RENAME COLUMN (column mapping) on one of each.
+        # A sync on the tables the driver wrote: deltalake's MERGE on the keyed ones, a
+        # rebuilt state on the (small) multisets, and RENAME COLUMN (column mapping) on
+        # one of each.
         c.execute("UPDATE k_01 SET v = 'changed', n = n + 1 WHERE id <= 5")
         c.execute("DELETE FROM k_02 WHERE id % 2 = 0")
         c.execute("ALTER TABLE k_03 RENAME COLUMN v TO v_renamed")
@@ -177,10 +179,10 @@ def test_small_tables_on_the_driver(
         assert_mirror(c, lake, ALL)
         after = Lake(lake).last_commit()
         assert after is not None
-        # (table, renamed column, non-null values it has, engine of the MERGE)
-        for name, column, values, engine in (
-            ("public.k_03", "v_renamed", 20, "delta-rs"),
-            ("public.full_t", "b_renamed", 2, "Apache-Spark"),
+        # (table, renamed column, non-null values it has, engine and operation of the write)
+        for name, column, values, engine, operation in (
+            ("public.k_03", "v_renamed", 20, "delta-rs", "MERGE"),
+            ("public.full_t", "b_renamed", 2, "delta-rs", "WRITE"),
         ):
             state = after.tables[name].state
             assert column in read_state(lake, name).column_names
@@ -190,7 +192,7 @@ def test_small_tables_on_the_driver(
                 if v > 1
             ]
             assert ops[0][0].startswith("Apache-Spark") and ops[0][1] == "RENAME COLUMN", ops
-            assert ops[-1][1] == "MERGE" and ops[-1][0].startswith(engine), ops
+            assert ops[-1][1] == operation and ops[-1][0].startswith(engine), ops
             # Spark reads the renamed column of what the driver wrote, old rows included.
             got = spark.read.format("delta").load(Lake(lake).path(state))
             assert got.filter(f"{column} IS NOT NULL").count() == values, name
