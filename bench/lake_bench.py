@@ -13,13 +13,17 @@ SparkSession (the issue's targets in brackets):
           table                                                          [≤ 2×]
   process ``--process-changes`` changes over 8 tables, one ``slotlake sync`` process timed
           from its start to its exit (slot advanced)                     [≤ 10 s]
+  multiset  ``--process-changes`` changes on a ``--small``-row table without a key
+          (REPLICA IDENTITY FULL), one ``slotlake sync`` process each: its state rebuilt
+          on the driver (the default) vs MERGEd by Spark (``driver_write_state_mb = 0``)
 
 Each table is first loaded and bootstrapped (``slotlake bootstrap``: slot + copy, not
 timed), then the timed batch is written and one ``run_sync`` measured. Not a test: run by
 hand.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,process] [--json PATH]
+                               [--tables 100] [--steps size,spread,process,multiset]
+                               [--json PATH]
 """
 
 from __future__ import annotations
@@ -50,8 +54,12 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def load(c: psycopg.Connection[Any], name: str, rows: int) -> None:
-    c.execute(DDL.format(name=name))
+def load(c: psycopg.Connection[Any], name: str, rows: int, multiset: bool = False) -> None:
+    if multiset:
+        c.execute(DDL.format(name=name).replace(" PRIMARY KEY", ""))
+        c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+    else:
+        c.execute(DDL.format(name=name))
     c.execute(
         f"INSERT INTO {name} SELECT g, md5(g::text), g / 7.0, now() FROM generate_series(1, %s) g",
         (rows,),
@@ -91,6 +99,7 @@ def timed_process(cfg: Config, spark: Any) -> float:
             f"--set=source.slot={cfg.source.slot}",
             f"--set=source.publications={','.join(cfg.source.publications)}",
             f"--set=lake.path={cfg.lake.path}",
+            f"--set=lake.driver_write_state_mb={cfg.lake.driver_write_state_mb}",
         ],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -107,6 +116,8 @@ def scenario(
     repeat: int = 2,
     sync: Any = timed_sync,
     driver_rows: int | None = None,
+    multiset: bool = False,
+    state_mb: int | None = None,
 ) -> float:
     """Load and bootstrap ``tables`` (name → rows), then time ``repeat`` batches of changes
     to each with ``sync``; the fastest counts (the first pays the JVM's warm-up)."""
@@ -114,7 +125,7 @@ def scenario(
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
         for name, rows in tables.items():
-            load(c, name, rows)
+            load(c, name, rows, multiset)
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         cfg = Config(
             source=SourceConfig(dsn=dsn, slot=slot, publications=["pub"]),
@@ -122,6 +133,8 @@ def scenario(
         )
         if driver_rows is not None:
             cfg.lake.driver_write_rows = driver_rows
+        if state_mb is not None:
+            cfg.lake.driver_write_state_mb = state_mb
         # The initial copy (not timed): bootstrap creates the slot and copies every row.
         log(f"{tag}: bootstrap of {sum(tables.values()):,} rows")
         t0 = time.monotonic()
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=20_000)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--process-changes", type=int, default=400)
-    p.add_argument("--steps", default="size,spread,process")
+    p.add_argument("--steps", default="size,spread,process,multiset")
     p.add_argument("--version", type=int, default=16)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -198,6 +211,19 @@ def main(argv: list[str] | None = None) -> int:
             log(
                 f"process: {per * len(tables)} changes over 8 tables, process start to "
                 f"slot advanced {seconds:.1f}s (target ≤ 10 s)"
+            )
+        if "multiset" in steps:
+            n = args.process_changes
+            table = {"m": args.small}
+            driver = scenario(pg, spark, "ms_driver", dict(table), n, 3, timed_process, None, True)
+            in_spark = scenario(
+                pg, spark, "ms_spark", dict(table), n, 3, timed_process, None, True, 0
+            )
+            out["multiset"] = {"changes": n, "driver_s": driver, "spark_s": in_spark}
+            log(
+                f"multiset: {n} changes on {args.small:,} rows (REPLICA IDENTITY FULL), one "
+                f"process: state rebuilt on the driver {driver:.1f}s vs MERGEd by Spark "
+                f"{in_spark:.1f}s"
             )
     finally:
         spark.stop()

@@ -324,14 +324,15 @@ class _Steps:
 
 @dataclass(frozen=True)
 class DriverWrites:
-    """Which tables are done on the driver (:mod:`slotlake.local_table`): keyed tables
+    """Which tables are done on the driver (:mod:`slotlake.local_table`): tables
     with few changes (``lake.driver_write_rows`` rows, ``lake.driver_write_mb`` of
     payloads for all of them: a table past that is given back to Spark while the raw batch
     is read, see :func:`slotlake.local_table.read_raw_dml`). Their rows stay on the driver: decoded,
     filled and appended to the change log without a Spark job. Their state is merged by
     deltalake (which rewrites the files a MERGE touches) while it is small
     (``lake.driver_write_state_mb``); a bigger state gets Spark's MERGE with deletion
-    vectors, fed the driver's final rows. All such tables of a batch together hold at most
+    vectors, fed the driver's final rows; a bigger multiset (whose state the driver
+    rebuilds whole) is left to Spark altogether. All such tables of a batch together hold at most
     ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark.
 
     By default (the two settings "auto") the bounds follow the memory the process may

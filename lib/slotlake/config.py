@@ -53,10 +53,11 @@ class LakeConfig:
     vacuum_min_age_hours: int = 24
     # Tables of one batch written at once (threads over one SparkContext).
     table_workers: int = 4
-    # A keyed table whose batch has at most this many rows is done on the driver (decode,
+    # A table whose batch has at most this many rows is done on the driver (decode,
     # TOAST fill, change log: no Spark job), as long as all such tables' payloads stay
     # within driver_write_mb MiB; its state is merged by `deltalake` up to
-    # driver_write_state_mb MiB, above that by Spark's MERGE with deletion vectors.
+    # driver_write_state_mb MiB (a multiset's rebuilt whole and overwritten), above that
+    # by Spark's MERGE with deletion vectors (a multiset: the whole table by Spark).
     # 0 rows sends every table through Spark. None ("auto", the default): sized from the
     # memory this process may use (slotlake.batch.DriverWrites.of).
     driver_write_rows: int | None = None

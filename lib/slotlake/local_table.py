@@ -21,6 +21,10 @@ done here instead, from raw Parquet to Delta commit:
 5. ``deltalake`` appends the change log and MERGEs (or, after a TRUNCATE, overwrites) the
    state, each one commit carrying the batch's (txnAppId, txnVersion) pair.
 
+A multiset table (rows matched by their whole value) skips 3 and 4: its small state is
+read whole and rebuilt with the batch's images counted in Arrow
+(:func:`slotlake.multiset_arrow.multiset_state`), then overwritten in one commit.
+
 A new table is created by the driver; Spark is asked only to evolve a table's schema
 (DDL at the source): :func:`slotlake.delta.ensure_local`.
 """
