@@ -42,6 +42,7 @@ from slotlake.delta import (
     WriteResult,
     append,
     arrow_append,
+    arrow_overwrite,
     create_on_driver,
     delta_schema,
     ensure_local,
@@ -294,6 +295,10 @@ def _write_state(
     )
 
 
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
     m = result.metrics
     if "numTargetRowsInserted" in m:
@@ -373,14 +378,21 @@ class DriverWrites:
         )
 
     def take(
-        self, lake: Lake, cat: TableCatalog, state_path: str, expected_rows: int
+        self,
+        lake: Lake,
+        cat: TableCatalog,
+        state_path: str,
+        expected_rows: int,
+        size: int | None = -1,
     ) -> StateMerge | None:
-        """None when Spark does the whole table, else who merges its state."""
+        """None when Spark does the whole table, else who merges its state. ``size``: the
+        state's bytes when the caller knows them (a snapshot's copy), else read here."""
         if expected_rows > self.max_rows or self.max_rows <= 0:
             return None
         if not lake.on_local_disk or not cat.versions:
             return None  # object stores and HDFS: Spark's Hadoop file systems write
-        size = table_bytes(str(local_path(state_path)))
+        if size == -1:
+            size = table_bytes(str(local_path(state_path)))
         # None: created by this batch.
         if size is None or size <= self.max_state_bytes:
             return "driver"
@@ -388,17 +400,23 @@ class DriverWrites:
         return None if cat.is_multiset else "spark"
 
     def pick(
-        self, lake: Lake, cats: list[TableCatalog], expected: dict[str, int]
+        self,
+        lake: Lake,
+        cats: list[TableCatalog],
+        expected: dict[str, int],
+        sizes: dict[str, int] | None = None,
     ) -> dict[str, StateMerge]:
         """The tables of a batch done on the driver (fewest changes first, within the
-        driver's total), each with who merges its state."""
+        driver's total), each with who merges its state (``sizes``: state bytes known
+        already, by table)."""
         picked: dict[str, StateMerge] = {}
         total = 0
         for cat in sorted(cats, key=lambda c: (expected[c.name], c.name)):
             rows = expected[cat.name]
             if total + rows > self.TOTAL_FACTOR * self.max_rows:
                 break
-            merge = self.take(lake, cat, lake.path(Lake.table_path(STATE, cat.name)), rows)
+            state = lake.path(Lake.table_path(STATE, cat.name))
+            merge = self.take(lake, cat, state, rows, (sizes or {}).get(cat.name, -1))
             if merge is not None:
                 picked[cat.name] = merge
                 total += rows
@@ -458,22 +476,25 @@ def process_table(
             c, s = (local_last_commit(p) for p in paths)
             _finish(commit, c, s, prior)
             if snap is not None:
-                session = table_session(lazy())
-                commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
+                commit.state_rows = local_table_rows(lake, state_rel, s.version)
             return commit
     steps("txn versions read")
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
-    if local_raw is not None and not defaults and snap is None:
+    rebase_here = snap is not None and state_merge == "driver" and not cat.is_multiset
+    if local_raw is not None and not defaults and (snap is None or rebase_here):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
             done[0] if done[0] is not None else UNREAD,
             done[1] if done[1] is not None else UNREAD,
         )
         c, s = _process_local(
-            lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs, held, state_merge
+            lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs, held, state_merge, snap
         )
         steps("done on the driver" + (" (state merged by Spark)" if state_merge == "spark" else ""))
-        return _finish(commit, c, s, prior)
+        _finish(commit, c, s, prior)
+        if snap is not None:  # the re-based state's rows are not a MERGE's delta
+            commit.state_rows = local_table_rows(lake, state_rel, s.version)
+        return commit
     session = table_session(lazy())
     if cat.versions:
         events = decode_table(raw_dml(session.read.parquet(lake.path(raw_rel))), cat, bcat, batch)
@@ -564,6 +585,7 @@ def _process_local(
     truncs: list[tuple[int, int]],
     held: tuple[int | None, int | None],
     state_merge: StateMerge = "driver",
+    snap: TableSnapshot | None = None,
 ) -> tuple[WriteResult, WriteResult]:
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`);
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
@@ -591,10 +613,36 @@ def _process_local(
         if version is not None and not truncs:
             whole = local_table.read_state_whole(state_path, version, cat, state_arrow)
         finals = multiset_state(events, whole, cat, truncs, state_arrow)
+    elif snap is not None:
+        # The changes before the copy's consistent point are logged, filled from the
+        # previous state; those from it on are filled from the copy and make the finals.
+        import pyarrow.compute as pc
+
+        cp = snap.cp_signed
+        copy = local_table.read_copy(str(local_path(lake.path(snap.staging))), cat, state_arrow)
+        lsn = events.column("_commit_lsn")
+        read_prior = local_table.prior_reader(state_path, version, cat, state_arrow)
+        logged, _ = fill_keyed_local(
+            events.filter(pc.less(lsn, cp)), read_prior, cat, [t for t in truncs if t[0] < cp]
+        )
+        truncs = [t for t in truncs if t[0] >= cp]
+        changes, finals = fill_keyed_local(
+            events.filter(pc.greater_equal(lsn, cp)),
+            local_table.rows_reader(copy, cat),
+            cat,
+            truncs,
+        )
+        changes = pa.concat_tables(
+            [logged.select(changes.column_names).cast(changes.schema), changes]
+        )
     else:
         read_prior = local_table.prior_reader(state_path, version, cat, state_arrow)
         changes, finals = fill_keyed_local(events, read_prior, cat, truncs)
     markers = marker_rows(cat, bcat, batch)
+    if snap is not None:
+        from slotlake.snapshot import marker_row
+
+        markers.append(marker_row(snap, batch))
     if markers:
         marks = pa.Table.from_pylist(markers, schema=change_arrow)
         changes = pa.concat_tables(
@@ -618,6 +666,16 @@ def _process_local(
         )
     ]
 
+    if snap is not None:
+        # The state becomes the copy: one overwrite under the snapshot's txnAppId (a rerun
+        # skips it), then the usual change log and MERGE under the lake's.
+        from slotlake.snapshot import _fault, snapshot_app_id
+
+        base = local_table.conform_arrow(copy, arrow_schema_for(schemas[1]))
+        arrow_overwrite(state_path, base, snapshot_app_id(app_id), batch)
+        del copy, base
+        _fault("snapshot_rebased")
+
     def spark_merge(rows: pa.Table) -> WriteResult:
         session = table_session(spark())
         source = session.createDataFrame(rows)
@@ -636,6 +694,13 @@ def _process_local(
         (schemas[0], schemas[1]),
         spark_merge if state_merge == "spark" else None,
     )
+
+
+def local_table_rows(lake: Lake, rel: str, version: int) -> int:
+    """Rows of a Delta table of a lake on local disk as of ``version`` (no Spark)."""
+    from slotlake.local_table import count_rows
+
+    return count_rows(str(local_path(lake.path(rel))), version)
 
 
 def _snapshot_rows(session: SparkSession, lake: Lake, state_rel: str, version: int) -> int:
@@ -914,7 +979,18 @@ def process_batch(
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
     has_messages = "M" in types_seen
     ddl_input = BatchDdl.read(spark() if has_messages else None, lake, raw_rel, bcat, fault)
-    local = driver.pick(lake, [c for c in busy if c.name not in (snapshots or {})], expected)
+    # A keyed table re-based on a snapshot is done on the driver when its copy would be
+    # (the copy's size standing for its state's); a multiset's copy goes through Spark.
+    snaps = snapshots or {}
+    copies = {
+        n: _dir_bytes(local_path(lake.path(s.staging)))
+        for n, s in snaps.items()
+        if lake.on_local_disk and n in bcat.tables and not bcat.tables[n].is_multiset
+    }
+    candidates = [c for c in busy if c.name not in snaps or c.name in copies]
+    local = driver.pick(lake, candidates, expected, copies)
+    for name in [n for n, who in local.items() if n in snaps and who != "driver"]:
+        del local[name]
     local_raw: dict[str, RawRows] = {}
     raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
     if local:

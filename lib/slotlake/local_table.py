@@ -21,6 +21,12 @@ done here instead, from raw Parquet to Delta commit:
 5. ``deltalake`` appends the change log and MERGEs (or, after a TRUNCATE, overwrites) the
    state, each one commit carrying the batch's (txnAppId, txnVersion) pair.
 
+A table re-based on a per-table snapshot (:mod:`slotlake.snapshot`) takes the same steps
+on its two sides of the copy's consistent point: the changes before it are filled from
+the previous state and only logged, those from it on are filled from the copy, and the
+copy is written as the state (one overwrite under the snapshot's txnAppId) before the
+usual MERGE.
+
 A multiset table (rows matched by their whole value) skips 3 and 4: its small state is
 read whole and rebuilt with the batch's images counted in Arrow
 (:func:`slotlake.multiset_arrow.multiset_state`), then overwritten in one commit.
@@ -308,6 +314,41 @@ def read_state_whole(
     reader = QueryBuilder().register("t", DeltaTable(state_path, version=version))
     rows = _plain_types(pa.table(reader.execute("SELECT * FROM t").read_all()))
     return align_prior_arrow(rows, cat, state)
+
+
+def read_copy(directory: str, cat: TableCatalog, state: pa.Schema) -> pa.Table:
+    """A per-table snapshot's copy (its staging Parquet) as ``state``'s rows."""
+    import pyarrow.parquet as pq
+
+    return align_prior_arrow(pq.read_table(directory), cat, state)
+
+
+def rows_reader(rows: pa.Table, cat: TableCatalog) -> Callable[[list[Any], bool], pa.Table]:
+    """``read_prior`` over rows held in Arrow (a snapshot's copy): those whose first key
+    column is one of ``values`` (or NULL)."""
+
+    def read(values: list[Any], want_null: bool) -> pa.Table:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        col = rows.column(cat.key_columns[0])
+        keep = pc.fill_null(pc.is_in(col, pa.array(values, col.type)), False)
+        if want_null:
+            keep = pc.or_(keep, pc.is_null(col))
+        return rows.filter(keep)
+
+    return read
+
+
+def count_rows(path: str, version: int) -> int:
+    """Rows of the Delta table at a local ``path`` as of ``version`` (deltalake, no Spark)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    reader = QueryBuilder().register("t", DeltaTable(path, version=version))
+    return int(
+        pa.table(reader.execute("SELECT count(*) AS n FROM t").read_all()).column(0)[0].as_py()
+    )
 
 
 def write_local(

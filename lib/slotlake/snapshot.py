@@ -652,11 +652,9 @@ def snapshot_app_id(app_id: str) -> str:
     return f"{app_id}-snapshot"
 
 
-def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: int) -> DataFrame:
-
-    from slotlake.decode import META_COLUMNS, WORK_COLUMNS, spark_schema_ddl
-
-    row = {
+def marker_row(snap: TableSnapshot, batch: int) -> dict[str, Any]:
+    """The change-log row ``_op = 'S'`` that says where the state was re-based."""
+    return {
         "_op": SNAPSHOT_OP,
         "_commit_lsn": snap.cp_signed,
         "_lsn": snap.cp_signed,
@@ -674,8 +672,13 @@ def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: 
         "_unchanged": [],
         "_old": None,
     }
+
+
+def _marker(spark: SparkSession, cat: TableCatalog, snap: TableSnapshot, batch: int) -> DataFrame:
+    from slotlake.decode import META_COLUMNS, WORK_COLUMNS, spark_schema_ddl
+
     return spark.createDataFrame(
-        [row], parse_struct(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
+        [marker_row(snap, batch)], parse_struct(spark_schema_ddl(cat, META_COLUMNS + WORK_COLUMNS))
     )
 
 

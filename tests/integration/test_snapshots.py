@@ -122,7 +122,9 @@ def test_table_added_to_publication_with_writes_during_its_snapshot(
         assert not any(r["_missing_toast"] for r in log if r["_commit_lsn"] >= cp)
 
 
-def write_config(path: Path, dsn: str, slot: str, lake: str, messages: bool = False) -> Path:
+def write_config(
+    path: Path, dsn: str, slot: str, lake: str, messages: bool = False, driver_rows: int = -1
+) -> Path:
     path.write_text(
         "[source]\n"
         f"dsn = {json.dumps(dsn)}\n"
@@ -131,6 +133,7 @@ def write_config(path: Path, dsn: str, slot: str, lake: str, messages: bool = Fa
         f"messages = {'true' if messages else 'false'}\n"
         "[lake]\n"
         f"path = {json.dumps(lake)}\n"
+        + (f"driver_write_rows = {driver_rows}\n" if driver_rows >= 0 else "")
     )
     return path
 
@@ -245,6 +248,7 @@ def _check(c: psycopg.Connection[Any], lake: str, slot: str) -> None:
     assert slots == [slot], "a temporary snapshot slot outlived its run"
 
 
+@pytest.mark.parametrize("path", ["driver", "spark"])
 def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
     pg_dsn: str,
     slot: str,
@@ -252,7 +256,10 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     pg_cluster: Any,
+    path: str,
 ) -> None:
+    """Injected faults at each step of a snapshot's hand-over, then real SIGKILLs, on the
+    driver's re-base (the default for a small table) and on Spark's."""
     import random
     import signal
     import time
@@ -263,7 +270,10 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
-    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+    driver_rows = 0 if path == "spark" else -1
+    if path == "spark":
+        cfg.lake.driver_write_rows = 0
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake, driver_rows=driver_rows)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(AUDIT_SQL)
         c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
@@ -295,11 +305,12 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
 
         # A real SIGKILL at a random instant after the copy of a run that takes a snapshot
         # (between the copy and the commit: the hand-over).
-        rng = random.Random(f"snapshot-pg{pg_cluster.version}")
+        rng = random.Random(f"snapshot-pg{pg_cluster.version}-{path}")
         log = tmp_path / "cli.log"
         progress_file = Path(lake) / "_snapshots" / "progress.json"
         killed = False
-        for attempt in range(3):
+        span = None  # how long a run goes on after its copy started: the window for a kill
+        for attempt in range(4):
             _writes(c, 30 + attempt)
             assert cli_main(["resnapshot", "--config", str(config), "--table", "public.b"]) == 0
             progress_file.unlink(missing_ok=True)
@@ -308,7 +319,17 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
             while not progress_file.exists() and proc.poll() is None:
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.1)
-            delay = rng.uniform(0.0, 20.0)
+            seen = time.monotonic()
+            if span is None:
+                # The first run is left alone: it measures the window.
+                proc.wait(timeout=300)
+                span = time.monotonic() - seen
+                wait_gone(proc, c, pg_dsn)
+                assert proc.returncode == 0, log.read_text()[-3000:]
+                snapshots += 1
+                print(f"a run ends {span:.1f}s after its copy started")
+                continue
+            delay = rng.uniform(0.0, span)
             time.sleep(delay)
             killed = proc.poll() is None
             if killed:
