@@ -11,15 +11,18 @@ copy taken consistently with the change stream — PostgreSQL's own table-sync m
    reply's consistent point CP splits the history: a transaction whose commit record
    starts before CP is in the snapshot, one at or after CP is not (a slot created there
    would decode it). One temporary slot serves every table snapshotted by the run.
-2. Each table is copied in that snapshot (``SET TRANSACTION SNAPSHOT`` on a plain
-   connection: a plain ``SELECT``'s lock, nothing more) by the bootstrap's COPY and Arrow
-   conversion (:func:`slotlake.bootstrap.copy_range`) into staging Parquet inside the lake
+2. Each table is copied in that snapshot (``SET TRANSACTION SNAPSHOT`` on plain
+   connections: a plain ``SELECT``'s lock, nothing more) by the bootstrap's COPY and Arrow
+   conversion (:func:`slotlake.bootstrap.concurrent_ranges`: a big table's block ranges
+   at once, each over a connection of its own) into staging Parquet inside the lake
    (``_snapshots/b<N>-<attempt>/<table>/``). Then the replication connection is closed,
    which drops the temporary slot; the main slot never moves for it.
 3. The batch's target is chosen (at least CP) and the batch plan records the snapshot
    tables, their staging directories and CP before any table is written: a rerun after a
    kill at any instant finishes the same batch from them.
-4. In that batch the table's change log gets every change the slot delivered, in order,
+4. In that batch (on the driver when the copy fits ``lake.driver_write_state_mb``, see
+   :mod:`slotlake.local_table`; else through Spark, :func:`rebase`) the table's change
+   log gets every change the slot delivered, in order,
    plus one marker row ``_op = 'S'`` at (``_commit_lsn`` = CP, ``_tx_ordinal`` = -1): the
    state was re-based on a copy there; changes before the marker are inside the copy.
    The state is replaced by the copy (one overwrite commit, idempotent under the txnAppId
@@ -368,6 +371,7 @@ def _copy(
 ) -> dict[str, TableSnapshot]:
 
     from slotlake.bootstrap import (
+        DEFAULT_PARALLEL,
         CopyTask,
         _state_ddl,
         keep_history_types,
@@ -395,7 +399,7 @@ def _copy(
         with open_snapshot_connection(dsn, snapshot_name, APPLICATION_NAME, settings) as conn:
             plans = {
                 p.name: p
-                for p in read_plan(conn, cfg.source.publications, parallel=1)
+                for p in read_plan(conn, cfg.source.publications, parallel=DEFAULT_PARALLEL)
                 if p.name in wanted
             }
             lacking = missing_privileges(conn, list(plans.values()))
@@ -449,10 +453,11 @@ def _table_snapshot(plan: TablePlan, reason: str, cp: Lsn, rel: str, rows: int) 
 
 
 def _copy_table(lake: Lake, task: Any, rel: str, status: dict[str, Any], name: str) -> int:
-    """COPY one table (one range) into a Parquet file under ``rel``; returns its rows."""
+    """COPY one table into a Parquet file under ``rel``; returns its rows. A big table's
+    ranges are copied at once, each over a connection of its own in the snapshot."""
     import pyarrow.parquet as pq
 
-    from slotlake.bootstrap import copy_range
+    from slotlake.bootstrap import DEFAULT_PARALLEL, concurrent_ranges
 
     staging = None if lake.local else tempfile.mkdtemp(prefix="slotlake-snapshot-")
     local = lake.path(rel) if staging is None else os.path.join(staging, "t")
@@ -460,7 +465,7 @@ def _copy_table(lake: Lake, task: Any, rel: str, status: dict[str, Any], name: s
     rows = 0
     last_report = time.monotonic()
     with pq.ParquetWriter(os.path.join(local, "part-00000.parquet"), task.arrow_schema) as w:
-        for rb in copy_range(task, 0):
+        for rb in concurrent_ranges(task, DEFAULT_PARALLEL):
             w.write_batch(rb)
             rows += rb.num_rows
             if time.monotonic() - last_report > 2:
