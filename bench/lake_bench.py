@@ -215,10 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         if "multiset" in steps:
             n = args.process_changes
             table = {"m": args.small}
-            driver = scenario(pg, spark, "ms_driver", dict(table), n, 3, timed_process, None, True)
-            in_spark = scenario(
-                pg, spark, "ms_spark", dict(table), n, 3, timed_process, None, True, 0
-            )
+            runs = {"repeat": 3, "sync": timed_process, "multiset": True}
+            driver = scenario(pg, spark, "ms_driver", dict(table), n, **runs)
+            in_spark = scenario(pg, spark, "ms_spark", dict(table), n, **runs, state_mb=0)
             out["multiset"] = {"changes": n, "driver_s": driver, "spark_s": in_spark}
             log(
                 f"multiset: {n} changes on {args.small:,} rows (REPLICA IDENTITY FULL), one "

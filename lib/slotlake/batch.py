@@ -66,6 +66,7 @@ from slotlake.lake import (
     Lake,
     TableCommit,
     local_path,
+    read_delta,
 )
 from slotlake.spark import LazySession
 from slotlake.state import (
@@ -480,8 +481,8 @@ def process_table(
             return commit
     steps("txn versions read")
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
-    rebase_here = snap is not None and state_merge == "driver" and not cat.is_multiset
-    if local_raw is not None and not defaults and (snap is None or rebase_here):
+    # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
+    if local_raw is not None and not defaults:
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
             done[0] if done[0] is not None else UNREAD,
@@ -592,6 +593,8 @@ def _process_local(
     final rows. A multiset's state (small, or it would not be here) is rebuilt whole."""
     import pyarrow as pa
 
+    assert snap is None or (state_merge == "driver" and not cat.is_multiset), cat.name
+
     from slotlake import local_table
     from slotlake.replay_duckdb import fill_keyed_local
 
@@ -611,7 +614,9 @@ def _process_local(
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
         whole = None
         if version is not None and not truncs:
-            whole = local_table.read_state_whole(state_path, version, cat, state_arrow)
+            # The multiset's whole state, to be rebuilt.
+            read = read_delta(lake.uri, state_rel, version)
+            whole = local_table.align_prior_arrow(read, cat, state_arrow)
         finals = multiset_state(events, whole, cat, truncs, state_arrow)
     elif snap is not None:
         # The changes before the copy's consistent point are logged, filled from the
@@ -698,9 +703,7 @@ def _process_local(
 
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:
     """Rows of a Delta table of a lake on local disk as of ``version`` (no Spark)."""
-    from slotlake.local_table import count_rows
-
-    return count_rows(str(local_path(lake.path(rel))), version)
+    return int(read_delta(lake.uri, rel, version, "SELECT count(*) FROM t").column(0)[0].as_py())
 
 
 def _snapshot_rows(session: SparkSession, lake: Lake, state_rel: str, version: int) -> int:

@@ -302,20 +302,6 @@ def prior_reader(
     return read
 
 
-def read_state_whole(
-    state_path: str, version: int, cat: TableCatalog, state: pa.Schema
-) -> pa.Table:
-    """The whole state at ``version`` (a multiset's, to be rebuilt), as ``state``'s rows."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-
-    from slotlake.lake import _plain_types
-
-    reader = QueryBuilder().register("t", DeltaTable(state_path, version=version))
-    rows = _plain_types(pa.table(reader.execute("SELECT * FROM t").read_all()))
-    return align_prior_arrow(rows, cat, state)
-
-
 def read_copy(directory: str, cat: TableCatalog, state: pa.Schema) -> pa.Table:
     """A per-table snapshot's copy (its staging Parquet) as ``state``'s rows."""
     import pyarrow.parquet as pq
@@ -338,17 +324,6 @@ def rows_reader(rows: pa.Table, cat: TableCatalog) -> Callable[[list[Any], bool]
         return rows.filter(keep)
 
     return read
-
-
-def count_rows(path: str, version: int) -> int:
-    """Rows of the Delta table at a local ``path`` as of ``version`` (deltalake, no Spark)."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-
-    reader = QueryBuilder().register("t", DeltaTable(path, version=version))
-    return int(
-        pa.table(reader.execute("SELECT count(*) AS n FROM t").read_all()).column(0)[0].as_py()
-    )
 
 
 def write_local(

@@ -133,7 +133,7 @@ def multiset_state(
         parts.insert(0, prior.select(image.names).cast(image))
         weights.insert(0, pc.cast(prior.column(COPIES), pa.int64()))
     whole = pa.concat_tables(parts)
-    copies = pa.chunked_array([pc.cast(w, pa.int64()) for w in weights], pa.int64())
+    copies = pa.chunked_array(weights, pa.int64())
     return multiset_table(whole, columns, copies).select(state.names).cast(state)
 
 
