@@ -14,7 +14,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -735,10 +735,12 @@ def _transactions_arrow_schema() -> pa.Schema:
 
 
 def transaction_rows(
-    origins: dict[int, str], batch: int
+    origins: dict[int, str], batch: int, empty_streams: Set[int] = frozenset()
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``transactions`` rows of raw Commit / Stream Commit rows (``data``, ``xid``):
-    run by ``mapInArrow`` on the executors, or on the driver for a small batch."""
+    run by ``mapInArrow`` on the executors, or on the driver for a small batch. A stream
+    in ``empty_streams`` (it delivered nothing) gets no row, like an empty non-streamed
+    transaction, which the server leaves out."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -755,6 +757,8 @@ def transaction_rows(
                 msg = decode(data)
                 if isinstance(msg, StreamCommit):
                     xid = msg.xid
+                    if xid in empty_streams:
+                        continue
                 elif not isinstance(msg, Commit):
                     continue
                 commit_lsn = Lsn(msg.commit_lsn).to_signed()
@@ -776,7 +780,7 @@ def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
     return (
         raw.filter(F.col("msg_type").isin(*COMMIT_TYPES))
         .select("data", "xid")
-        .mapInArrow(transaction_rows(bcat.origins, batch), TRANSACTIONS_DDL)
+        .mapInArrow(transaction_rows(bcat.origins, batch, bcat.streams.empty), TRANSACTIONS_DDL)
     )
 
 
@@ -791,7 +795,7 @@ def _transactions_local(raw_dir: str, bcat: BatchCatalog, batch: int) -> pa.Tabl
     rows = ds.dataset(files, format="parquet").to_table(
         columns=["data", "xid"], filter=ds.field("msg_type").isin(list(COMMIT_TYPES))
     )
-    fn = transaction_rows(bcat.origins, batch)
+    fn = transaction_rows(bcat.origins, batch, bcat.streams.empty)
     out = pa.Table.from_batches(list(fn(iter(rows.to_batches()))), _transactions_arrow_schema())
     return out.sort_by("commit_lsn")
 
@@ -957,7 +961,9 @@ def process_batch(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     scan = _scan(lake, raw_rel, raw_local)
-    bcat = collect_catalog(scan.catalog_rows, batch, prior_schemas(prior))
+    bcat = collect_catalog(
+        scan.catalog_rows, batch, prior_schemas(prior), stream_content=scan.stream_content
+    )
     counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0
     prior_tables = dict(prior.tables) if prior else {}

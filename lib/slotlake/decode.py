@@ -73,6 +73,10 @@ class RawDataError(RuntimeError):
 class StreamOutcome:
     commits: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # xid → commit, end, ts
     aborted_subxacts: set[tuple[int, int]] = field(default_factory=set)  # (xid, subxid)
+    # Committed streams that delivered no change and no message: pgoutput sends Stream
+    # Start/Stop/Commit for every streamed transaction, e.g. a big one on unpublished
+    # tables, where it leaves an empty non-streamed transaction out (PostgreSQL 15+).
+    empty: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -113,6 +117,8 @@ def _decode_or_raise(data: bytes, in_stream: bool, where: str) -> Any:
 
 CATALOG_TYPES = ("R", "Y", "T", "c", "A", "O")
 COMMIT_TYPES = ("C", "c")  # Commit, Stream Commit
+# What a streamed segment delivers that makes its transaction worth a row of its own.
+CONTENT_TYPES = ("I", "U", "D", "T", "M")
 # The raw columns the driver-side catalog pass reads.
 CATALOG_SCAN_COLUMNS = [
     "seq",
@@ -136,6 +142,7 @@ class RawScan:
     dml_counts: dict[int, int]  # relation oid → DML rows
     types_seen: set[str]
     commits: int = 0  # Commit and Stream Commit messages
+    stream_content: set[int] = field(default_factory=set)  # stream xids with CONTENT_TYPES rows
 
 
 def scan_raw(path: str) -> RawScan:
@@ -159,6 +166,7 @@ def scan_raw(path: str) -> RawScan:
     types: set[str] = set()
     wanted = pa_array_of(CATALOG_TYPES)
     commit_types, commits = pa_array_of(COMMIT_TYPES), 0
+    content_types, stream_content = pa_array_of(CONTENT_TYPES), set()
     for f in raw_files(path):
         try:
             pf = pq.ParquetFile(f)
@@ -166,8 +174,15 @@ def scan_raw(path: str) -> RawScan:
             raise RawDataError(f"raw file {f} is unreadable: {exc}") from exc
         with pf:
             for i in range(pf.num_row_groups):
-                small = pf.read_row_group(i, columns=["msg_type", "rel_oid"])
+                small = pf.read_row_group(i, columns=["msg_type", "rel_oid", "stream_xid"])
                 types.update(pc.unique(small.column("msg_type")).to_pylist())
+                in_stream = small.filter(
+                    pc.and_(
+                        pc.is_valid(small.column("stream_xid")),
+                        pc.is_in(small.column("msg_type"), content_types),
+                    )
+                )
+                stream_content.update(pc.unique(in_stream.column("stream_xid")).to_pylist())
                 commits += pc.sum(pc.is_in(small.column("msg_type"), commit_types)).as_py() or 0
                 dml = small.filter(pc.is_in(small.column("msg_type"), pa_array_of(DML_TYPES)))
                 for vc in pc.value_counts(dml.column("rel_oid")).to_pylist():
@@ -177,7 +192,7 @@ def scan_raw(path: str) -> RawScan:
                     full = pf.read_row_group(i, columns=columns).filter(mask)
                     rows.extend(Row(**r) for r in full.to_pylist())
     rows.sort(key=lambda r: r.seq)
-    return RawScan(rows, dict(counts), types, commits)
+    return RawScan(rows, dict(counts), types, commits, stream_content)
 
 
 def pa_array_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -187,9 +202,16 @@ def pa_array_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
 
 
 def collect_catalog(
-    rows: list[Any], batch: int, prior_schemas: dict[str, list[tuple[str, str]]] | None = None
+    rows: list[Any],
+    batch: int,
+    prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
+    stream_content: set[int] | None = None,
 ) -> BatchCatalog:
-    """Decode the batch's descriptive messages on the driver (a few per table)."""
+    """Decode the batch's descriptive messages on the driver (a few per table).
+
+    ``stream_content`` (:attr:`RawScan.stream_content`): the streams that delivered
+    something; the other committed ones become ``streams.empty``. None: none is empty.
+    """
     relations: list[tuple[int, Relation]] = []
     types: list[tuple[int, Type]] = []
     pending_truncates: list[tuple[Any, Truncate]] = []
@@ -212,6 +234,8 @@ def collect_catalog(
             streams.aborted_subxacts.add((msg.xid, msg.subxid))
         elif isinstance(msg, Origin) and r.commit_lsn is not None:
             origins[r.commit_lsn] = msg.name
+    if stream_content is not None:
+        streams.empty = {x for x in streams.commits if x not in stream_content}
     catalog = BatchCatalog(build_catalogs(relations, types, prior_schemas), [], streams, origins)
     for r, msg in pending_truncates:
         commit_lsn, commit_ts, ordinal = r.commit_lsn, r.commit_ts, r.tx_ordinal

@@ -350,3 +350,53 @@ def test_streaming_needs_proto_2(pg_dsn: str, slot: str, tmp_path: Path) -> None
     with pytest.raises(SourceError, match="streaming needs proto_version 2 or higher"):
         run_sync(cfg)
     assert not Path(tmp_path, "lake", "_commits").exists()
+
+
+def test_a_stream_that_delivers_nothing_is_no_transaction(  # type: ignore[no-untyped-def]
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:
+    """pgoutput streams a big transaction on unpublished tables as empty S…E segments and
+    a Stream Commit (it leaves the same transaction out when it is not streamed): the
+    transactions dataset lists neither, on the driver's path and on Spark's."""
+    lake = str(tmp_path / "lake")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(SCHEMA)
+        c.execute("CREATE TABLE scratch (id int, v text)")  # in no publication
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        with c.transaction():
+            xid_unpublished = xid(c)
+            c.execute("INSERT INTO scratch SELECT g, md5(g::text) FROM generate_series(1, 3000) g")
+        with c.transaction():
+            xid_big = xid(c)
+            insert_series(c, "big_t", 1, 1200, "a")
+        with c.transaction():
+            xid_small = xid(c)
+            c.execute("INSERT INTO other_t VALUES (1, 'small', NULL)")
+        result = run_sync(streaming_config(pg_dsn, lake, slot, 2), spark=spark)
+        assert result.status == "committed"
+        assert_mirror(c, lake, TABLES)
+
+    raw_dir = Lake(lake).path(Lake(lake).read_commit(1).raw or "")
+    raw = read_raw(raw_dir)
+    stream_commits = {
+        sx
+        for sx, t in zip(
+            raw.column("stream_xid").to_pylist(), raw.column("msg_type").to_pylist(), strict=True
+        )
+        if t == "c"
+    }
+    assert stream_commits == {xid_unpublished, xid_big}  # the server did stream it
+    listed = read_transactions(lake).to_pylist()
+    assert {(r["xid"], r["streamed"]) for r in listed} == {(xid_big, True), (xid_small, False)}
+
+    # Spark's path (a batch too big for the driver) builds the same rows from the raw.
+    from slotlake.batch import _transactions
+    from slotlake.decode import collect_catalog, scan_raw
+
+    scan = scan_raw(raw_dir)
+    bcat = collect_catalog(scan.catalog_rows, 1, stream_content=scan.stream_content)
+    assert bcat.streams.empty == {xid_unpublished}
+    on_spark = _transactions(spark.read.parquet(raw_dir), bcat, 1).toArrow()
+    assert sorted(on_spark.to_pylist(), key=lambda r: r["commit_lsn"]) == sorted(
+        listed, key=lambda r: r["commit_lsn"]
+    )
