@@ -390,9 +390,11 @@ class DriverWrites:
         state's bytes when the caller knows them (a snapshot's copy), else read here."""
         if expected_rows > self.max_rows or self.max_rows <= 0:
             return None
-        if not lake.on_local_disk or not cat.versions:
+        if not lake.on_local_disk:
             return None  # object stores and HDFS: Spark's Hadoop file systems write
         if size == -1:
+            if not cat.versions:
+                return None  # nothing in the batch to write the table from (nor a copy)
             size = table_bytes(str(local_path(state_path)))
         # None: created by this batch.
         if size is None or size <= self.max_state_bytes:
@@ -992,11 +994,12 @@ def process_batch(
     # (the copy's size standing for its state's); a multiset's copy goes through Spark.
     snaps = snapshots or {}
     copies = {
-        n: _dir_bytes(local_path(lake.path(s.staging)))
-        for n, s in snaps.items()
-        if lake.on_local_disk and n in bcat.tables and not bcat.tables[n].is_multiset
+        c.name: _dir_bytes(local_path(lake.path(snaps[c.name].staging)))
+        for c in busy
+        if lake.on_local_disk and c.name in snaps and not c.is_multiset
     }
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
+    cats = {c.name: c for c in busy}
     local = driver.pick(lake, candidates, expected, copies)
     for name in [n for n, who in local.items() if n in snaps and who != "driver"]:
         del local[name]
@@ -1007,7 +1010,7 @@ def process_batch(
 
         assert raw_dir is not None  # the driver takes tables of a lake on local disk only
         t_raw = time.monotonic()
-        read = read_raw_dml(raw_dir, {n: bcat.tables[n].oids for n in local}, driver.max_bytes)
+        read = read_raw_dml(raw_dir, {n: cats[n].oids for n in local}, driver.max_bytes)
         local_raw = {name: RawRows(rows) for name, rows in read.items()}
         del read
         timings["local_raw"] = time.monotonic() - t_raw

@@ -520,6 +520,9 @@ def arrow_merge_keyed(
     if done is not None:
         return done
     table = open_local(path)  # the MERGE advances it
+    if source.num_rows == 0:
+        # deltalake would scan every file of the table to commit nothing.
+        return WriteResult(table.version(), {"numTargetRowsInserted": "0"})
     metrics = (
         table.merge(
             source,

@@ -172,10 +172,11 @@ class RawRows:
 def _empty_raw(raw_dir: str) -> pa.Table:
     import pyarrow.parquet as pq
 
-    from slotlake.raw import raw_files
+    from slotlake.raw import RAW_SCHEMA, raw_files
 
     files = raw_files(raw_dir)
-    return pq.read_schema(files[0]).empty_table().select(DECODER_COLUMNS)
+    schema = pq.read_schema(files[0]) if files else RAW_SCHEMA
+    return schema.empty_table().select(DECODER_COLUMNS)
 
 
 def decode_local(

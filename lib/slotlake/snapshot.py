@@ -322,12 +322,12 @@ def prepare(
     batch: int,
     attempt: str,
     progress: Callable[[str], None] = log.info,
-    session: Callable[[], SparkSession] | None = None,
 ) -> Prepared:
     """Read the published set, and copy every table that needs a snapshot (before the target).
 
-    ``session`` gives the run's SparkSession (started only when a table is copied: the
-    copy's Arrow schema comes from Spark's DDL parser).
+    No SparkSession: the copy is Arrow and Parquet, its schema from
+    :func:`slotlake.ddltypes.parse_struct`; the batch starts Spark only for a table the
+    driver does not take.
     """
     dsn = cfg.source.dsn
     secrets = [p for p in (dsn_password(dsn),) if p]
@@ -348,8 +348,6 @@ def prepare(
     prep.requests = ids
     progress(f"batch {batch}: snapshot of {', '.join(f'{n} ({r})' for n, r in wanted.items())}")
     try:
-        if session is not None:
-            session()
         prep.tables = _copy(cfg, lake, last, batch, attempt, wanted, progress)
     except psycopg.Error as exc:
         raise SnapshotError(

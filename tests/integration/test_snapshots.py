@@ -122,6 +122,89 @@ def test_table_added_to_publication_with_writes_during_its_snapshot(
         assert not any(r["_missing_toast"] for r in log if r["_commit_lsn"] >= cp)
 
 
+def _spark_wrote(lake: str, rel: str, since: int) -> list[int]:
+    """The versions from ``since`` on of a lake's Delta table that Spark committed."""
+    from deltalake import DeltaTable
+
+    return [
+        h["version"]
+        for h in DeltaTable(str(Path(lake) / rel)).history()
+        if h["version"] >= since and str(h.get("engineInfo", "")).startswith("Apache-Spark")
+    ]
+
+
+@pytest.mark.parametrize("path", ["driver", "spark"])
+def test_quiet_table_added_to_publication(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A table added to the publication with no change of its own in the batch that copies
+    it: the driver re-bases a small one without Spark (Spark a big one, here forced), and a
+    fault at each step of the hand-over leaves it exactly once."""
+    from slotlake.sync import FAULT_ENV, InjectedFault
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    if path == "spark":
+        cfg.lake.driver_write_rows = 0
+    config = write_config(
+        tmp_path / "sync.toml", pg_dsn, slot, lake, driver_rows=0 if path == "spark" else -1
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE q (id int PRIMARY KEY, v text, big text)")
+        c.execute("ALTER TABLE q ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute(
+            "INSERT INTO q SELECT g, 'old' || g, %s FROM generate_series(1, 3000) g", (big(1),)
+        )
+        c.execute("CREATE PUBLICATION pub FOR TABLE a")
+        audit(c, "a", "id")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO a VALUES (1, 'one')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("ALTER PUBLICATION pub ADD TABLE q")
+        audit(c, "q", "id")
+
+        steps = (None, "snapshot_copied", "snapshot_rebased", "before_commit")
+        for snapshots, step in enumerate(steps, 1):
+            c.execute("INSERT INTO a VALUES (%s, 'round')", (100 + snapshots,))  # q stays quiet
+            if snapshots > 1:
+                assert cli_main(["resnapshot", "--config", str(config), "--table", "public.q"]) == 0
+            state_rel = "state/public.q"
+            since = len(_delta_commits(lake, state_rel))
+            if step is not None:
+                monkeypatch.setenv(FAULT_ENV, step)
+                with pytest.raises(InjectedFault, match=step):
+                    run_sync(cfg, spark=spark)
+                monkeypatch.delenv(FAULT_ENV)
+            assert run_sync(cfg, spark=spark).status == "committed"
+            # A resumed batch is followed by what arrived since: maybe an empty batch more.
+            copied = [
+                rec
+                for rec in Lake(lake).commits()
+                if "public.q" in (rec.snapshot or {}).get("tables", {})
+            ]
+            assert len(copied) == snapshots, step
+            assert copied[-1].tables["public.q"].state_rows == 3000
+            assert len(markers(lake, "public.q")) == snapshots, step
+            assert_mirror(c, lake, ["public.a", "public.q"])
+            assert_log_once(lake, "public.a")
+            spark_versions = _spark_wrote(lake, state_rel, since)
+            assert bool(spark_versions) == (path == "spark"), (step, spark_versions)
+
+        # Its first changes after the copy fill their TOAST value from the copied state.
+        c.execute("UPDATE q SET v = 'after' WHERE id <= 10")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, lake, ["public.a", "public.q"])
+        assert logged(lake, "public.q") == audited_ops(c, "q")
+        assert not any(read_changes(lake, "public.q").column("_missing_toast").to_pylist())
+
+
+def _delta_commits(lake: str, rel: str) -> list[Path]:
+    """The commit files of a lake's Delta table (none before it exists)."""
+    return sorted((Path(lake) / rel / "_delta_log").glob("*.json"))
+
+
 def write_config(
     path: Path, dsn: str, slot: str, lake: str, messages: bool = False, driver_rows: int = -1
 ) -> Path:
