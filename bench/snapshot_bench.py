@@ -10,6 +10,9 @@ On one throwaway PostgreSQL and one local SparkSession:
           ``--rate`` single-row updates per second hitting the table throughout (syncs
           run back to back; the writer stops after the snapshot's sync, one more sync
           catches up, then the state is compared with the table: count and a digest)
+  quiet   a table of the same shape and size added with no writes to it: one
+          ``slotlake sync`` process from start to exit, the re-base on the driver
+          (default) and, after ``slotlake resnapshot``, in Spark (``driver_write_rows=0``)
 
 The lake starts with ``slotlake bootstrap`` of a small table, so ``big`` is new to the
 published set when it is added. Not a test: run by hand.
@@ -75,6 +78,35 @@ def writer(dsn: str, rows: int, rate: float, stop: threading.Event, done: list[i
             ahead = done[0] / rate - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)
+
+
+def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
+    """Seconds of one ``slotlake sync`` process that copies a table with no writes to it."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE quiet (LIKE big INCLUDING ALL)")
+        c.execute("INSERT INTO quiet SELECT * FROM big")
+        c.execute("VACUUM ANALYZE quiet")
+        c.execute("ALTER PUBLICATION pub ADD TABLE quiet")
+    cli = [sys.executable, "-m", "slotlake.cli"]
+    where = [
+        f"--set=source.dsn={dsn}",
+        f"--set=source.slot={cfg.source.slot}",
+        "--set=source.publications=pub",
+        f"--set=lake.path={cfg.lake.path}",
+    ]
+    out: dict[str, float] = {}
+    for path, extra in (("driver", []), ("spark", ["--set=lake.driver_write_rows=0"])):
+        if path == "spark":
+            subprocess.run(
+                [*cli, "resnapshot", *where, "--table", "public.quiet"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        t0 = time.monotonic()
+        subprocess.run([*cli, "sync", *where, *extra], check=True, stdout=subprocess.DEVNULL)
+        out[path] = time.monotonic() - t0
+        log(f"quiet: {rows:,}-row table added, re-based by {path}: sync process {out[path]:.1f}s")
+    return out
 
 
 def main() -> int:
@@ -149,6 +181,7 @@ def main() -> int:
         out["equal"] = source == mirrored
         out["updates"] = done[0]
         out["syncs"] = syncs
+        out["quiet"] = quiet(dsn, cfg, args.rows)
     log(
         f"mirror: state == source ({out['equal']}) {out['mirror_s']:.1f}s after ADD TABLE, "
         f"{done[0]:,} updates at {args.rate:.0f}/s; the snapshot's sync {out['copy_sync_s']:.1f}s "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from slotlake import fastdefault
 from slotlake.catalog import TableCatalog
-from slotlake.ddl import BatchDdl, write_ddl
+from slotlake.ddl import BatchDdl, write_ddl, write_ddl_local
 from slotlake.ddltypes import parse_struct
 from slotlake.decode import (
     COMMIT_TYPES,
@@ -30,6 +30,7 @@ from slotlake.decode import (
     BatchCatalog,
     RawDataError,
     RawScan,
+    StreamOutcome,
     arrow_schema_for,
     change_schema,
     collect_catalog,
@@ -802,34 +803,29 @@ def _transactions_local(raw_dir: str, bcat: BatchCatalog, batch: int) -> pa.Tabl
     return out.sort_by("commit_lsn")
 
 
-def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
-    from pyspark.sql import functions as F
+MESSAGES_DDL = (
+    "lsn bigint, transactional boolean, prefix string, content binary, "
+    "commit_lsn bigint, tx_ordinal bigint, xid bigint, _batch bigint"
+)
+# The raw columns the messages dataset is built from.
+MESSAGE_COLUMNS = ["data", "stream_xid", "commit_lsn", "tx_ordinal", "xid"]
 
-    from slotlake.pgoutput import decode
 
-    streams = bcat.streams
-    schema = (
-        "lsn bigint, transactional boolean, prefix string, content binary, "
-        "commit_lsn bigint, tx_ordinal bigint, xid bigint, _batch bigint"
-    )
+def message_rows(
+    streams: StreamOutcome, batch: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``messages`` rows of raw 'M' rows (:data:`MESSAGE_COLUMNS`): run by
+    ``mapInArrow`` on the executors, or on the driver for a batch of a local lake."""
 
-    def fn(batches):  # type: ignore[no-untyped-def]
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
         from slotlake.lsn import Lsn
+        from slotlake.pgoutput import decode
 
-        names = (
-            "lsn",
-            "transactional",
-            "prefix",
-            "content",
-            "commit_lsn",
-            "tx_ordinal",
-            "xid",
-            "_batch",
-        )
+        schema = arrow_schema_for(parse_struct(MESSAGES_DDL))
         for rb in batches:
-            out: dict[str, list] = {k: [] for k in names}
+            out: dict[str, list[Any]] = {k: [] for k in schema.names}
             for row in rb.to_pylist():
                 in_stream = row["stream_xid"] is not None
                 msg = decode(row["data"], in_stream=in_stream)
@@ -851,27 +847,35 @@ def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
                 out["tx_ordinal"].append(row["tx_ordinal"] if msg.transactional else None)
                 out["xid"].append(row["stream_xid"] if in_stream else row["xid"])
                 out["_batch"].append(batch)
-            yield pa.RecordBatch.from_pydict(
-                out,
-                schema=pa.schema(
-                    [
-                        ("lsn", pa.int64()),
-                        ("transactional", pa.bool_()),
-                        ("prefix", pa.string()),
-                        ("content", pa.binary()),
-                        ("commit_lsn", pa.int64()),
-                        ("tx_ordinal", pa.int64()),
-                        ("xid", pa.int64()),
-                        ("_batch", pa.int64()),
-                    ]
-                ),
-            )
+            yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+    return fn
+
+
+def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
+    from pyspark.sql import functions as F
 
     return (
         raw.filter(F.col("msg_type") == "M")
-        .select("data", "stream_xid", "commit_lsn", "tx_ordinal", "xid")
-        .mapInArrow(fn, schema)
+        .select(*MESSAGE_COLUMNS)
+        .mapInArrow(message_rows(bcat.streams, batch), MESSAGES_DDL)
     )
+
+
+def _messages_local(raw_dir: str, bcat: BatchCatalog, batch: int) -> pa.Table:
+    """The batch's ``messages`` rows decoded on the driver from its local raw, by LSN."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from slotlake.raw import raw_files
+
+    files = [str(f) for f in raw_files(raw_dir)]
+    rows = ds.dataset(files, format="parquet").to_table(
+        columns=MESSAGE_COLUMNS, filter=ds.field("msg_type") == "M"
+    )
+    fn = message_rows(bcat.streams, batch)
+    schema = arrow_schema_for(parse_struct(MESSAGES_DDL))
+    return pa.Table.from_batches(list(fn(iter(rows.to_batches()))), schema).sort_by("lsn")
 
 
 def _raw_on_disk(lake: Lake, raw_rel: str, raw_local: str | None) -> str | None:
@@ -989,7 +993,23 @@ def process_batch(
         _check_collisions(cat)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
     has_messages = "M" in types_seen
-    ddl_input = BatchDdl.read(spark() if has_messages else None, lake, raw_rel, bcat, fault)
+    raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
+    # A local lake's messages (the DDL capture trigger's, a user's heartbeats) are read and
+    # written on the driver when they are few, like its transactions: no Spark for them.
+    local_messages = (
+        has_messages
+        and lake.on_local_disk
+        and raw_dir is not None
+        and scan.messages <= driver.TOTAL_FACTOR * driver.max_rows
+    )
+    ddl_input = BatchDdl.read(
+        spark() if has_messages and not local_messages else None,
+        lake,
+        raw_rel,
+        bcat,
+        fault,
+        raw_dir if local_messages else None,
+    )
     # A keyed table re-based on a snapshot is done on the driver when its copy would be
     # (the copy's size standing for its state's); a multiset's copy goes through Spark.
     snaps = snapshots or {}
@@ -1004,7 +1024,6 @@ def process_batch(
     for name in [n for n, who in local.items() if n in snaps and who != "driver"]:
         del local[name]
     local_raw: dict[str, RawRows] = {}
-    raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
     if local:
         from slotlake.local_table import RawRows, read_raw_dml
 
@@ -1093,7 +1112,18 @@ def process_batch(
         )
     tx_count = int(tx.metrics.get("numOutputRows", 0))
     msg_rel, msg_version = (prior.messages, prior.messages_version) if prior else (None, None)
-    if has_messages:
+    ddl_rel, ddl_version = (prior.ddl, prior.ddl_version) if prior else (None, None)
+    if local_messages:
+        assert raw_dir is not None
+        msg_local = str(local_path(lake.path(MESSAGES)))
+        if delta_schema(msg_local) is None:
+            create_on_driver(msg_local, parse_struct(MESSAGES_DDL))
+        msg_rows = _messages_local(raw_dir, bcat, batch)
+        msg_rel = MESSAGES
+        msg_version = arrow_append(msg_local, msg_rows, app_id, batch).version
+        if ddl_input.messages:
+            ddl_rel, ddl_version = write_ddl_local(msg_rows, lake, app_id, batch)
+    elif has_messages:
         raw = spark().read.parquet(lake.path(raw_rel))
         msg_rel = MESSAGES
         msg_version = append(
@@ -1102,9 +1132,8 @@ def process_batch(
             app_id,
             batch,
         ).version
-    ddl_rel, ddl_version = (prior.ddl, prior.ddl_version) if prior else (None, None)
-    if ddl_input.messages:
-        ddl_rel, ddl_version = write_ddl(_messages(raw, bcat, batch), lake, app_id, batch)
+        if ddl_input.messages:
+            ddl_rel, ddl_version = write_ddl(_messages(raw, bcat, batch), lake, app_id, batch)
     timings["transactions"] = time.monotonic() - t2
     # Every table thread is done: what the replays persisted can go (shared cache manager).
     if spark.started is not None:

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from slotlake.catalog import TableCatalog
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DDL_PREFIX = "slotlake.ddl"
+# A raw 'M' row as BatchDdl.read hands it to ddl_messages_from_rows.
+_Row = namedtuple("_Row", ["seq", "data", "stream_xid"])
 SCHEMA = "slotlake"
 FUNCTION = "slotlake.capture_ddl"
 TRIGGERS = ("slotlake_ddl_end", "slotlake_table_rewrite")
@@ -313,17 +317,34 @@ class BatchDdl:
         raw_rel: str,
         bcat: BatchCatalog,
         fault: Callable[[str], None] = lambda step: None,
+        raw_dir: str | None = None,
     ) -> BatchDdl:
         """From the raw Parquet (only 'M' rows mentioning the prefix reach the driver: user
-        messages can be many) and the catalog file beside it. ``spark``: None when the raw
-        batch has no messages at all."""
-        from pyspark.sql import functions as F
-
+        messages can be many) and the catalog file beside it: read with pyarrow from
+        ``raw_dir`` (the batch's raw on the driver's disk), else through ``spark``; neither
+        when the raw batch has no messages at all."""
         messages: list[DdlMessage] = []
-        if spark is not None:
+        needle = DDL_PREFIX.encode()
+        if raw_dir is not None:
+            import pyarrow.compute as pc
+            import pyarrow.dataset as ds
+
+            from slotlake.raw import raw_files
+
+            files = [str(f) for f in raw_files(raw_dir)]
+            table = ds.dataset(files, format="parquet").to_table(
+                columns=["seq", "data", "stream_xid"], filter=ds.field("msg_type") == "M"
+            )
+            # The same pre-filter, on the bytes (match_substring takes binary columns).
+            table = table.filter(pc.match_substring(table.column("data"), DDL_PREFIX))
+            rows = [_Row(**r) for r in table.to_pylist()]
+            messages = ddl_messages_from_rows(rows, set(bcat.streams.commits))
+        elif spark is not None:
+            from pyspark.sql import functions as F
+
             # A pre-filter on the hex text (binary-safe; payloads are not valid UTF-8);
             # the decoder checks the prefix exactly.
-            mentions = F.hex(F.col("data")).contains(DDL_PREFIX.encode().hex().upper())
+            mentions = F.hex(F.col("data")).contains(needle.hex().upper())
             rows = (
                 spark.read.parquet(lake.path(raw_rel))
                 .filter((F.col("msg_type") == "M") & mentions)
@@ -392,6 +413,67 @@ def ddl_frame(messages: DataFrame) -> DataFrame:
         F.col("text").alias("content"),
         "_batch",
     )
+
+
+def ddl_rows_arrow(messages: pa.Table) -> pa.Table:
+    """:func:`ddl_frame` on the driver: the ``ddl`` rows of the batch's ``messages`` rows
+    (an Arrow table), field for field what Spark's ``from_json`` makes of them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from slotlake.ddltypes import parse_struct
+    from slotlake.decode import arrow_schema_for
+
+    schema = arrow_schema_for(parse_struct(DDL_SCHEMA))
+    ours = messages.filter(
+        pc.and_(pc.equal(messages.column("prefix"), DDL_PREFIX), messages.column("transactional"))
+    )
+    out: dict[str, list[Any]] = {n: [] for n in schema.names}
+    for r in ours.to_pylist():
+        text = r["content"].decode("utf-8")  # BatchDdl.read parsed each one already
+        obj = json.loads(text)
+        tables = obj.get("tables")
+        columns, missing = obj.get("columns"), obj.get("missing")
+        out["lsn"].append(r["lsn"])
+        out["commit_lsn"].append(r["commit_lsn"])
+        out["tx_ordinal"].append(r["tx_ordinal"])
+        out["xid"].append(r["xid"])
+        out["event"].append(obj["event"] if obj.get("event") is not None else "ddl_command_end")
+        out["tag"].append(obj.get("tag"))
+        out["query"].append(obj.get("query"))
+        out["tables"].append(
+            None
+            if tables is None
+            else [
+                {"name": t.get("name"), "oid": t.get("oid"), "rewrite": t.get("rewrite")}
+                for t in tables
+            ]
+        )
+        out["columns"].append(
+            None
+            if columns is None
+            else [(t, None if c is None else list(c.items())) for t, c in columns.items()]
+        )
+        out["missing"].append(
+            None
+            if missing is None
+            else [(t, None if v is None else list(v.items())) for t, v in missing.items()]
+        )
+        out["content"].append(text)
+        out["_batch"].append(r["_batch"])
+    return pa.Table.from_pydict(out, schema=schema).sort_by("lsn")
+
+
+def write_ddl_local(messages: pa.Table, lake: Lake, app_id: str, batch: int) -> tuple[str, int]:
+    """:func:`write_ddl` on the driver for a lake on local disk (``deltalake``, no Spark)."""
+    from slotlake.ddltypes import parse_struct
+    from slotlake.delta import arrow_append, create_on_driver, delta_schema
+    from slotlake.lake import DDL, local_path
+
+    path = str(local_path(lake.path(DDL)))
+    if delta_schema(path) is None:
+        create_on_driver(path, parse_struct(DDL_SCHEMA))
+    return DDL, arrow_append(path, ddl_rows_arrow(messages), app_id, batch).version
 
 
 # -- the catalog at the batch's target ---------------------------------------------------

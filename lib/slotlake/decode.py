@@ -143,6 +143,7 @@ class RawScan:
     types_seen: set[str]
     commits: int = 0  # Commit and Stream Commit messages
     stream_content: set[int] = field(default_factory=set)  # stream xids with CONTENT_TYPES rows
+    messages: int = 0  # logical decoding messages ('M')
 
 
 def scan_raw(path: str) -> RawScan:
@@ -167,6 +168,7 @@ def scan_raw(path: str) -> RawScan:
     wanted = pa_array_of(CATALOG_TYPES)
     commit_types, commits = pa_array_of(COMMIT_TYPES), 0
     content_types, stream_content = pa_array_of(CONTENT_TYPES), set()
+    messages = 0
     for f in raw_files(path):
         try:
             pf = pq.ParquetFile(f)
@@ -184,6 +186,7 @@ def scan_raw(path: str) -> RawScan:
                 )
                 stream_content.update(pc.unique(in_stream.column("stream_xid")).to_pylist())
                 commits += pc.sum(pc.is_in(small.column("msg_type"), commit_types)).as_py() or 0
+                messages += pc.sum(pc.equal(small.column("msg_type"), "M")).as_py() or 0
                 dml = small.filter(pc.is_in(small.column("msg_type"), pa_array_of(DML_TYPES)))
                 for vc in pc.value_counts(dml.column("rel_oid")).to_pylist():
                     counts[vc["values"]] += vc["counts"]
@@ -192,7 +195,7 @@ def scan_raw(path: str) -> RawScan:
                     full = pf.read_row_group(i, columns=columns).filter(mask)
                     rows.extend(Row(**r) for r in full.to_pylist())
     rows.sort(key=lambda r: r.seq)
-    return RawScan(rows, dict(counts), types, commits, stream_content)
+    return RawScan(rows, dict(counts), types, commits, stream_content, messages)
 
 
 def pa_array_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]

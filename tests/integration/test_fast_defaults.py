@@ -211,6 +211,7 @@ def test_capture_ddl_messages_and_privileges(
         assert oid is not None and all(r["tables"][0]["oid"] == oid[0] for r in rows)
         rec = Lake(lake).last_commit()
         assert rec is not None and rec.ddl == "ddl" and rec.ddl_version is not None
+        _assert_driver_rows_equal_spark_rows(spark, lake, rec.raw or "")
         # A role without SUPERUSER: one line naming the privilege.
         c.execute("CREATE ROLE nosuper LOGIN")
         c.execute(f"GRANT ALL ON DATABASE {c.info.dbname} TO nosuper")
@@ -256,3 +257,33 @@ def test_state_update_is_skipped_when_the_batch_already_applied_it(
     assert rows == {1: "first", 2: "merged"}
     update_state(session, path, [default("next")], "app", 8)  # a later batch does apply
     assert {r["c"] for r in spark.read.format("delta").load(path).collect()} == {"next"}
+
+
+def _assert_driver_rows_equal_spark_rows(spark: Any, lake: str, raw_rel: str) -> None:
+    """The batch's messages and DDL rows, as the driver wrote them (a local lake), equal
+    what Spark's path builds from the same raw batch."""
+    from deltalake import DeltaTable
+
+    from slotlake.batch import _messages, _messages_local
+    from slotlake.ddl import ddl_frame, ddl_rows_arrow
+    from slotlake.decode import collect_catalog, scan_raw
+
+    root = Lake(lake)
+    engines = {
+        rel: {str(h.get("engineInfo", "")) for h in DeltaTable(str(root.path(rel))).history()}
+        for rel in ("messages", "ddl")
+    }
+    assert not any(e.startswith("Apache-Spark") for es in engines.values() for e in es), engines
+    raw_dir = str(root.path(raw_rel))
+    scan = scan_raw(raw_dir)
+    bcat = collect_catalog(scan.catalog_rows, 1, stream_content=scan.stream_content)
+    on_driver = _messages_local(raw_dir, bcat, 1)
+    on_spark = _messages(spark.read.parquet(raw_dir), bcat, 1)
+    assert on_driver.num_rows > 0
+    assert sorted(on_spark.toArrow().to_pylist(), key=lambda r: r["lsn"]) == on_driver.to_pylist()
+    ddl_spark = ddl_frame(spark.createDataFrame(on_driver)).toArrow()
+    ddl_driver = ddl_rows_arrow(on_driver)
+    assert ddl_driver.num_rows == 5
+    assert ddl_driver.schema.names == ddl_spark.schema.names
+    key = lambda r: r["lsn"]  # noqa: E731
+    assert sorted(ddl_spark.to_pylist(), key=key) == ddl_driver.to_pylist()
