@@ -42,10 +42,8 @@ from slotlake.delta import (
     UNREAD,
     WriteResult,
     append,
-    arrow_append,
+    arrow_append_creating,
     arrow_overwrite,
-    create_on_driver,
-    delta_schema,
     ensure_local,
     ensure_table,
     local_last_commit,
@@ -379,6 +377,10 @@ class DriverWrites:
             f"state MERGEd by deltalake up to {self.max_state_bytes >> 20} MiB"
         )
 
+    def holds(self, rows: int) -> bool:
+        """Whether ``rows`` rows fit in the driver's total for a batch."""
+        return rows <= self.TOTAL_FACTOR * self.max_rows
+
     def take(
         self,
         lake: Lake,
@@ -417,7 +419,7 @@ class DriverWrites:
         total = 0
         for cat in sorted(cats, key=lambda c: (expected[c.name], c.name)):
             rows = expected[cat.name]
-            if total + rows > self.TOTAL_FACTOR * self.max_rows:
+            if not self.holds(total + rows):
                 break
             state = lake.path(Lake.table_path(STATE, cat.name))
             merge = self.take(lake, cat, state, rows, (sizes or {}).get(cat.name, -1))
@@ -790,14 +792,10 @@ def _transactions(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
 def _transactions_local(raw_dir: str, bcat: BatchCatalog, batch: int) -> pa.Table:
     """The batch's ``transactions`` rows decoded on the driver from its local raw."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
-    from slotlake.raw import raw_files
+    from slotlake.raw import raw_rows_of_types
 
-    files = [str(f) for f in raw_files(raw_dir)]
-    rows = ds.dataset(files, format="parquet").to_table(
-        columns=["data", "xid"], filter=ds.field("msg_type").isin(list(COMMIT_TYPES))
-    )
+    rows = raw_rows_of_types(raw_dir, COMMIT_TYPES, ["data", "xid"])
     fn = transaction_rows(bcat.origins, batch, bcat.streams.empty)
     out = pa.Table.from_batches(list(fn(iter(rows.to_batches()))), _transactions_arrow_schema())
     return out.sort_by("commit_lsn")
@@ -865,14 +863,10 @@ def _messages(raw: DataFrame, bcat: BatchCatalog, batch: int) -> DataFrame:
 def _messages_local(raw_dir: str, bcat: BatchCatalog, batch: int) -> pa.Table:
     """The batch's ``messages`` rows decoded on the driver from its local raw, by LSN."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
-    from slotlake.raw import raw_files
+    from slotlake.raw import raw_rows_of_types
 
-    files = [str(f) for f in raw_files(raw_dir)]
-    rows = ds.dataset(files, format="parquet").to_table(
-        columns=MESSAGE_COLUMNS, filter=ds.field("msg_type") == "M"
-    )
+    rows = raw_rows_of_types(raw_dir, ("M",), MESSAGE_COLUMNS)
     fn = message_rows(bcat.streams, batch)
     schema = arrow_schema_for(parse_struct(MESSAGES_DDL))
     return pa.Table.from_batches(list(fn(iter(rows.to_batches()))), schema).sort_by("lsn")
@@ -996,12 +990,8 @@ def process_batch(
     raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
     # A local lake's messages (the DDL capture trigger's, a user's heartbeats) are read and
     # written on the driver when they are few, like its transactions: no Spark for them.
-    local_messages = (
-        has_messages
-        and lake.on_local_disk
-        and raw_dir is not None
-        and scan.messages <= driver.TOTAL_FACTOR * driver.max_rows
-    )
+    on_driver = lake.on_local_disk and raw_dir is not None
+    local_messages = has_messages and on_driver and driver.holds(scan.messages)
     ddl_input = BatchDdl.read(
         spark() if has_messages and not local_messages else None,
         lake,
@@ -1089,18 +1079,14 @@ def process_batch(
             tables[name] = kept
     t2 = time.monotonic()
     tx_path = lake.path(TRANSACTIONS)
-    if (
-        lake.on_local_disk
-        and raw_dir is not None
-        and scan.commits <= driver.TOTAL_FACTOR * driver.max_rows
-    ):
+    if on_driver and driver.holds(scan.commits):
+        assert raw_dir is not None
         # A lake's first batch creates the table here too: through Spark that first
         # append was a cold job over the whole raw batch (measured 10.8 s at 1M changes).
-        tx_local = str(local_path(tx_path))
-        if delta_schema(tx_local) is None:
-            create_on_driver(tx_local, parse_struct(TRANSACTIONS_DDL))
         rows = _transactions_local(raw_dir, bcat, batch)
-        tx = arrow_append(tx_local, rows, app_id, batch)
+        tx = arrow_append_creating(
+            str(local_path(tx_path)), parse_struct(TRANSACTIONS_DDL), rows, app_id, batch
+        )
     else:
         tx = append(
             _transactions(spark().read.parquet(lake.path(raw_rel)), bcat, batch)
@@ -1115,12 +1101,15 @@ def process_batch(
     ddl_rel, ddl_version = (prior.ddl, prior.ddl_version) if prior else (None, None)
     if local_messages:
         assert raw_dir is not None
-        msg_local = str(local_path(lake.path(MESSAGES)))
-        if delta_schema(msg_local) is None:
-            create_on_driver(msg_local, parse_struct(MESSAGES_DDL))
         msg_rows = _messages_local(raw_dir, bcat, batch)
         msg_rel = MESSAGES
-        msg_version = arrow_append(msg_local, msg_rows, app_id, batch).version
+        msg_version = arrow_append_creating(
+            str(local_path(lake.path(MESSAGES))),
+            parse_struct(MESSAGES_DDL),
+            msg_rows,
+            app_id,
+            batch,
+        ).version
         if ddl_input.messages:
             ddl_rel, ddl_version = write_ddl_local(msg_rows, lake, app_id, batch)
     elif has_messages:

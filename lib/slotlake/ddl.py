@@ -324,17 +324,12 @@ class BatchDdl:
         ``raw_dir`` (the batch's raw on the driver's disk), else through ``spark``; neither
         when the raw batch has no messages at all."""
         messages: list[DdlMessage] = []
-        needle = DDL_PREFIX.encode()
         if raw_dir is not None:
             import pyarrow.compute as pc
-            import pyarrow.dataset as ds
 
-            from slotlake.raw import raw_files
+            from slotlake.raw import raw_rows_of_types
 
-            files = [str(f) for f in raw_files(raw_dir)]
-            table = ds.dataset(files, format="parquet").to_table(
-                columns=["seq", "data", "stream_xid"], filter=ds.field("msg_type") == "M"
-            )
+            table = raw_rows_of_types(raw_dir, ("M",), _Row._fields)
             # The same pre-filter, on the bytes (match_substring takes binary columns).
             table = table.filter(pc.match_substring(table.column("data"), DDL_PREFIX))
             rows = [_Row(**r) for r in table.to_pylist()]
@@ -344,7 +339,7 @@ class BatchDdl:
 
             # A pre-filter on the hex text (binary-safe; payloads are not valid UTF-8);
             # the decoder checks the prefix exactly.
-            mentions = F.hex(F.col("data")).contains(needle.hex().upper())
+            mentions = F.hex(F.col("data")).contains(DDL_PREFIX.encode().hex().upper())
             rows = (
                 spark.read.parquet(lake.path(raw_rel))
                 .filter((F.col("msg_type") == "M") & mentions)
@@ -467,13 +462,11 @@ def ddl_rows_arrow(messages: pa.Table) -> pa.Table:
 def write_ddl_local(messages: pa.Table, lake: Lake, app_id: str, batch: int) -> tuple[str, int]:
     """:func:`write_ddl` on the driver for a lake on local disk (``deltalake``, no Spark)."""
     from slotlake.ddltypes import parse_struct
-    from slotlake.delta import arrow_append, create_on_driver, delta_schema
+    from slotlake.delta import arrow_append_creating
     from slotlake.lake import DDL, local_path
 
-    path = str(local_path(lake.path(DDL)))
-    if delta_schema(path) is None:
-        create_on_driver(path, parse_struct(DDL_SCHEMA))
-    return DDL, arrow_append(path, ddl_rows_arrow(messages), app_id, batch).version
+    path, schema = str(local_path(lake.path(DDL))), parse_struct(DDL_SCHEMA)
+    return DDL, arrow_append_creating(path, schema, ddl_rows_arrow(messages), app_id, batch).version
 
 
 # -- the catalog at the batch's target ---------------------------------------------------

@@ -425,6 +425,16 @@ def arrow_append(
     return _arrow_write(path, data, "append", app_id, batch, held)
 
 
+def arrow_append_creating(
+    path: str, schema: StructType, data: Any, app_id: str, batch: int
+) -> WriteResult:
+    """:func:`arrow_append` to a table at a local ``path``, which the driver creates first
+    (:func:`create_on_driver`, as Spark would) when there is none."""
+    if delta_schema(path) is None:
+        create_on_driver(path, schema)
+    return arrow_append(path, data, app_id, batch)
+
+
 def arrow_overwrite(
     path: str, data: Any, app_id: str, batch: int, held: int | None = UNREAD
 ) -> WriteResult:

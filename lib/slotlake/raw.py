@@ -595,6 +595,26 @@ def read_raw(path: str | Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f, schema=RAW_SCHEMA) for f in files])
 
 
+def raw_rows_of_types(
+    path: str | Path, msg_types: Sequence[str], columns: Sequence[str]
+) -> pa.Table:
+    """``columns`` of the raw batch's rows whose ``msg_type`` is one of ``msg_types``, in
+    peek order. The type column is read first: payloads are read only for the row groups
+    that hold such rows (a Parquet filter on ``msg_type`` cannot skip them, every row
+    group's statistics span most types)."""
+    wanted = pa.array(list(msg_types), pa.string())
+    pieces = []
+    for f in raw_files(path):
+        with pq.ParquetFile(f) as pf:
+            for i in range(pf.num_row_groups):
+                mask = pc.is_in(pf.read_row_group(i, columns=["msg_type"])[0], wanted)
+                if pc.any(mask).as_py():
+                    pieces.append(pf.read_row_group(i, columns=list(columns)).filter(mask))
+    if not pieces:
+        return RAW_SCHEMA.empty_table().select(list(columns))
+    return pa.concat_tables(pieces)
+
+
 def iter_raw(path: str | Path, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
     """Record batches in peek order, one file and row group at a time (bounded memory)."""
     for f in raw_files(path):

@@ -488,22 +488,11 @@ def _raw_messages(
     cols = ["msg_type", "data", "stream_xid", "commit_lsn"]
     rows: list[dict[str, Any]]
     if lake.on_local_disk:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
         from slotlake.lake import local_path
-        from slotlake.raw import raw_files
+        from slotlake.raw import raw_rows_of_types
 
-        rows = []
-        wanted = pa.array(["T", "M"], pa.string())
-        for f in raw_files(str(local_path(lake.path(raw_rel)))):
-            with pq.ParquetFile(f) as pf:
-                # Payloads are read only for the row groups that hold such messages.
-                for i in range(pf.num_row_groups):
-                    mask = pc.is_in(pf.read_row_group(i, columns=["msg_type"])[0], wanted)
-                    if pc.any(mask).as_py():
-                        rows.extend(pf.read_row_group(i, columns=cols).filter(mask).to_pylist())
+        raw_dir = str(local_path(lake.path(raw_rel)))
+        rows = raw_rows_of_types(raw_dir, ("T", "M"), cols).to_pylist()
     else:
         assert spark is not None
         from pyspark.sql import functions as F

@@ -122,6 +122,35 @@ def test_table_added_to_publication_with_writes_during_its_snapshot(
         assert not any(r["_missing_toast"] for r in log if r["_commit_lsn"] >= cp)
 
 
+def _add_to_a_running_lake(
+    c: psycopg.Connection[Any],
+    cfg: Any,
+    spark: Any,
+    slot: str,
+    table: str,
+    rows: int,
+    value_sql: str,
+    seed: int,
+) -> None:
+    """A lake syncing table ``a``, then ``table`` (``rows`` rows, ``v`` = ``value_sql`` of
+    ``g``, an EXTERNAL TOAST column ``big``) added to its publication; both audited."""
+    c.execute(AUDIT_SQL)
+    c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+    c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text, big text)")
+    c.execute(f"ALTER TABLE {table} ALTER COLUMN big SET STORAGE EXTERNAL")
+    c.execute(
+        f"INSERT INTO {table} SELECT g, {value_sql}, %s FROM generate_series(1, %s::int) g",
+        (big(seed), rows),
+    )
+    c.execute("CREATE PUBLICATION pub FOR TABLE a")
+    audit(c, "a", "id")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    c.execute("INSERT INTO a VALUES (1, 'one')")
+    assert run_sync(cfg, spark=spark).status == "committed"
+    c.execute(f"ALTER PUBLICATION pub ADD TABLE {table}")
+    audit(c, table, "id")
+
+
 def _spark_wrote(lake: str, rel: str, since: int) -> list[int]:
     """The versions from ``since`` on of a lake's Delta table that Spark committed."""
     from deltalake import DeltaTable
@@ -150,20 +179,7 @@ def test_quiet_table_added_to_publication(
         tmp_path / "sync.toml", pg_dsn, slot, lake, driver_rows=0 if path == "spark" else -1
     )
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
-        c.execute("CREATE TABLE q (id int PRIMARY KEY, v text, big text)")
-        c.execute("ALTER TABLE q ALTER COLUMN big SET STORAGE EXTERNAL")
-        c.execute(
-            "INSERT INTO q SELECT g, 'old' || g, %s FROM generate_series(1, 3000) g", (big(1),)
-        )
-        c.execute("CREATE PUBLICATION pub FOR TABLE a")
-        audit(c, "a", "id")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO a VALUES (1, 'one')")
-        assert run_sync(cfg, spark=spark).status == "committed"
-        c.execute("ALTER PUBLICATION pub ADD TABLE q")
-        audit(c, "q", "id")
+        _add_to_a_running_lake(c, cfg, spark, slot, "q", 3000, "'old' || g", 1)
 
         steps = (None, "snapshot_copied", "snapshot_rebased", "before_commit")
         for snapshots, step in enumerate(steps, 1):
@@ -358,18 +374,7 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
         cfg.lake.driver_write_rows = 0
     config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake, driver_rows=driver_rows)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        c.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
-        c.execute("CREATE TABLE b (id int PRIMARY KEY, v text, big text)")
-        c.execute("ALTER TABLE b ALTER COLUMN big SET STORAGE EXTERNAL")
-        c.execute("INSERT INTO b SELECT g, 'old', %s FROM generate_series(1, 2000) g", (big(0),))
-        c.execute("CREATE PUBLICATION pub FOR TABLE a")
-        audit(c, "a", "id")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO a VALUES (1, 'one')")
-        assert run_sync(cfg, spark=spark).status == "committed"
-        c.execute("ALTER PUBLICATION pub ADD TABLE b")
-        audit(c, "b", "id")
+        _add_to_a_running_lake(c, cfg, spark, slot, "b", 2000, "'old'", 0)
 
         snapshots = 0
         for r, step in enumerate(("snapshot_copied", "snapshot_rebased", "before_commit"), 1):

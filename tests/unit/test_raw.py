@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from slotlake.lsn import Lsn
-from slotlake.raw import RAW_SCHEMA, RawWriter, iter_raw, read_raw
+from slotlake.raw import RAW_SCHEMA, RawWriter, iter_raw, raw_rows_of_types, read_raw
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 
@@ -303,6 +303,24 @@ def test_read_back_is_byte_for_byte(tmp_path: Path) -> None:
     assert [d for b in batches for d in b.column("data").to_pylist()] == payloads
     # A single part reads too.
     assert read_raw(summary.files[0]).num_rows == 1000
+
+
+def test_rows_of_types_across_files_and_row_groups(tmp_path: Path) -> None:
+    # Messages in some row groups only (2 rows a group, 4 a part): the rows found keep
+    # the peek's order across row groups and parts.
+    payloads = [begin(100, 1, 1), dml("I", 1), commit(100, 108, 1)]
+    payloads += [begin(200, 2, 2), logical_message(True), dml("I", 1)]
+    payloads += [logical_message(True), commit(200, 208, 2), logical_message(False)]
+    w = RawWriter(tmp_path / "raw", rows_per_file=4, row_group_rows=2)
+    w.append(list(range(len(payloads))), [7] * len(payloads), payloads)
+    w.close()
+    got = raw_rows_of_types(tmp_path / "raw", ("M",), ["seq", "data"])
+    assert got.column_names == ["seq", "data"]
+    assert got.column("seq").to_pylist() == [4, 6, 8]
+    commits = raw_rows_of_types(tmp_path / "raw", ("C", "c"), ["seq"])
+    assert commits.column("seq").to_pylist() == [2, 7]
+    none = raw_rows_of_types(tmp_path / "raw", ("T",), ["seq", "xid"])
+    assert none.num_rows == 0 and none.schema.names == ["seq", "xid"]
 
 
 def test_empty_writer_leaves_one_empty_part_with_the_schema(tmp_path: Path) -> None:
