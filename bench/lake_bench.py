@@ -16,13 +16,17 @@ SparkSession (the issue's targets in brackets):
   multiset  ``--process-changes`` changes on a ``--small``-row table without a key
           (REPLICA IDENTITY FULL), one ``slotlake sync`` process each: its state rebuilt
           on the driver (the default) vs MERGEd by Spark (``driver_write_state_mb = 0``)
+  ddl     the ``process`` batch with column changes at the source in it (each of the 8
+          tables gets ADD COLUMN, RENAME COLUMN and DROP COLUMN before its updates), one
+          ``slotlake sync`` process, vs the ``process`` figure: DDL should cost no more
+          than the changes around it; says whether Spark wrote any commit
 
 Each table is first loaded and bootstrapped (``slotlake bootstrap``: slot + copy, not
 timed), then the timed batch is written and one ``run_sync`` measured. Not a test: run by
 hand.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,process,multiset]
+                               [--tables 100] [--steps size,spread,process,multiset,ddl]
                                [--json PATH]
 """
 
@@ -66,7 +70,9 @@ def load(c: psycopg.Connection[Any], name: str, rows: int, multiset: bool = Fals
     )
 
 
-def changes(c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random) -> None:
+def changes(
+    c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random, round_: int
+) -> None:
     """n changes: 80 % updates of random rows, 10 % deletes, 10 % inserts, one transaction."""
     ids = rng.sample(range(1, rows + 1), min(rows, int(n * 0.9)))
     updates, deletes = ids[: int(n * 0.8)], ids[int(n * 0.8) :]
@@ -77,6 +83,35 @@ def changes(c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: rando
             f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s::int8, %s::int8) g",
             (rows + 1, rows + n - len(ids)),
         )
+
+
+def column_changes(
+    c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random, round_: int
+) -> None:
+    """Round ``round_``'s DDL on a table, then n updates of random rows setting the new
+    column: ADD COLUMN, RENAME the previous round's added column, DROP the one before."""
+    with c.transaction():
+        c.execute(f"ALTER TABLE {name} ADD COLUMN c{round_} text")
+        if round_ >= 1:
+            c.execute(f"ALTER TABLE {name} RENAME COLUMN c{round_ - 1} TO r{round_ - 1}")
+        if round_ >= 2:
+            c.execute(f"ALTER TABLE {name} DROP COLUMN r{round_ - 2}")
+        ids = rng.sample(range(1, rows + 1), min(rows, n))
+        c.execute(f"UPDATE {name} SET c{round_} = 'new' WHERE id = ANY(%s)", (ids,))
+
+
+def spark_commits(cfg: Config, names: list[str]) -> int:
+    """Commits Spark wrote into the tables' state and change log (from their Delta logs)."""
+    from deltalake import DeltaTable
+
+    from slotlake.lake import Lake
+
+    return sum(
+        str(h.get("engineInfo", "")).startswith("Apache-Spark")
+        for name in names
+        for kind in ("state", "changes")
+        for h in DeltaTable(f"{cfg.lake.path}/{Lake.table_path(kind, name)}").history()
+    )
 
 
 def timed_sync(cfg: Config, spark: Any) -> float:
@@ -118,9 +153,12 @@ def scenario(
     driver_rows: int | None = None,
     multiset: bool = False,
     state_mb: int | None = None,
+    write: Any = changes,
+    after: Any = None,
 ) -> float:
     """Load and bootstrap ``tables`` (name → rows), then time ``repeat`` batches of changes
-    to each with ``sync``; the fastest counts (the first pays the JVM's warm-up)."""
+    to each (``write``) with ``sync``; the fastest counts (the first pays the JVM's
+    warm-up). ``after(cfg)`` runs once the batches are written."""
     dsn = pg.create_database(f"bench_{tag}")
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -142,14 +180,16 @@ def scenario(
         log(f"{tag}: bootstrap {time.monotonic() - t0:.1f}s")
         rng = random.Random(tag)
         times = []
-        for _ in range(repeat):
+        for round_ in range(repeat):
             for name, rows in tables.items():
-                changes(c, name, rows, per_table, rng)
+                write(c, name, rows, per_table, rng, round_)
                 rows += per_table // 10  # the inserts of this round are the next ids
                 tables[name] = rows
             times.append(sync(cfg, spark))
             log(f"{tag}: batch of {per_table * len(tables):,} changes {times[-1]:.1f}s")
         seconds = min(times)
+        if after is not None:
+            after(cfg)
         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     return seconds
 
@@ -161,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=20_000)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--process-changes", type=int, default=400)
-    p.add_argument("--steps", default="size,spread,process,multiset")
+    p.add_argument("--steps", default="size,spread,process,multiset,ddl")
     p.add_argument("--version", type=int, default=16)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -211,6 +251,30 @@ def main(argv: list[str] | None = None) -> int:
             log(
                 f"process: {per * len(tables)} changes over 8 tables, process start to "
                 f"slot advanced {seconds:.1f}s (target ≤ 10 s)"
+            )
+        if "ddl" in steps:
+            tables = {f"d_{i}": args.small for i in range(8)}
+            per = max(1, args.process_changes // len(tables))
+            found: dict[str, int] = {}
+            seconds = scenario(
+                pg,
+                spark,
+                "ddl",
+                tables,
+                per,
+                repeat=3,
+                sync=timed_process,
+                write=column_changes,
+                after=lambda cfg: found.update(
+                    spark=spark_commits(cfg, [f"public.{t}" for t in tables])
+                ),
+            )
+            out["ddl"] = {"changes": per * len(tables), "seconds": seconds, **found}
+            log(
+                f"ddl: ADD, RENAME and DROP COLUMN on 8 tables with {per * len(tables)} "
+                f"changes, one process: {seconds:.1f}s (the process step without DDL: "
+                f"{out.get('process', {}).get('seconds', float('nan')):.1f}s); commits by "
+                f"Spark: {found['spark']}"
             )
         if "multiset" in steps:
             n = args.process_changes

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from slotlake import fastdefault
-from slotlake.catalog import TableCatalog
-from slotlake.ddl import BatchDdl, write_ddl, write_ddl_local
+from slotlake.catalog import ColumnIds, TableCatalog
+from slotlake.ddl import BatchDdl, TableColumns, read_catalog_file, write_ddl, write_ddl_local
 from slotlake.ddltypes import parse_struct
 from slotlake.decode import (
     COMMIT_TYPES,
@@ -139,6 +139,16 @@ def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]
         name: [(c[0], c[1]) for c in t.columns if len(c) > 2 and c[2] == "state"]
         for name, t in prior.tables.items()
     }
+
+
+def column_ids(
+    prior: CommitRecord | None, target: dict[str, TableColumns] | None
+) -> dict[str, ColumnIds]:
+    """Each table's attnums as the lake last wrote it and at the batch's target: what tells
+    a rename from a DROP and an ADD (:func:`slotlake.catalog.build_catalogs`)."""
+    before = {n: t.attnums for n, t in prior.tables.items()} if prior is not None else {}
+    after = {n: t.attnums for n, t in target.items()} if target is not None else {}
+    return {n: ColumnIds(before.get(n, {}), after.get(n, {})) for n in {*before, *after}}
 
 
 def conform(df: DataFrame, target: StructType) -> DataFrame:
@@ -961,8 +971,13 @@ def process_batch(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     scan = _scan(lake, raw_rel, raw_local)
+    target_catalog = read_catalog_file(lake, raw_rel)
     bcat = collect_catalog(
-        scan.catalog_rows, batch, prior_schemas(prior), stream_content=scan.stream_content
+        scan.catalog_rows,
+        batch,
+        prior_schemas(prior),
+        stream_content=scan.stream_content,
+        column_ids=column_ids(prior, target_catalog),
     )
     counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0

@@ -175,6 +175,7 @@ class ColumnPlan:
     type_name: tuple[str, str] | None  # (namespace, name) as pgoutput's Type message says
     spark_ddl: str
     kind: str  # how the text becomes the value: str | int | bool | float8 | float4 | py
+    attnum: int | None = None  # the column's identity (recorded: sync tells renames by it)
 
 
 @dataclass
@@ -320,7 +321,7 @@ def read_plan(
     for oid, entry in merged.items():
         cols = conn.execute(
             """
-            SELECT a.attname::text, a.atttypid::int, a.atttypmod
+            SELECT a.attname::text, a.atttypid::int, a.atttypmod, a.attnum::int
             FROM pg_attribute a
             WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
             ORDER BY a.attnum
@@ -334,10 +335,10 @@ def read_plan(
             for r in conn.execute(_TYPE_NAMES_SQL, ([c[1] for c in cols],)).fetchall()
         }
         columns = []
-        for name, type_oid, typmod in cols:
+        for name, type_oid, typmod, attnum in cols:
             type_name = type_names.get(type_oid)
             ddl, kind = _column_kind(type_oid, typmod, type_name)
-            columns.append(ColumnPlan(name, type_oid, typmod, type_name, ddl, kind))
+            columns.append(ColumnPlan(name, type_oid, typmod, type_name, ddl, kind, attnum))
         published = [c.name for c in columns]
         replident = entry["replident"]
         # Exactly the columns pgoutput's Relation message flags as key: all of them under
@@ -923,7 +924,7 @@ def keep_history_types(plan: TablePlan, earlier: dict[str, str]) -> TablePlan:
                 old,
                 c.spark_ddl,
             )
-            c = ColumnPlan(c.name, c.type_oid, c.typmod, c.type_name, "string", "str")
+            c = ColumnPlan(c.name, c.type_oid, c.typmod, c.type_name, "string", "str", c.attnum)
         columns.append(c)
     plan.columns = columns
     return plan
@@ -1148,6 +1149,7 @@ def _table_commit(
         columns=[[c.name, c.spark_ddl, "state"] for c in plan.columns],
         key_columns=list(plan.key_columns),
         replica_identity=plan.replica_identity,
+        attnums={c.name: c.attnum for c in plan.columns if c.attnum is not None},
         changes_version=changes_version,
         state_version=state.version,
         written=True,

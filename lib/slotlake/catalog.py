@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slotlake.pgoutput import Relation, Type
@@ -131,37 +131,66 @@ class TableCatalog:
         return candidates[i]
 
 
-def _renamed_positions(
-    prev: Sequence[tuple[str, str]], new: Sequence[tuple[str, str]]
-) -> dict[int, str]:
-    """Positions of ``new`` whose column renames the column of ``prev`` at that position.
+def _renames(
+    prev: Sequence[tuple[str, str]],
+    new: Sequence[tuple[str, str]],
+    ids: ColumnIds | None = None,
+) -> dict[str, str]:
+    """Columns of ``prev`` that ``new`` has under another name (old name → new name).
 
-    Both are (name, spark ddl) lists in attnum order. A rename keeps the position and the
-    type; ADD appends and DROP removes, so any other difference is not a rename.
+    Both are (name, spark ddl) lists in attnum order. A Relation message names no attnum,
+    so a rename is told from a DROP plus an ADD by the attnums when ``ids`` knows them
+    for every column that went and every one that came (a column's identity: the same
+    attnum under another name is a rename, whatever its type became). Else by position:
+    a rename keeps the position and the type; ADD appends and DROP removes, so any other
+    difference is not a rename (which a DROP and an ADD in one step can fool).
     """
+    prev_names = {n for n, _ in prev}
+    new_names = {n for n, _ in new}
+    gone = [n for n, _ in prev if n not in new_names]
+    came = [n for n, _ in new if n not in prev_names]
+    if not gone or not came:
+        return {}
+    if ids is not None:
+        old_ids = {n: ids.before.get(n, ids.after.get(n)) for n in gone}
+        new_ids = {n: ids.after.get(n, ids.before.get(n)) for n in came}
+        if None not in old_ids.values() and None not in new_ids.values():
+            by_id = {i: n for n, i in new_ids.items()}
+            return {n: by_id[i] for n, i in old_ids.items() if i in by_id}
     if len(prev) != len(new):
         return {}
-    new_names = {n for n, _ in new}
-    renamed: dict[int, str] = {}
-    for i, ((old_name, old_ddl), (new_name, new_ddl)) in enumerate(zip(prev, new, strict=True)):
+    renamed: dict[str, str] = {}
+    for (old_name, old_ddl), (new_name, new_ddl) in zip(prev, new, strict=True):
         if old_name == new_name:
             continue
         if old_ddl != new_ddl or old_name in new_names:
             return {}
-        renamed[i] = old_name
+        renamed[old_name] = new_name
     return renamed
+
+
+@dataclass(frozen=True)
+class ColumnIds:
+    """A table's column attnums (name → attnum) when the lake last wrote it (``before``:
+    ``TableCommit.attnums``) and at the batch's target (``after``: the catalog sync read
+    with the target), each empty when unknown."""
+
+    before: Mapping[str, int]
+    after: Mapping[str, int]
 
 
 def build_catalogs(
     relations: Iterable[tuple[int, Relation]],
     types: Iterable[tuple[int, Type]],
     prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
+    column_ids: Mapping[str, ColumnIds] | None = None,
 ) -> dict[str, TableCatalog]:
     """Table catalogs from the (seq, message) pairs of a batch, in peek order.
 
     ``prior_schemas`` are the state columns (name, ddl) of each table in the lake before
     this batch: a rename or type change between two batches follows the same rules as one
-    inside a batch.
+    inside a batch. ``column_ids``: each table's attnums before and after the batch, which
+    tell renames from drops and adds (:func:`_renames`).
     """
     type_list = sorted(types, key=lambda p: p[0])
     prior_schemas = prior_schemas or {}
@@ -174,8 +203,8 @@ def build_catalogs(
         ddls = [resolve_type(c.type_oid, c.typmod, type_names).spark_ddl for c in rel.columns]
         shape = [(c.name, ddl) for c, ddl in zip(rel.columns, ddls, strict=True)]
         if tname in previous:
-            for pos, old_name in _renamed_positions(previous[tname], shape).items():
-                cat.renames[old_name] = rel.columns[pos].name
+            ids = (column_ids or {}).get(tname)
+            cat.renames.update(_renames(previous[tname], shape, ids))
         previous[tname] = shape
         cat.versions.append(
             RelationVersion(

@@ -347,9 +347,7 @@ class BatchDdl:
                 .collect()
             )
             messages = ddl_messages_from_rows(rows, set(bcat.streams.commits))
-        path = lake.path(f"{raw_rel}/{CATALOG_FILE}")
-        catalog = catalog_from_json(lake.fs.read_text(path)) if lake.fs.exists(path) else None
-        return cls(messages, catalog, fault)
+        return cls(messages, read_catalog_file(lake, raw_rel), fault)
 
     def plan(self, cat: TableCatalog, prior: TableCommit | None, commit: TableCommit) -> list[Any]:
         """The table's fast defaults (slotlake.fastdefault); records its attnums in ``commit``."""
@@ -509,6 +507,13 @@ class TableColumns:
         )
 
 
+def read_catalog_file(lake: Lake, raw_rel: str) -> dict[str, TableColumns] | None:
+    """The catalog sync read at the batch's target, stored beside its raw batch (None for a
+    batch pulled before slotlake recorded it)."""
+    path = lake.path(f"{raw_rel}/{CATALOG_FILE}")
+    return catalog_from_json(lake.fs.read_text(path)) if lake.fs.exists(path) else None
+
+
 def read_catalog(conn: psycopg.Connection[Any], publications: list[str]) -> dict[str, TableColumns]:
     out: dict[str, TableColumns] = {}
     for table, column, attnum, missing, has_missing in conn.execute(CATALOG_SQL, (publications,)):
@@ -547,4 +552,5 @@ __all__ = [
     "installed",
     "parse_message",
     "read_catalog",
+    "read_catalog_file",
 ]

@@ -14,12 +14,12 @@ reprocessing relies on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from slotlake.catalog import RelationVersion, TableCatalog, build_catalogs
+from slotlake.catalog import ColumnIds, RelationVersion, TableCatalog, build_catalogs
 from slotlake.ddltypes import parse_struct
 from slotlake.lsn import Lsn
 from slotlake.pgoutput import (
@@ -209,11 +209,14 @@ def collect_catalog(
     batch: int,
     prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
     stream_content: set[int] | None = None,
+    column_ids: Mapping[str, ColumnIds] | None = None,
 ) -> BatchCatalog:
     """Decode the batch's descriptive messages on the driver (a few per table).
 
     ``stream_content`` (:attr:`RawScan.stream_content`): the streams that delivered
     something; the other committed ones become ``streams.empty``. None: none is empty.
+    ``column_ids``: the tables' attnums before and after the batch
+    (:func:`slotlake.catalog.build_catalogs`).
     """
     relations: list[tuple[int, Relation]] = []
     types: list[tuple[int, Type]] = []
@@ -239,7 +242,9 @@ def collect_catalog(
             origins[r.commit_lsn] = msg.name
     if stream_content is not None:
         streams.empty = {x for x in streams.commits if x not in stream_content}
-    catalog = BatchCatalog(build_catalogs(relations, types, prior_schemas), [], streams, origins)
+    catalog = BatchCatalog(
+        build_catalogs(relations, types, prior_schemas, column_ids), [], streams, origins
+    )
     for r, msg in pending_truncates:
         commit_lsn, commit_ts, ordinal = r.commit_lsn, r.commit_ts, r.tx_ordinal
         if r.stream_xid is not None:

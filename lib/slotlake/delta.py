@@ -601,17 +601,18 @@ def ensure_local(
     drop_missing: bool = False,
 ) -> StructType:
     """:func:`ensure_table` for a table on local disk (``uri`` as Spark names it, ``path``
-    on disk), without Spark unless its columns must change: a new table's first log entry
-    is written by the driver (:func:`create_on_driver`), a table that already has the
-    columns is left as it is, and only DDL at the source asks ``spark`` for a session to
-    ALTER it. Returns the table's schema."""
+    on disk), without Spark unless a column's values must be rewritten: a new table's first
+    log entry is written by the driver (:func:`create_on_driver`), so are renamed, added
+    and dropped columns (:func:`evolve_on_driver`); a table that already has the columns
+    is left as it is, and only a changed column type asks ``spark`` for a session to
+    rewrite it. Returns the table's schema."""
     current = delta_schema(path)
     if current is None:
         create_on_driver(path, schema)
-    elif needs_evolution(current, schema, renames or {}, drop_missing):
-        ensure_table(spark(), uri, schema, renames, drop_missing)
-    else:
+    elif not needs_evolution(current, schema, renames or {}, drop_missing):
         return current
+    elif not evolve_on_driver(path, current, schema, renames or {}, drop_missing):
+        ensure_table(spark(), uri, schema, renames, drop_missing)
     out = delta_schema(path)
     assert out is not None
     return out
@@ -674,15 +675,16 @@ def create_on_driver(path: str, schema: StructType) -> int:
     return 0
 
 
-def _column_mapped(schema: StructType) -> tuple[StructType, int]:
+def _column_mapped(schema: StructType, last_id: int = 0) -> tuple[StructType, int]:
     """``schema`` with column mapping ids and physical names on every struct field, numbered
-    depth-first (a struct before its fields) as Delta assigns them; returns the last id."""
+    depth-first (a struct before its fields) from ``last_id`` + 1 as Delta assigns them;
+    returns the last id."""
     import uuid
 
     from pyspark.sql.types import ArrayType, DataType, MapType, StructField
     from pyspark.sql.types import StructType as ST
 
-    last = 0
+    last = last_id
 
     def walk(dtype: DataType) -> DataType:
         nonlocal last
@@ -706,6 +708,114 @@ def _column_mapped(schema: StructType) -> tuple[StructType, int]:
     mapped = walk(schema)
     assert isinstance(mapped, ST)
     return mapped, last
+
+
+def evolve_on_driver(
+    path: str,
+    current: StructType,
+    schema: StructType,
+    renames: dict[str, str],
+    drop_missing: bool,
+) -> bool:
+    """:func:`ensure_table`'s renames, added columns (top level and inside ``_old``) and
+    dropped columns for the table at a local ``path``, as one log entry the driver writes.
+
+    With column mapping in name mode all three are changes of the schema alone (Delta
+    protocol: a column's data is found by its physical name, which a rename keeps and a
+    new column gets afresh), so the entry is a ``metaData`` action with the new schema,
+    numbered on from ``delta.columnMapping.maxColumnId`` as Spark numbers it. Spark's
+    ALTER TABLE would take a JVM and one commit per statement; this is one commit, so a
+    reader never sees half of a DDL's change. Returns False, writing nothing, when Spark
+    must do it: a column's type changed (its values are rewritten), or a new column needs
+    a table feature the table's protocol lacks (``timestampNtz``)."""
+    import time
+
+    from pyspark.sql.types import StructField
+    from pyspark.sql.types import StructType as ST
+
+    from slotlake.lake import LocalFS
+
+    table = open_local(path)
+    meta = table.metadata()
+    protocol = table.protocol()
+    configuration = dict(meta.configuration)
+    if configuration.get("delta.columnMapping.mode") != "name" or meta.partition_columns:
+        return False
+    last_id = int(configuration.get("delta.columnMapping.maxColumnId", "0"))
+
+    def renamed(fields: list[Any]) -> list[Any]:
+        names = {f.name for f in fields}
+        out = []
+        for f in fields:
+            new = renames.get(f.name)
+            if new is not None and new not in names:
+                f = StructField(new, f.dataType, f.nullable, f.metadata)
+            out.append(f)
+        return out
+
+    def added(fields: list[Any], wanted: list[Any]) -> list[Any]:
+        nonlocal last_id
+        have = {f.name for f in fields}
+        new = [StructField(f.name, f.dataType, True) for f in wanted if f.name not in have]
+        if not new:
+            return fields
+        mapped, last_id = _column_mapped(ST(new), last_id)
+        return fields + list(mapped.fields)
+
+    fields = added(renamed(list(current.fields)), list(schema.fields))
+    if "_old" in schema.fieldNames() and "_old" in current.fieldNames():
+        at = [f.name for f in fields].index("_old")
+        old = fields[at]
+        old_fields = added(renamed(list(old.dataType.fields)), list(schema["_old"].dataType.fields))
+        fields[at] = StructField("_old", ST(old_fields), old.nullable, old.metadata)
+    if drop_missing:
+        keep = set(schema.fieldNames())
+        fields = [f for f in fields if f.name in keep]
+    evolved = ST(fields)
+    if needs_evolution(evolved, schema, {}, drop_missing):
+        return False  # a changed type: Spark rewrites the values
+    if _has_timestamp_ntz(evolved) and "timestampNtz" not in (protocol.writer_features or []):
+        return False
+    configuration["delta.columnMapping.maxColumnId"] = str(last_id)
+    before, after = set(current.fieldNames()), set(evolved.fieldNames())
+    parameters = {
+        "renamed": json.dumps({o: n for o, n in renames.items() if o in before and n in after}),
+        "added": json.dumps(sorted(after - before - set(renames.values()))),
+        "dropped": json.dumps(sorted(before - after - set(renames))),
+    }
+    now = int(time.time() * 1000)
+    metadata: dict[str, Any] = {
+        "id": meta.id,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": evolved.json(),
+        "partitionColumns": [],
+        "configuration": configuration,
+        "createdTime": meta.created_time,
+    }
+    if meta.name is not None:
+        metadata["name"] = meta.name
+    if meta.description is not None:
+        metadata["description"] = meta.description
+    version = int(table.version()) + 1
+    actions = [
+        {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": "CHANGE COLUMNS",
+                "operationParameters": parameters,
+                "readVersion": version - 1,
+                "isBlindAppend": False,
+                "engineInfo": DRIVER_ENGINE,
+            }
+        },
+        {"metaData": metadata},
+    ]
+    # Put-if-absent: a concurrent writer's commit of this version fails this one.
+    LocalFS().create_new(
+        f"{path}/_delta_log/{version:020d}.json", "".join(json.dumps(a) + "\n" for a in actions)
+    )
+    log.info("%s: columns changed on the driver (%s)", path, parameters)
+    return True
 
 
 def _has_timestamp_ntz(dtype: Any) -> bool:

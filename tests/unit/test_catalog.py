@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slotlake.catalog import build_catalogs, widens_to
+from slotlake.catalog import ColumnIds, build_catalogs, widens_to
 from slotlake.pgoutput import Relation, RelationColumn, Type
 
 INT2, INT4, INT8, TEXT, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 25, 700, 701, 1700
@@ -106,6 +106,57 @@ def test_drop_and_add_together_is_not_a_rename() -> None:
     )
     assert cat.renames == {}
     assert [n for n, _ in cat.columns] == ["id", "b", "z", "a"]
+
+
+def _ids(before: dict[str, int], after: dict[str, int]) -> dict[str, ColumnIds]:
+    return {"public.t": ColumnIds(before, after)}
+
+
+def test_drop_add_and_rename_in_one_step_told_apart_by_attnums() -> None:
+    """ADD c, RENAME b TO b2, DROP a between two Relation messages: the same number of
+    columns, each differing one of the same type at the same place. By position that is
+    a → b2 and b → c; the attnums say b → b2, a dropped, c added."""
+    before = rel(col("id", INT4, key=True), col("a", TEXT), col("b", TEXT))
+    after = rel(col("id", INT4, key=True), col("b2", TEXT), col("c", TEXT))
+    assert catalog(before, after).renames == {"a": "b2", "b": "c"}  # what position says
+    ids = _ids({"id": 1, "a": 2, "b": 3}, {"id": 1, "b2": 3, "c": 4})
+    cats = build_catalogs([(10, before), (20, after)], [], None, ids)
+    cat = cats["public.t"]
+    assert cat.renames == {"b": "b2"}
+    assert cat.state_columns == ["id", "b2", "c"]
+    assert [n for n, _ in cat.columns] == ["id", "b2", "c", "a"]  # a stays in the log
+    assert [c.name for c in cat.versions[0].columns] == ["id", "a", "b2"]
+
+
+def test_attnums_find_renames_across_batches_and_positions() -> None:
+    """Between the lake's last schema and the batch: a rename that moved (a DROP before
+    it) and a rename with a type change are both renames by attnum; a same-named column
+    is never a rename."""
+    prior = {"public.t": [("id", "int"), ("x", "string"), ("y", "string"), ("n", "int")]}
+    now = rel(col("id", INT4, key=True), col("y2", TEXT), col("n2", INT8))
+    ids = _ids({"id": 1, "x": 2, "y": 3, "n": 4}, {"id": 1, "y2": 3, "n2": 4})
+    cat = build_catalogs([(10, now)], [], prior, ids)["public.t"]
+    assert cat.renames == {"y": "y2", "n": "n2"}
+    assert ("n2", "bigint") in cat.columns and ("x", "string") in cat.columns
+    # attnums known for only some columns: the positional rule as before.
+    partial = _ids({"id": 1, "x": 2}, {"id": 1})
+    cat = build_catalogs(
+        [(10, rel(col("id", INT4, key=True), col("x2", TEXT)))],
+        [],
+        {"public.t": [("id", "int"), ("x", "string")]},
+        partial,
+    )["public.t"]
+    assert cat.renames == {"x": "x2"}
+
+
+def test_attnums_say_a_drop_and_add_of_one_type_is_no_rename() -> None:
+    before = rel(col("id", INT4, key=True), col("a", TEXT))
+    after = rel(col("id", INT4, key=True), col("z", TEXT))
+    assert catalog(before, after).renames == {"a": "z"}  # position cannot tell
+    ids = _ids({"id": 1, "a": 2}, {"id": 1, "z": 3})
+    cat = build_catalogs([(10, before), (20, after)], [], None, ids)["public.t"]
+    assert cat.renames == {}
+    assert cat.state_columns == ["id", "z"]
 
 
 @pytest.mark.parametrize(

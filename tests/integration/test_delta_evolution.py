@@ -1,0 +1,219 @@
+"""Column changes written by the driver (:func:`slotlake.delta.evolve_on_driver`) against
+Spark's ALTER TABLE (:func:`slotlake.delta.ensure_table`) on twin tables: the same schema,
+the same column mapping ids, and the same rows read back by Spark and by deltalake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, QueryBuilder
+from pyspark.sql.types import (
+    ArrayType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+)
+
+from slotlake.delta import (
+    DRIVER_ENGINE,
+    arrow_append,
+    create_on_driver,
+    delta_schema,
+    ensure_table,
+    evolve_on_driver,
+    local_version,
+)
+
+
+def _schema(*fields: tuple[str, object]) -> StructType:
+    return StructType([StructField(n, t) for n, t in fields])  # type: ignore[arg-type]
+
+
+IMAGE = _schema(("id", LongType()), ("a", StringType()), ("b", LongType()))
+BEFORE = _schema(("id", LongType()), ("a", StringType()), ("b", LongType()), ("_old", IMAGE))
+# a → a2 (top level and in the old image), c and d added (d nested: ids inside it), the old
+# image gains c; with drop_missing b goes (from the top level only).
+AFTER = _schema(
+    ("id", LongType()),
+    ("a2", StringType()),
+    ("c", StringType()),
+    ("d", ArrayType(_schema(("x", LongType()), ("y", StringType())))),
+    ("_old", _schema(("id", LongType()), ("a2", StringType()), ("c", StringType()))),
+)
+RENAMES = {"a": "a2"}
+
+
+def _ids(dtype: Any, prefix: str = "") -> dict[str, tuple[int, bool]]:
+    """Field path → (column mapping id, nullable), through structs and arrays."""
+    out: dict[str, tuple[int, bool]] = {}
+    if isinstance(dtype, ArrayType):
+        return _ids(dtype.elementType, prefix + "[]")
+    if isinstance(dtype, StructType):
+        for f in dtype.fields:
+            path = f"{prefix}.{f.name}" if prefix else f.name
+            out[path] = (f.metadata["delta.columnMapping.id"], f.nullable)
+            out.update(_ids(f.dataType, path))
+    return out
+
+
+def _physical(schema: StructType) -> dict[str, str]:
+    return {f.name: f.metadata["delta.columnMapping.physicalName"] for f in schema.fields}
+
+
+def _twins(tmp_path: Path) -> tuple[str, str]:
+    rows = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "a": ["one", "two"],
+            "b": pa.array([10, 20], pa.int64()),
+            "_old": pa.array(
+                [{"id": 1, "a": "was one", "b": 9}, None],
+                pa.struct([("id", pa.int64()), ("a", pa.string()), ("b", pa.int64())]),
+            ),
+        }
+    )
+    paths = []
+    for name in ("spark", "driver"):
+        path = str(tmp_path / name)
+        create_on_driver(path, BEFORE)
+        arrow_append(path, rows, "test", 1)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def _spark_rows(spark, path: str) -> list[Any]:  # type: ignore[no-untyped-def]
+    return sorted(spark.read.format("delta").load(path).collect(), key=lambda r: r["id"])
+
+
+def _deltalake_rows(path: str) -> list[dict[str, Any]]:
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t ORDER BY id")
+    return pa.table(reader.read_all()).to_pylist()
+
+
+def test_driver_evolution_is_sparks_alter_table(spark, tmp_path: Path) -> None:
+    for drop in (False, True):
+        spark_path, driver_path = _twins(tmp_path / f"drop_{drop}")
+        before = delta_schema(driver_path)
+        assert before is not None
+        want = AFTER if drop else StructType([*AFTER.fields[:2], BEFORE["b"], *AFTER.fields[2:]])
+        ensure_table(spark, spark_path, want, RENAMES, drop_missing=drop)
+        assert evolve_on_driver(driver_path, before, want, RENAMES, drop)
+        by_spark, by_driver = delta_schema(spark_path), delta_schema(driver_path)
+        assert by_spark is not None and by_driver is not None
+        assert by_driver.simpleString() == by_spark.simpleString()
+        # New columns go last (as ALTER TABLE ADD COLUMNS puts them); the old image keeps
+        # every column it had.
+        top = ["id", "a2", "_old", "c", "d"] if drop else ["id", "a2", "b", "_old", "c", "d"]
+        assert by_driver.fieldNames() == top
+        assert by_driver["_old"].dataType.fieldNames() == ["id", "a2", "b", "c"]
+        # Spark numbers new columns on from maxColumnId, depth-first: so does the driver.
+        assert _ids(by_driver) == _ids(by_spark)
+        conf = (DeltaTable(p).metadata().configuration for p in (spark_path, driver_path))
+        assert next(conf) == next(conf)
+        # A renamed column keeps its physical name (its data), a new one gets its own.
+        kept, now = _physical(before), _physical(by_driver)
+        assert now["a2"] == kept["a"] and now["id"] == kept["id"]
+        assert now["c"] not in kept.values()
+        # One commit for the whole change, by the driver (Spark's took one per ALTER).
+        assert local_version(driver_path) == 2
+        entry = {
+            k: v
+            for line in (Path(driver_path) / "_delta_log" / f"{2:020d}.json")
+            .read_text()
+            .splitlines()
+            for k, v in json.loads(line).items()
+        }
+        assert entry["commitInfo"]["engineInfo"] == DRIVER_ENGINE
+        params = entry["commitInfo"]["operationParameters"]
+        assert json.loads(params["renamed"]) == RENAMES
+        assert json.loads(params["dropped"]) == (["b"] if drop else [])
+        assert json.loads(params["added"]) == ["c", "d"]
+        assert local_version(spark_path) > 2
+        # Both engines read the same rows from both tables: the old rows under the new
+        # names, new columns empty, the dropped column gone.
+        assert _spark_rows(spark, driver_path) == _spark_rows(spark, spark_path)
+        got = _deltalake_rows(driver_path)
+        assert got == _deltalake_rows(spark_path)
+        assert [r["a2"] for r in got] == ["one", "two"]
+        assert got[0]["_old"] == {"id": 1, "a2": "was one", "b": 9, "c": None}
+        assert all(r["c"] is None and r["d"] is None for r in got)
+        assert ("b" in got[0]) is not drop
+        # And the table takes Spark's writes under its new schema.
+        old = (3, "was three", 29, "old c")
+        spark.createDataFrame(
+            [(3, "three", old, "new", [(1, "x")])]
+            if drop
+            else [(3, "three", 30, old, "new", [(1, "x")])],
+            by_driver,
+        ).write.format("delta").mode("append").save(driver_path)
+        last = _deltalake_rows(driver_path)[-1]
+        assert last["c"] == "new" and last["d"] == [{"x": 1, "y": "x"}]
+        assert last["_old"] == {"id": 3, "a2": "was three", "b": 29, "c": "old c"}
+
+
+def test_changes_the_driver_leaves_to_spark(tmp_path: Path) -> None:
+    """A changed type needs its values rewritten, a timestamp_ntz column a protocol
+    feature the table lacks: nothing is written, the caller asks Spark."""
+    path = str(tmp_path / "t")
+    base = _schema(("id", LongType()), ("a", StringType()))
+    create_on_driver(path, base)
+    current = delta_schema(path)
+    assert current is not None
+    retyped = _schema(("id", StringType()), ("a", StringType()))
+    assert not evolve_on_driver(path, current, retyped, {}, False)
+    ntz = _schema(("id", LongType()), ("a", StringType()), ("t", TimestampNTZType()))
+    assert not evolve_on_driver(path, current, ntz, {}, False)
+    assert local_version(path) == 0
+
+
+@pytest.mark.parametrize("path", ["driver", "spark"])
+def test_drop_add_and_rename_in_one_transaction(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, path: str
+) -> None:
+    """ADD, RENAME and DROP COLUMN in one transaction leave as many columns, each changed
+    one of the same type at the same place: the Relation messages alone read renames that
+    did not happen. The attnums (bootstrap's, then each batch's catalog) tell them apart,
+    in the first batch after the bootstrap and in later ones, on either writer."""
+    import psycopg
+
+    from slotlake.bootstrap import run_bootstrap
+    from slotlake.lake import Lake, read_changes
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror, make_config
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    if path == "spark":
+        cfg.lake.driver_write_rows = 0
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, a text, b text)")
+        c.execute("INSERT INTO t SELECT g, 'v', 'a' || g, 'b' || g FROM generate_series(1, 6) g")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)
+        for step, (drop, rename, new) in enumerate((("a", "b", "c"), ("c", "b2", "d"))):
+            with c.transaction():
+                c.execute(f"ALTER TABLE t ADD COLUMN {new} text")
+                c.execute(f"ALTER TABLE t RENAME COLUMN {rename} TO {rename}2")
+                c.execute(f"ALTER TABLE t DROP COLUMN {drop}")
+                c.execute(f"UPDATE t SET {new} = 'new' || id WHERE id > 4")
+            c.execute("UPDATE t SET v = 'later' WHERE id = 1")
+            assert run_sync(cfg, spark=spark).status == "committed", step
+            assert_mirror(c, lake, ["public.t"])
+        rec = Lake(lake).last_commit()
+        assert rec is not None
+        assert [col[0] for col in rec.tables["public.t"].columns if col[2] == "state"] == [
+            "id",
+            "v",
+            "b22",
+            "d",
+        ]
+        # The change log kept the old values under the column's latest name.
+        logged = {r["id"]: r["b22"] for r in read_changes(lake, "public.t").to_pylist()}
+        assert logged[1] == "b1" and logged[5] == "b5"
