@@ -10,6 +10,7 @@ grammar here is the part of Spark's DDL that slotlake writes: the primitive name
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -156,9 +157,13 @@ def parse_type(ddl: str) -> DataType:
     return out
 
 
+@lru_cache(maxsize=4096)
 def parse_struct(ddl: str) -> StructType:
     """A column list, e.g. ``a bigint, `b c` array<string>`` — what ``StructType.fromDDL``
-    takes."""
+    takes.
+
+    Cached (a batch asks for each table's schemas several times, and a hundred tables'
+    parses cost more than their writes): the result is shared, never to be mutated."""
     p = _Parser(ddl)
     out = p.fields(None)
     p.end()

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -213,9 +214,15 @@ def delta_schema(path: str) -> StructType | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
+    return _struct_from_json(open_local(path).schema().to_json())
+
+
+@lru_cache(maxsize=4096)
+def _struct_from_json(text: str) -> StructType:
+    """Shared, never to be mutated: the same schema is read for each batch of a table."""
     from pyspark.sql.types import StructType
 
-    return StructType.fromJson(json.loads(open_local(path).schema().to_json()))
+    return StructType.fromJson(json.loads(text))
 
 
 def _old_image_type(have: Any, want: Any) -> Any:

@@ -62,7 +62,7 @@ from slotlake.pgoutput import (
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from slotlake.catalog import TableCatalog
+    from slotlake.catalog import ColumnIds, TableCatalog
     from slotlake.decode import BatchCatalog
 
 __all__ = [
@@ -386,17 +386,23 @@ def table_catalog(
     raw_df: DataFrame,
     batch: int = 0,
     prior_schemas: Mapping[str, list[tuple[str, str]]] | None = None,
+    column_ids: Mapping[str, ColumnIds] | None = None,
 ) -> BatchCatalog:
     """What the pipeline's driver learns from a raw batch: tables, truncates, stream outcomes.
 
     Collects the few descriptive rows (Relation, Type, Truncate, Stream Commit/Abort,
     Origin) and runs :func:`slotlake.decode.collect_catalog` on them. ``.tables`` maps
-    ``"schema.table"`` to its :class:`~slotlake.catalog.TableCatalog`.
+    ``"schema.table"`` to its :class:`~slotlake.catalog.TableCatalog`. ``column_ids``
+    (the tables' attnums before and after the batch, which tell a rename from a DROP and
+    an ADD in one step) is what the pipeline passes:
+    ``slotlake.batch.column_ids(lake.read_commit(N - 1), read_catalog_file(lake, raw))``
+    (``read_catalog_file`` from :mod:`slotlake.ddl`); without it renames are judged by
+    position.
     """
     from slotlake.decode import collect_catalog
 
     prior = {k: list(v) for k, v in (prior_schemas or {}).items()}
-    return collect_catalog(_catalog_rows(raw_df), batch, prior)
+    return collect_catalog(_catalog_rows(raw_df), batch, prior, column_ids=column_ids)
 
 
 def _pick(tables: Mapping[str, TableCatalog], table: str) -> TableCatalog:
@@ -417,6 +423,7 @@ def shape_table(
     batch: int = 0,
     prior_schemas: Mapping[str, list[tuple[str, str]]] | None = None,
     catalog: BatchCatalog | None = None,
+    column_ids: Mapping[str, ColumnIds] | None = None,
 ) -> DataFrame:
     """One table's typed change rows from a raw batch, as the batch pipeline shapes them.
 
@@ -434,8 +441,9 @@ def shape_table(
     ``table_catalog(raw_df).truncates``). ``batch`` is written to ``_batch``;
     ``prior_schemas`` (the state columns of each table before this batch, as
     :func:`slotlake.batch.prior_schemas` reads them from the previous commit record)
-    only matters for a rename or type change across batches. ``catalog`` reuses a
-    :func:`table_catalog` result instead of collecting it again.
+    only matters for a rename or type change across batches, ``column_ids`` as for
+    :func:`table_catalog`. ``catalog`` reuses a :func:`table_catalog` result instead of
+    collecting it again.
 
     Example::
 
@@ -457,7 +465,9 @@ def shape_table(
     from slotlake.batch import RESERVED, SchemaCollisionError
     from slotlake.decode import decode_table, raw_dml
 
-    bcat = catalog if catalog is not None else table_catalog(raw_df, batch, prior_schemas)
+    bcat = (
+        catalog if catalog is not None else table_catalog(raw_df, batch, prior_schemas, column_ids)
+    )
     cat = _pick(bcat.tables, table)
     clash = sorted(n for n, _ in cat.columns if n in RESERVED)
     if clash:
