@@ -717,6 +717,17 @@ def _column_mapped(schema: StructType, last_id: int = 0) -> tuple[StructType, in
     return mapped, last
 
 
+# Writer features under which a commit of a metaData action alone is all a writer owes:
+# those of slotlake's tables (as the driver or Spark creates them) and two legacy ones.
+_METADATA_ONLY_SAFE = {
+    "columnMapping",
+    "deletionVectors",
+    "timestampNtz",
+    "appendOnly",
+    "invariants",
+}
+
+
 def evolve_on_driver(
     path: str,
     current: StructType,
@@ -748,6 +759,8 @@ def evolve_on_driver(
     configuration = dict(meta.configuration)
     if configuration.get("delta.columnMapping.mode") != "name" or meta.partition_columns:
         return False
+    if not set(protocol.writer_features or []) <= _METADATA_ONLY_SAFE:
+        return False  # a feature with rules for every commit (in-commit timestamps, …)
     last_id = int(configuration.get("delta.columnMapping.maxColumnId", "0"))
 
     def renamed(fields: list[Any]) -> list[Any]:
@@ -797,8 +810,9 @@ def evolve_on_driver(
         "schemaString": evolved.json(),
         "partitionColumns": [],
         "configuration": configuration,
-        "createdTime": meta.created_time,
     }
+    if meta.created_time is not None:
+        metadata["createdTime"] = meta.created_time
     if meta.name is not None:
         metadata["name"] = meta.name
     if meta.description is not None:

@@ -170,6 +170,24 @@ def test_changes_the_driver_leaves_to_spark(tmp_path: Path) -> None:
     ntz = _schema(("id", LongType()), ("a", StringType()), ("t", TimestampNTZType()))
     assert not evolve_on_driver(path, current, ntz, {}, False)
     assert local_version(path) == 0
+    # A table whose protocol names a writer feature with rules for every commit (row
+    # tracking here, as another engine may have enabled it) is left to Spark as well.
+    features = ["columnMapping", "deletionVectors"]
+    protocol = {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": features,
+        "writerFeatures": [*features, "domainMetadata", "rowTracking"],
+    }
+    (tmp_path / "t" / "_delta_log" / f"{1:020d}.json").write_text(
+        json.dumps({"commitInfo": {"operation": "SET TBLPROPERTIES"}})
+        + "\n"
+        + json.dumps({"protocol": protocol})
+        + "\n"
+    )
+    added = _schema(("id", LongType()), ("a", StringType()), ("b", StringType()))
+    assert not evolve_on_driver(path, current, added, {}, False)
+    assert local_version(path) == 1
 
 
 @pytest.mark.parametrize("path", ["driver", "spark"])
