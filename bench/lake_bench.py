@@ -17,9 +17,9 @@ SparkSession (the issue's targets in brackets):
           (REPLICA IDENTITY FULL), one ``slotlake sync`` process each: its state rebuilt
           on the driver (the default) vs MERGEd by Spark (``driver_write_state_mb = 0``)
   ddl     the ``process`` batch with column changes at the source in it (each of the 8
-          tables gets ADD COLUMN, RENAME COLUMN and DROP COLUMN before its updates), one
-          ``slotlake sync`` process, vs the ``process`` figure: DDL should cost no more
-          than the changes around it; says whether Spark wrote any commit
+          tables gets ADD COLUMN … DEFAULT, RENAME COLUMN and DROP COLUMN before its
+          updates), one ``slotlake sync`` process, vs the ``process`` figure: DDL should
+          cost no more than the changes around it; says whether Spark wrote any commit
 
 Each table is first loaded and bootstrapped (``slotlake bootstrap``: slot + copy, not
 timed), then the timed batch is written and one ``run_sync`` measured. Not a test: run by
@@ -89,9 +89,10 @@ def column_changes(
     c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random, round_: int
 ) -> None:
     """Round ``round_``'s DDL on a table, then n updates of random rows setting the new
-    column: ADD COLUMN, RENAME the previous round's added column, DROP the one before."""
+    column: ADD COLUMN with a DEFAULT (a fast default: every existing row reads it, the
+    WAL shows none), RENAME the previous round's added column, DROP the one before."""
     with c.transaction():
-        c.execute(f"ALTER TABLE {name} ADD COLUMN c{round_} text")
+        c.execute(f"ALTER TABLE {name} ADD COLUMN c{round_} text DEFAULT 'd{round_}'")
         if round_ >= 1:
             c.execute(f"ALTER TABLE {name} RENAME COLUMN c{round_ - 1} TO r{round_ - 1}")
         if round_ >= 2:
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             out["ddl"] = {"changes": per * len(tables), "seconds": seconds, **found}
             log(
-                f"ddl: ADD, RENAME and DROP COLUMN on 8 tables with {per * len(tables)} "
+                f"ddl: ADD COLUMN … DEFAULT, RENAME and DROP COLUMN on 8 tables with {per * len(tables)} "
                 f"changes, one process: {seconds:.1f}s (the process step without DDL: "
                 f"{out.get('process', {}).get('seconds', float('nan')):.1f}s); commits by "
                 f"Spark: {found['spark']}"

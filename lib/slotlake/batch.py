@@ -497,14 +497,29 @@ def process_table(
     steps("txn versions read")
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
-    if local_raw is not None and not defaults:
+    # Fast defaults are applied there to a keyed table whose state it merges.
+    driver_defaults = snap is None and not cat.is_multiset and state_merge == "driver"
+    if local_raw is not None and (not defaults or driver_defaults):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
             done[0] if done[0] is not None else UNREAD,
             done[1] if done[1] is not None else UNREAD,
         )
+        fault = ddl_input.fault if ddl_input is not None else _no_fault
         c, s = _process_local(
-            lazy, lake, cat, bcat, prior, batch, app_id, local_raw, truncs, held, state_merge, snap
+            lazy,
+            lake,
+            cat,
+            bcat,
+            prior,
+            batch,
+            app_id,
+            local_raw,
+            truncs,
+            held,
+            state_merge,
+            snap,
+            (defaults, fault),
         )
         steps("done on the driver" + (" (state merged by Spark)" if state_merge == "spark" else ""))
         _finish(commit, c, s, prior)
@@ -573,6 +588,10 @@ def process_table(
     return commit
 
 
+def _no_fault(step: str) -> None:
+    pass
+
+
 def _finish(
     commit: TableCommit, c: WriteResult, s: WriteResult, prior: TableCommit | None
 ) -> TableCommit:
@@ -602,10 +621,13 @@ def _process_local(
     held: tuple[int | None, int | None],
     state_merge: StateMerge = "driver",
     snap: TableSnapshot | None = None,
+    defaults: tuple[list[Any], Callable[[str], None]] = ([], lambda step: None),
 ) -> tuple[WriteResult, WriteResult]:
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`);
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
-    final rows. A multiset's state (small, or it would not be here) is rebuilt whole."""
+    final rows. A multiset's state (small, or it would not be here) is rebuilt whole.
+    ``defaults``: a keyed table's fast defaults (:mod:`slotlake.fastdefault`) and the
+    fault hook to call once their UPDATE of the state committed."""
     import pyarrow as pa
 
     assert snap is None or (state_merge == "driver" and not cat.is_multiset), cat.name
@@ -695,6 +717,14 @@ def _process_local(
         arrow_overwrite(state_path, base, snapshot_app_id(app_id), batch)
         del copy, base
         _fault("snapshot_rebased")
+
+    fast, fault = defaults
+    if fast:
+        assert state_merge == "driver" and snap is None and not cat.is_multiset, cat.name
+        state_now = arrow_schema_for(schemas[1])
+        if fastdefault.update_state_local(state_path, state_now, fast, app_id, batch):
+            fault(fastdefault.FAULT_STEP)
+        finals = fastdefault.fill_finals_arrow(finals, fast)
 
     def spark_merge(rows: pa.Table) -> WriteResult:
         session = table_session(spark())

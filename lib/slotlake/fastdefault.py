@@ -39,6 +39,7 @@ from slotlake.ddl import DdlMessage, TableColumns
 from slotlake.pgtypes import Fallback, resolve_type
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from slotlake.lake import TableCommit
@@ -217,6 +218,125 @@ def final_attnums(
     return dict(prior.attnums) if prior is not None else {}
 
 
+# -- Arrow (a table done on the driver: slotlake.local_table) -----------------------------
+
+
+def _fallback_with_arrow(
+    maps: Any, defaults: list[FastDefault], rows: Any = None, prefix: str = ""
+) -> pa.Array:
+    """:func:`_fallback_with` on the rows of the boolean mask ``rows`` (all when None): the
+    defaults' entries removed, their fallback texts appended; a NULL map stays NULL."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(maps, pa.ChunkedArray):
+        maps = maps.combine_chunks()
+    n = len(maps)
+    valid = maps.is_valid().to_numpy(zero_copy_only=False)
+    chosen = valid if rows is None else valid & rows
+    # The entries of these rows: .keys/.items are the whole child arrays, the offsets the
+    # rows' own (a NULL row's entries, if any, go to a row that stays NULL).
+    offsets = maps.offsets.to_numpy()
+    start, end = int(offsets[0]), int(offsets[-1])
+    parent = np.repeat(np.arange(n), np.diff(offsets))
+    names = pa.array([prefix + d.column for d in defaults], pa.string())
+    keys = maps.keys.slice(start, end - start)
+    values = maps.items.slice(start, end - start)
+    named = pc.fill_null(pc.is_in(keys, value_set=names), False).to_numpy(zero_copy_only=False)
+    keep = ~(chosen[parent] & named)
+    extra = [(prefix + d.column, d.fallback) for d in defaults if d.fallback is not None]
+    targets = np.flatnonzero(chosen)
+    new_parent = np.concatenate([parent[keep], np.repeat(targets, len(extra))])
+    new_keys = pa.concat_arrays(
+        [keys.filter(pa.array(keep)), pa.array([k for _ in targets for k, _ in extra], keys.type)]
+    )
+    new_values = pa.concat_arrays(
+        [
+            values.filter(pa.array(keep)),
+            pa.array([v for _ in targets for _, v in extra], values.type),
+        ]
+    )
+    # Each row's kept entries, then its added ones (Spark's map_concat(kept, added)).
+    order = pa.array(np.argsort(new_parent, kind="stable"))
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(new_parent, minlength=n), out=offsets[1:])
+    return pa.MapArray.from_arrays(
+        pa.array(offsets),
+        new_keys.take(order),
+        new_values.take(order),
+        type=maps.type,
+        mask=pa.array(~valid),
+    )
+
+
+def _with_value(column: Any, d: FastDefault, rows: Any = None) -> pa.Array:
+    """``column`` holding the default's value on the rows of ``rows`` (all when None)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = pa.scalar(d.value, type=column.type)
+    if rows is None:
+        return pa.repeat(value, len(column))
+    return pc.if_else(pa.array(rows), value, column)
+
+
+def apply_arrow(table: pa.Table, defaults: list[FastDefault], seq_column: str | None) -> pa.Table:
+    """The defaults on a table's rows: all of them (``seq_column`` None: the prior state, as
+    :func:`update_state`), or those whose ``seq_column`` is before the column's ADD (a
+    keyed table's final rows, as :func:`fill_finals`)."""
+    import pyarrow.compute as pc
+
+    fallback = table.column("_fallback")
+    for d in defaults:
+        rows = None
+        if seq_column is not None:
+            before = pc.less(table.column(seq_column), d.seq)  # NULL (a deleted key): no
+            rows = pc.fill_null(before, False).to_numpy(zero_copy_only=False)
+        at = table.schema.get_field_index(d.column)
+        table = table.set_column(
+            at, table.schema.field(at), _with_value(table.column(at).combine_chunks(), d, rows)
+        )
+        fallback = _fallback_with_arrow(fallback, [d], rows)
+    at = table.schema.get_field_index("_fallback")
+    return table.set_column(at, table.schema.field(at), fallback)
+
+
+def update_state_local(
+    path: str, state: pa.Schema, defaults: list[FastDefault], app_id: str, batch: int
+) -> bool:
+    """:func:`update_state` for a small state on local disk: read whole, the defaults set
+    in Arrow, overwritten in one commit under the same txnAppId (``<app>.fastdefault``,
+    the batch as version: a rerun skips it). True when it wrote."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    from slotlake.delta import arrow_overwrite, txn_version
+    from slotlake.lake import _plain_types
+    from slotlake.local_table import conform_arrow
+
+    todo = [d for d in defaults if d.update_prior]
+    done = txn_version(path, f"{app_id}.fastdefault")
+    if not todo or (done is not None and done >= batch):
+        return False
+    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
+    rows = conform_arrow(_plain_types(pa.table(reader.read_all())), state)
+    log.info(
+        "%s: fast default(s) %s applied to the state's existing rows (on the driver)",
+        path,
+        ", ".join(f"{d.column}={d.text!r} ({d.source})" for d in todo),
+    )
+    arrow_overwrite(path, apply_arrow(rows, todo, None), f"{app_id}.fastdefault", batch)
+    return True
+
+
+def fill_finals_arrow(finals: pa.Table, defaults: list[FastDefault]) -> pa.Table:
+    """:func:`fill_finals` for the driver's final rows (their ``_seq``: the final image's
+    raw row, NULL for a deleted key)."""
+    todo = in_batch(defaults)
+    return apply_arrow(finals, todo, "_seq") if todo else finals
+
+
 # -- Spark -------------------------------------------------------------------------------
 
 
@@ -353,10 +473,13 @@ __all__ = [
     "BEFORE_BATCH",
     "FAULT_STEP",
     "FastDefault",
+    "apply_arrow",
     "convert_missing",
     "fill_events",
     "fill_finals",
+    "fill_finals_arrow",
     "final_attnums",
     "plan_defaults",
     "update_state",
+    "update_state_local",
 ]

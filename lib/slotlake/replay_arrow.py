@@ -199,6 +199,8 @@ def finals_without_toast(
             **{c: changes.column(c).take(row) for c in data},
             "_fallback": _map_keep(fallback.take(pa.array(i)), data, deleted),
             "_missing_toast": changes.column("_missing_toast").take(row),
+            # The raw row of the final image (fast defaults: was it decoded before an ADD?).
+            "_seq": changes.column("_seq").take(row),
             "_deleted": pa.array(deleted),
             "_key": key,
         }

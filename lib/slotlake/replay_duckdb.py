@@ -473,6 +473,8 @@ class _Replay:
             **{c: changes.column(c).take(row) for c in data},
             "_fallback": rows.column("fb").cast(types["_fallback"]),
             "_missing_toast": changes.column("_missing_toast").take(row),
+            # The raw row of the final image (fast defaults: was it decoded before an ADD?).
+            "_seq": changes.column("_seq").take(row),
             "_deleted": rows.column("deleted"),
             "_key": key,
         }

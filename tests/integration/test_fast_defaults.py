@@ -6,6 +6,7 @@ nothing to the WAL for the rows that get a fast default's value.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ def test_constant_defaults_untouched_and_touched_rows(
         state = {r["id"]: r for r in read_state(lake, "public.k").to_pylist()}
         assert state[5]["c"] == "dflt" and dict(state[5]["_fallback"]) == {"d": "infinity"}
         assert state[3]["c"] == "own"
+        # The keyed table's defaults were applied on the driver (its columns added there
+        # too): no Spark commit; the multiset's went through Spark's UPDATE.
+        assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]
+        assert _engines(lake, "public.k") == {"slotlake (driver)", "delta-rs"}
+        assert _fastdefault_commits(lake, "public.m") == ["Apache-Spark"]
         # Added in a batch where the table has no change, seen in the next one; and later
         # changes of rows that took a default.
         c.execute("ALTER TABLE k ADD COLUMN e int DEFAULT 7")
@@ -78,6 +84,32 @@ def test_constant_defaults_untouched_and_touched_rows(
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, TABLES)
         assert {r["e"] for r in read_state(lake, "public.k").to_pylist()} == {7}
+
+
+def _engine(info: dict[str, Any]) -> str:
+    engine = str(info.get("engineInfo", "")) or str(info.get("clientVersion", ""))
+    return "delta-rs" if "delta-rs" in engine else engine.split("/")[0]
+
+
+def _fastdefault_commits(lake: str, table: str) -> list[str]:
+    """The engine of each commit of the table's state under the fast defaults' txnAppId."""
+    path = Lake(lake).path(Lake.table_path("state", table))
+    out = []
+    for f in sorted(Path(path, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in f.read_text().splitlines()]
+        if any(a.get("txn", {}).get("appId", "").endswith(".fastdefault") for a in actions):
+            out.append(_engine(next(a["commitInfo"] for a in actions if "commitInfo" in a)))
+    return out
+
+
+def _engines(lake: str, table: str) -> set[str]:
+    from deltalake import DeltaTable
+
+    out = set()
+    for kind in ("state", "changes"):
+        for h in DeltaTable(Lake(lake).path(Lake.table_path(kind, table))).history():
+            out.add(_engine(h))
+    return out
 
 
 def test_drop_and_readd_with_the_trigger(
@@ -165,6 +197,38 @@ def test_rerun_after_a_crash_past_the_default_update(
         result = run_sync(cfg, spark=spark)
         assert result.resumed == 2 and result.batch == 3
         assert_mirror(c, lake, TABLES)
+
+
+def test_rerun_after_a_crash_past_the_driver_default_update(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the keyed table (done on the driver) has a fast default: the crash comes right
+    after the driver's overwrite under the fast defaults' txnAppId; the rerun skips it (it
+    would otherwise overwrite the state again) and finishes the batch."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=False)
+        run_sync(cfg, spark=spark)
+        c.execute("UPDATE k SET v = 'before' WHERE id = 1")
+        c.execute(
+            "ALTER TABLE k ADD COLUMN c text DEFAULT 'dflt', ADD COLUMN d date DEFAULT 'infinity'"
+        )
+        c.execute("UPDATE k SET c = 'own' WHERE id = 2")
+        c.execute("DELETE FROM k WHERE id = 8")
+        monkeypatch.setenv(FAULT_ENV, FAULT_FASTDEFAULT)
+        with pytest.raises(InjectedFault):
+            run_sync(cfg, spark=spark)
+        monkeypatch.delenv(FAULT_ENV)
+        assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]
+        c.execute("UPDATE k SET c = 'later' WHERE id = 3")
+        result = run_sync(cfg, spark=spark)
+        assert result.resumed == 2 and result.batch == 3
+        assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]  # not applied twice
+        assert_mirror(c, lake, TABLES)
+        state = {r["id"]: r for r in read_state(lake, "public.k").to_pylist()}
+        assert state[1]["c"] == "dflt" and dict(state[1]["_fallback"]) == {"d": "infinity"}
+        assert "Apache-Spark" not in _engines(lake, "public.k")
 
 
 def test_capture_ddl_messages_and_privileges(
@@ -287,3 +351,45 @@ def _assert_driver_rows_equal_spark_rows(spark: Any, lake: str, raw_rel: str) ->
     assert ddl_driver.schema.names == ddl_spark.schema.names
     key = lambda r: r["lsn"]  # noqa: E731
     assert sorted(ddl_spark.to_pylist(), key=key) == ddl_driver.to_pylist()
+
+
+def test_arrow_defaults_equal_sparks(spark: Any) -> None:
+    """The driver's Arrow version of the defaults (final rows by their image's ``_seq``,
+    and all rows, as the state's UPDATE) equals the Spark expressions on the same rows."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from slotlake.fastdefault import FastDefault, _apply, apply_arrow
+
+    fb = pa.map_(pa.string(), pa.string())
+    table = pa.table(
+        {
+            "id": pa.array([1, 2, 3, 4, 5], pa.int32()),
+            "c": pa.array([None, "own", None, None, None], pa.string()),
+            "n": pa.array([None, Decimal("9.00"), None, None, None], pa.decimal128(6, 2)),
+            "d": pa.array([None] * 5, pa.date32()),
+            "_fallback": pa.array(
+                [[("x", "1")], [], None, [("d", "old"), ("y", "2")], [("c", "was")]], fb
+            ),
+            "_seq": pa.array([5, 20, None, 3, 10], pa.int64()),
+        }
+    )
+    defaults = [
+        FastDefault("c", 10, "dflt", "dflt", None, "string", "catalog", True),
+        FastDefault("n", 10, "1.5", Decimal("1.50"), None, "decimal(6,2)", "catalog", True),
+        FastDefault("d", 10, "infinity", None, "infinity", "date", "catalog", True),
+    ]
+
+    def rows(t: pa.Table) -> list[dict[str, Any]]:
+        return sorted(t.to_pylist(), key=lambda r: r["id"])
+
+    df = spark.createDataFrame(table)
+    by_spark = _apply(df, "_seq", defaults).toArrow().cast(table.schema)
+    by_arrow = apply_arrow(table, defaults, "_seq")
+    assert rows(by_arrow) == rows(by_spark)
+    assert rows(by_arrow)[0]["c"] == "dflt" and rows(by_arrow)[1]["c"] == "own"
+    assert rows(by_arrow)[3]["_fallback"] == [("y", "2"), ("d", "infinity")]
+    every = _apply(df.withColumn("_all", F.lit(0)), "_all", defaults).drop("_all")
+    assert rows(apply_arrow(table, defaults, None)) == rows(every.toArrow().cast(table.schema))

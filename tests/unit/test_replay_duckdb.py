@@ -118,6 +118,7 @@ def test_finals_schema() -> None:
             *[schema.field(c) for c in DATA],
             schema.field("_fallback"),
             schema.field("_missing_toast"),
+            pa.field("_seq", schema.field("_seq").type),
             pa.field("_deleted", pa.bool_()),
             pa.field(
                 "_key", pa.struct([pa.field("key", pa.string()), pa.field("~key", pa.string())])
