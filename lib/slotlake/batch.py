@@ -462,8 +462,9 @@ def process_table(
     ``snap``: the table was copied for this batch (slotlake.snapshot): its state is first
     replaced by the copy, then the changes from the copy's consistent point are merged.
     ``local_raw``: the table's raw DML rows when :class:`DriverWrites` took it: then it is
-    done on the driver without Spark (:mod:`slotlake.local_table`), unless fast defaults
-    need Spark's UPDATE first; ``state_merge`` says who merges its state.
+    done on the driver without Spark (:mod:`slotlake.local_table`), fast defaults included
+    unless the table is a multiset, re-based on a snapshot, or has its state merged by
+    Spark (then Spark's UPDATE applies them); ``state_merge`` says who merges its state.
     """
     from pyspark.sql import functions as F
 
@@ -692,7 +693,8 @@ def _process_local(
         )
     changes = changes.drop_columns([n for n, _ in WORK_COLUMNS if n in changes.column_names])
     changes = local_table.in_commit_order(changes)
-    # A new table is created by the driver; DDL at the source goes through Spark's ALTER.
+    # A new table is created by the driver, DDL at the source evolved by it (Spark only
+    # for a changed type: slotlake.delta.ensure_local).
     schemas = [
         ensure_local(
             lambda: table_session(spark()),

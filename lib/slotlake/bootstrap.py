@@ -1027,8 +1027,9 @@ def ensure_on_driver(
     spark: LazySession, lake: Lake, rel: str, schema: Any, drop_missing: bool = False
 ) -> int:
     """:func:`slotlake.delta.ensure_local` for the lake's table ``rel``: a new table is
-    created by the driver, only a re-bootstrap onto a table whose columns changed at the
-    source runs Spark's ALTER TABLE (rare DDL). Returns the table's version."""
+    created by the driver, so are renamed, added and dropped columns of a re-bootstrap
+    onto an existing lake; only a changed column type runs Spark (a rewrite of the
+    values). Returns the table's version."""
     from slotlake.delta import ensure_local, local_version
 
     local = _local(lake, rel)

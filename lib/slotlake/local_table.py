@@ -31,8 +31,11 @@ A multiset table (rows matched by their whole value) skips 3 and 4: its small st
 read whole and rebuilt with the batch's images counted in Arrow
 (:func:`slotlake.multiset_arrow.multiset_state`), then overwritten in one commit.
 
-A new table is created by the driver; Spark is asked only to evolve a table's schema
-(DDL at the source): :func:`slotlake.delta.ensure_local`.
+A new table is created by the driver, and so are renamed, added and dropped columns (DDL
+at the source, :func:`slotlake.delta.ensure_local`); Spark is asked only to rewrite a
+column whose type changed. A keyed table's fast defaults (``ADD COLUMN … DEFAULT``) are
+applied here too (:func:`slotlake.fastdefault.update_state_local` and
+:func:`~slotlake.fastdefault.fill_finals_arrow`).
 """
 
 from __future__ import annotations
