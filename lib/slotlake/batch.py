@@ -463,8 +463,8 @@ def process_table(
     replaced by the copy, then the changes from the copy's consistent point are merged.
     ``local_raw``: the table's raw DML rows when :class:`DriverWrites` took it: then it is
     done on the driver without Spark (:mod:`slotlake.local_table`), fast defaults included
-    unless the table is a multiset, re-based on a snapshot, or has its state merged by
-    Spark (then Spark's UPDATE applies them); ``state_merge`` says who merges its state.
+    unless the table is re-based on a snapshot or has its state merged by Spark (then
+    Spark's UPDATE applies them); ``state_merge`` says who merges its state.
     """
     from pyspark.sql import functions as F
 
@@ -499,7 +499,7 @@ def process_table(
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
     # Fast defaults are applied there to a keyed table whose state it merges.
-    driver_defaults = snap is None and not cat.is_multiset and state_merge == "driver"
+    driver_defaults = snap is None and state_merge == "driver"
     if local_raw is not None and (not defaults or driver_defaults):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
@@ -627,8 +627,9 @@ def _process_local(
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`);
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
     final rows. A multiset's state (small, or it would not be here) is rebuilt whole.
-    ``defaults``: a keyed table's fast defaults (:mod:`slotlake.fastdefault`) and the
-    fault hook to call once their UPDATE of the state committed."""
+    ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`) and the fault
+    hook to call once a keyed table's UPDATE of its state committed (a multiset's prior
+    rows take them in the one overwrite that rebuilds its state)."""
     import pyarrow as pa
 
     assert snap is None or (state_merge == "driver" and not cat.is_multiset), cat.name
@@ -645,6 +646,7 @@ def _process_local(
     state_struct = _state_schema(cat)
     state_arrow = arrow_schema_for(state_struct)
     version = prior.state_version if prior is not None and prior.state else None
+    fast, fault = defaults
     if cat.is_multiset:
         from slotlake.multiset_arrow import multiset_state
 
@@ -652,10 +654,14 @@ def _process_local(
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
         whole = None
         if version is not None and not truncs:
-            # The multiset's whole state, to be rebuilt.
+            # The multiset's whole state, to be rebuilt (with the defaults its rows read).
             read = read_delta(lake.uri, state_rel, version)
             whole = local_table.align_prior_arrow(read, cat, state_arrow)
-        finals = multiset_state(events, whole, cat, truncs, state_arrow)
+            prior_defaults = [d for d in fast if d.update_prior]
+            if prior_defaults:
+                whole = fastdefault.apply_arrow(whole, prior_defaults, None)
+        images = fastdefault.fill_events_arrow(events, fast)
+        finals = multiset_state(images, whole, cat, truncs, state_arrow)
     elif snap is not None:
         # The changes before the copy's consistent point are logged, filled from the
         # previous state; those from it on are filled from the copy and make the finals.
@@ -720,9 +726,8 @@ def _process_local(
         del copy, base
         _fault("snapshot_rebased")
 
-    fast, fault = defaults
-    if fast:
-        assert state_merge == "driver" and snap is None and not cat.is_multiset, cat.name
+    if fast and not cat.is_multiset:
+        assert state_merge == "driver" and snap is None, cat.name
         state_now = arrow_schema_for(schemas[1])
         if fastdefault.update_state_local(state_path, state_now, fast, app_id, batch):
             fault(fastdefault.FAULT_STEP)

@@ -337,6 +337,35 @@ def fill_finals_arrow(finals: pa.Table, defaults: list[FastDefault]) -> pa.Table
     return apply_arrow(finals, todo, "_seq") if todo else finals
 
 
+def fill_events_arrow(events: pa.Table, defaults: list[FastDefault]) -> pa.Table:
+    """:func:`fill_events` for a multiset's events on the driver: images decoded before the
+    column was added, new and old, carry its default."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    todo = in_batch(defaults)
+    if not todo:
+        return events
+    out = apply_arrow(events, todo, "_seq")
+    old = events.column("_old").combine_chunks()
+    names = [f.name for f in old.type]
+    fields = {n: old.field(n) for n in names}
+    fallback = out.column("_fallback")
+    for d in todo:
+        rows = pc.fill_null(pc.less(events.column("_seq"), d.seq), False).to_numpy(
+            zero_copy_only=False
+        )
+        if d.column in fields:
+            fields[d.column] = _with_value(fields[d.column], d, rows)
+        fallback = _fallback_with_arrow(fallback, [d], rows, "_old.")
+    rebuilt = pa.StructArray.from_arrays(
+        [fields[n] for n in names], fields=list(old.type), mask=old.is_null()
+    )
+    out = out.set_column(out.schema.get_field_index("_old"), out.schema.field("_old"), rebuilt)
+    at = out.schema.get_field_index("_fallback")
+    return out.set_column(at, out.schema.field(at), fallback)
+
+
 # -- Spark -------------------------------------------------------------------------------
 
 
@@ -476,6 +505,7 @@ __all__ = [
     "apply_arrow",
     "convert_missing",
     "fill_events",
+    "fill_events_arrow",
     "fill_finals",
     "fill_finals_arrow",
     "final_attnums",

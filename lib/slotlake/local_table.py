@@ -33,9 +33,9 @@ read whole and rebuilt with the batch's images counted in Arrow
 
 A new table is created by the driver, and so are renamed, added and dropped columns (DDL
 at the source, :func:`slotlake.delta.ensure_local`); Spark is asked only to rewrite a
-column whose type changed. A keyed table's fast defaults (``ADD COLUMN … DEFAULT``) are
-applied here too (:func:`slotlake.fastdefault.update_state_local` and
-:func:`~slotlake.fastdefault.fill_finals_arrow`).
+column whose type changed. Fast defaults (``ADD COLUMN … DEFAULT``) are applied here too
+(:mod:`slotlake.fastdefault`: ``update_state_local`` and ``fill_finals_arrow`` for a keyed
+table, ``fill_events_arrow`` and ``apply_arrow`` for a multiset's images and prior rows).
 """
 
 from __future__ import annotations

@@ -69,11 +69,13 @@ def test_constant_defaults_untouched_and_touched_rows(
         state = {r["id"]: r for r in read_state(lake, "public.k").to_pylist()}
         assert state[5]["c"] == "dflt" and dict(state[5]["_fallback"]) == {"d": "infinity"}
         assert state[3]["c"] == "own"
-        # The keyed table's defaults were applied on the driver (its columns added there
-        # too): no Spark commit; the multiset's went through Spark's UPDATE.
+        # The defaults were applied on the driver (the columns added there too): no Spark
+        # commit; the keyed table's prior rows in an overwrite of their own.
         assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]
         assert _engines(lake, "public.k") == {"slotlake (driver)", "delta-rs"}
-        assert _fastdefault_commits(lake, "public.m") == ["Apache-Spark"]
+        # The multiset's prior rows took theirs in the overwrite that rebuilt its state.
+        assert _fastdefault_commits(lake, "public.m") == []
+        assert "Apache-Spark" not in _engines(lake, "public.m")
         # Added in a batch where the table has no change, seen in the next one; and later
         # changes of rows that took a default.
         c.execute("ALTER TABLE k ADD COLUMN e int DEFAULT 7")
@@ -393,3 +395,35 @@ def test_arrow_defaults_equal_sparks(spark: Any) -> None:
     assert rows(by_arrow)[3]["_fallback"] == [("y", "2"), ("d", "infinity")]
     every = _apply(df.withColumn("_all", F.lit(0)), "_all", defaults).drop("_all")
     assert rows(apply_arrow(table, defaults, None)) == rows(every.toArrow().cast(table.schema))
+
+
+def test_arrow_multiset_images_equal_sparks(spark: Any) -> None:
+    """A multiset's images decoded before the ADD (new and old, their ``_fallback``
+    entries too) take the default on the driver as in Spark's fill_events."""
+    import pyarrow as pa
+
+    from slotlake.fastdefault import FastDefault, fill_events, fill_events_arrow
+
+    fb = pa.map_(pa.string(), pa.string())
+    old = pa.struct([("a", pa.int32()), ("c", pa.string()), ("d", pa.date32())])
+    events = pa.table(
+        {
+            "a": pa.array([1, 2, 3], pa.int32()),
+            "c": pa.array([None, None, "own"], pa.string()),
+            "d": pa.array([None, None, None], pa.date32()),
+            "_old": pa.array([{"a": 1, "c": None, "d": None}, None, {"a": 3, "c": None}], old),
+            "_fallback": pa.array([[("_old.d", "x")], [], [("z", "1")]], fb),
+            "_seq": pa.array([4, 6, 12], pa.int64()),
+        }
+    )
+    defaults = [
+        FastDefault("c", 10, "dflt", "dflt", None, "string", "catalog", True),
+        FastDefault("d", 10, "infinity", None, "infinity", "date", "catalog", True),
+    ]
+    by_spark = fill_events(spark.createDataFrame(events), defaults).toArrow()
+    by_arrow = fill_events_arrow(events, defaults)
+    assert by_arrow.to_pylist() == by_spark.cast(events.schema).to_pylist()
+    first = by_arrow.to_pylist()[0]
+    assert first["c"] == "dflt" and first["_old"] == {"a": 1, "c": "dflt", "d": None}
+    assert dict(first["_fallback"]) == {"d": "infinity", "_old.d": "infinity"}
+    assert by_arrow.to_pylist()[2]["c"] == "own"  # after the ADD: as decoded
