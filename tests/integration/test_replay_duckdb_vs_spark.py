@@ -163,6 +163,14 @@ def test_matches_spark_fill_keyed(spark) -> None:  # type: ignore[no-untyped-def
     )
     expected_changes = spark_changes.toArrow()
     expected_finals = spark_finals.toArrow()
+    # _seq, the driver's own (fast defaults): the raw row of each kept key's final image.
+    by_seq = {r["_seq"]: r for r in changes.to_pylist()}
+    for f in finals.to_pylist():
+        if f["_deleted"]:
+            assert f["_seq"] is None
+        else:
+            assert all(by_seq[f["_seq"]][c] == f[c] for c in CAT.state_columns), f
+    finals = finals.drop_columns(["_seq"])
     assert described(changes.schema) == described(expected_changes.schema)
     assert described(finals.schema) == described(expected_finals.schema)
     assert changes.schema == expected_changes.schema
