@@ -622,7 +622,7 @@ def _process_local(
     held: tuple[int | None, int | None],
     state_merge: StateMerge = "driver",
     snap: TableSnapshot | None = None,
-    defaults: tuple[list[Any], Callable[[str], None]] = ([], lambda step: None),
+    defaults: tuple[list[Any], Callable[[str], None]] = ([], _no_fault),
 ) -> tuple[WriteResult, WriteResult]:
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`);
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
@@ -1051,6 +1051,7 @@ def process_batch(
         bcat,
         fault,
         raw_dir if local_messages else None,
+        catalog=target_catalog,
     )
     # A keyed table re-based on a snapshot is done on the driver when its copy would be
     # (the copy's size standing for its state's); a multiset's copy goes through Spark.

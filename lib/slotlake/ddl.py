@@ -318,9 +318,12 @@ class BatchDdl:
         bcat: BatchCatalog,
         fault: Callable[[str], None] = lambda step: None,
         raw_dir: str | None = None,
+        *,
+        catalog: dict[str, TableColumns] | None,
     ) -> BatchDdl:
         """From the raw Parquet (only 'M' rows mentioning the prefix reach the driver: user
-        messages can be many) and the catalog file beside it: read with pyarrow from
+        messages can be many) and the catalog file beside it (``catalog``, as the caller
+        read it with :func:`read_catalog_file`): read with pyarrow from
         ``raw_dir`` (the batch's raw on the driver's disk), else through ``spark``; neither
         when the raw batch has no messages at all."""
         messages: list[DdlMessage] = []
@@ -347,7 +350,7 @@ class BatchDdl:
                 .collect()
             )
             messages = ddl_messages_from_rows(rows, set(bcat.streams.commits))
-        return cls(messages, read_catalog_file(lake, raw_rel), fault)
+        return cls(messages, catalog, fault)
 
     def plan(self, cat: TableCatalog, prior: TableCommit | None, commit: TableCommit) -> list[Any]:
         """The table's fast defaults (slotlake.fastdefault); records its attnums in ``commit``."""

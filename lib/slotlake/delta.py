@@ -628,11 +628,8 @@ def ensure_local(
 def create_on_driver(path: str, schema: StructType) -> int:
     """Create the Delta table at a local ``path`` as Spark's :func:`ensure_table` would
     (see above), writing its version 0 directly; returns 0."""
-    import json
     import time
     import uuid
-
-    from slotlake.lake import LocalFS
 
     mapped, max_id = _column_mapped(schema)
     features = sorted(
@@ -675,11 +672,19 @@ def create_on_driver(path: str, schema: StructType) -> int:
             }
         },
     ]
-    # Put-if-absent, as every Delta writer commits: a table created meanwhile is an error.
-    LocalFS().create_new(
-        f"{path}/_delta_log/{0:020d}.json", "".join(json.dumps(a) + "\n" for a in actions)
-    )
+    # A table created meanwhile is an error (put-if-absent).
+    _commit_on_driver(path, 0, actions)
     return 0
+
+
+def _commit_on_driver(path: str, version: int, actions: list[dict[str, Any]]) -> None:
+    """Write ``actions`` as the local table's log entry ``version``, put-if-absent as every
+    Delta writer commits: FileExistsError when another writer committed that version."""
+    from slotlake.lake import LocalFS
+
+    LocalFS().create_new(
+        f"{path}/_delta_log/{version:020d}.json", "".join(json.dumps(a) + "\n" for a in actions)
+    )
 
 
 def _column_mapped(schema: StructType, last_id: int = 0) -> tuple[StructType, int]:
@@ -750,8 +755,6 @@ def evolve_on_driver(
 
     from pyspark.sql.types import StructField
     from pyspark.sql.types import StructType as ST
-
-    from slotlake.lake import LocalFS
 
     table = open_local(path)
     meta = table.metadata()
@@ -831,10 +834,8 @@ def evolve_on_driver(
         },
         {"metaData": metadata},
     ]
-    # Put-if-absent: a concurrent writer's commit of this version fails this one.
-    LocalFS().create_new(
-        f"{path}/_delta_log/{version:020d}.json", "".join(json.dumps(a) + "\n" for a in actions)
-    )
+    # A concurrent writer's commit of this version fails this one.
+    _commit_on_driver(path, version, actions)
     log.info("%s: columns changed on the driver (%s)", path, parameters)
     return True
 

@@ -270,6 +270,14 @@ def _fallback_with_arrow(
     )
 
 
+def _before(seq: Any, d: FastDefault) -> Any:
+    """The rows whose raw row ``seq`` comes before the column's ADD (a NULL one does not:
+    a deleted key's final row), as a NumPy mask."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.less(seq, d.seq), False).to_numpy(zero_copy_only=False)
+
+
 def _with_value(column: Any, d: FastDefault, rows: Any = None) -> pa.Array:
     """``column`` holding the default's value on the rows of ``rows`` (all when None)."""
     import pyarrow as pa
@@ -285,14 +293,9 @@ def apply_arrow(table: pa.Table, defaults: list[FastDefault], seq_column: str | 
     """The defaults on a table's rows: all of them (``seq_column`` None: the prior state, as
     :func:`update_state`), or those whose ``seq_column`` is before the column's ADD (a
     keyed table's final rows, as :func:`fill_finals`)."""
-    import pyarrow.compute as pc
-
     fallback = table.column("_fallback")
     for d in defaults:
-        rows = None
-        if seq_column is not None:
-            before = pc.less(table.column(seq_column), d.seq)  # NULL (a deleted key): no
-            rows = pc.fill_null(before, False).to_numpy(zero_copy_only=False)
+        rows = None if seq_column is None else _before(table.column(seq_column), d)
         at = table.schema.get_field_index(d.column)
         table = table.set_column(
             at, table.schema.field(at), _with_value(table.column(at).combine_chunks(), d, rows)
@@ -308,25 +311,24 @@ def update_state_local(
     """:func:`update_state` for a small state on local disk: read whole, the defaults set
     in Arrow, overwritten in one commit under the same txnAppId (``<app>.fastdefault``,
     the batch as version: a rerun skips it). True when it wrote."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-
-    from slotlake.delta import arrow_overwrite, txn_version
-    from slotlake.lake import _plain_types
+    from slotlake.delta import UNREAD, arrow_overwrite, txn_version
+    from slotlake.lake import query_delta
     from slotlake.local_table import conform_arrow
 
     todo = [d for d in defaults if d.update_prior]
-    done = txn_version(path, f"{app_id}.fastdefault")
+    app = f"{app_id}.fastdefault"
+    done = txn_version(path, app)
     if not todo or (done is not None and done >= batch):
         return False
-    reader = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
-    rows = conform_arrow(_plain_types(pa.table(reader.read_all())), state)
+    rows = conform_arrow(query_delta(path), state)
     log.info(
         "%s: fast default(s) %s applied to the state's existing rows (on the driver)",
         path,
         ", ".join(f"{d.column}={d.text!r} ({d.source})" for d in todo),
     )
-    arrow_overwrite(path, apply_arrow(rows, todo, None), f"{app_id}.fastdefault", batch)
+    # done: the txn version just read (None may be a log it could not read: read again).
+    held = done if done is not None else UNREAD
+    arrow_overwrite(path, apply_arrow(rows, todo, None), app, batch, held)
     return True
 
 
@@ -341,7 +343,6 @@ def fill_events_arrow(events: pa.Table, defaults: list[FastDefault]) -> pa.Table
     """:func:`fill_events` for a multiset's events on the driver: images decoded before the
     column was added, new and old, carry its default."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     todo = in_batch(defaults)
     if not todo:
@@ -352,9 +353,7 @@ def fill_events_arrow(events: pa.Table, defaults: list[FastDefault]) -> pa.Table
     fields = {n: old.field(n) for n in names}
     fallback = out.column("_fallback")
     for d in todo:
-        rows = pc.fill_null(pc.less(events.column("_seq"), d.seq), False).to_numpy(
-            zero_copy_only=False
-        )
+        rows = _before(events.column("_seq"), d)
         if d.column in fields:
             fields[d.column] = _with_value(fields[d.column], d, rows)
         fallback = _fallback_with_arrow(fallback, [d], rows, "_old.")

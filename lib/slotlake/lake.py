@@ -634,9 +634,6 @@ def read_delta(root: str | Path, relative: str, version: int | None, sql: str | 
     deltalake's DataFusion reader handles the table features slotlake writes (deletion
     vectors, column mapping); ``sql`` may filter/project ``t`` (default ``SELECT *``).
     """
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-
     path = (
         str(local_path(str(root)) / relative)
         if str(root).startswith("file://") or is_local(str(root))
@@ -644,6 +641,16 @@ def read_delta(root: str | Path, relative: str, version: int | None, sql: str | 
     )
     if is_local(path) and not os.path.isdir(os.path.join(path, "_delta_log")):
         raise LakeError(f"committed Delta table {path} is missing")
+    return query_delta(path, version, sql)
+
+
+def query_delta(path: str, version: int | None = None, sql: str | None = None):  # type: ignore[no-untyped-def]
+    """``sql`` over the Delta table at ``path`` (``t``; default ``SELECT *``) as of
+    ``version`` (None: the latest), through deltalake's DataFusion reader (deletion
+    vectors, column mapping), with plain Arrow types."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
     dt = DeltaTable(path, version=version)
     reader = QueryBuilder().register("t", dt).execute(sql or "SELECT * FROM t")
     return _plain_types(pa.table(reader.read_all()))

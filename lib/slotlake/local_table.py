@@ -278,14 +278,12 @@ def prior_reader(
     def read(values: list[Any], want_null: bool) -> pa.Table:
         import pyarrow as pa
         import pyarrow.compute as pc
-        from deltalake import DeltaTable, QueryBuilder
 
-        from slotlake.lake import _plain_types
+        from slotlake.lake import query_delta
 
         if version is None:
             return state.empty_table()
         first = cat.key_columns[0]
-        dt = DeltaTable(state_path, version=version)
         old_first = {new: old for old, new in cat.renames.items()}.get(first, first)
         literals = [_literal(v) for v in values]
         sql = "SELECT * FROM t"
@@ -294,8 +292,7 @@ def prior_reader(
             if want_null:
                 conds.append(f"{sql_ident(old_first)} IS NULL")
             sql += " WHERE " + (" OR ".join(conds) if conds else "FALSE")
-        reader = QueryBuilder().register("t", dt).execute(sql)
-        rows = align_prior_arrow(_plain_types(pa.table(reader.read_all())), cat, state)
+        rows = align_prior_arrow(query_delta(state_path, version, sql), cat, state)
         if any(lit is None for lit in literals):
             keep = pc.is_in(rows.column(first), pa.array(values, rows.schema.field(first).type))
             if want_null:
