@@ -177,11 +177,23 @@ def test_drop_and_readd_without_the_trigger_is_exact_only_across_changes(
         assert [r[0] for r in cmp.only_in_source] == [4]
 
 
+def _crash_past_the_default_update(cfg: Any, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync killed right after a state's fast-default update committed."""
+    monkeypatch.setenv(FAULT_ENV, FAULT_FASTDEFAULT)
+    with pytest.raises(InjectedFault):
+        run_sync(cfg, spark=spark)
+    monkeypatch.delenv(FAULT_ENV)
+
+
 def test_rerun_after_a_crash_past_the_default_update(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Through Spark (the driver lane off): the crash comes right after Spark's UPDATE of
+    a state; the rerun finishes the batch, then the next. (The driver's own update:
+    test_rerun_after_a_crash_past_the_driver_default_update.)"""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
+    cfg.lake.driver_write_rows = 0
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup(c, slot, trigger=False)
         run_sync(cfg, spark=spark)
@@ -190,10 +202,7 @@ def test_rerun_after_a_crash_past_the_default_update(
         c.execute("UPDATE k SET c = 'own' WHERE id = 2")
         c.execute("ALTER TABLE m ADD COLUMN c text DEFAULT 'mdflt'")
         c.execute("INSERT INTO m VALUES (9, 'n', 'own')")
-        monkeypatch.setenv(FAULT_ENV, FAULT_FASTDEFAULT)
-        with pytest.raises(InjectedFault):
-            run_sync(cfg, spark=spark)
-        monkeypatch.delenv(FAULT_ENV)
+        _crash_past_the_default_update(cfg, spark, monkeypatch)
         # Meanwhile the source changes again; the rerun finishes the batch, then the next.
         c.execute("UPDATE k SET c = 'later' WHERE id = 3")
         result = run_sync(cfg, spark=spark)
@@ -218,10 +227,7 @@ def test_rerun_after_a_crash_past_the_driver_default_update(
         )
         c.execute("UPDATE k SET c = 'own' WHERE id = 2")
         c.execute("DELETE FROM k WHERE id = 8")
-        monkeypatch.setenv(FAULT_ENV, FAULT_FASTDEFAULT)
-        with pytest.raises(InjectedFault):
-            run_sync(cfg, spark=spark)
-        monkeypatch.delenv(FAULT_ENV)
+        _crash_past_the_default_update(cfg, spark, monkeypatch)
         assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]
         c.execute("UPDATE k SET c = 'later' WHERE id = 3")
         result = run_sync(cfg, spark=spark)
