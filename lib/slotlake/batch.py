@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from slotlake.snapshot import TableSnapshot
 
 # Who merges a driver-lane table's state: deltalake, or Spark (deletion vectors).
-StateMerge = Literal["driver", "spark"]
+StateMerge = Literal["driver", "dv", "spark"]
 
 log = logging.getLogger(__name__)
 
@@ -345,8 +345,10 @@ class DriverWrites:
     is read, see :func:`slotlake.local_table.read_raw_dml`). Their rows stay on the driver: decoded,
     filled and appended to the change log without a Spark job. Their state is merged by
     deltalake (which rewrites the files a MERGE touches) while it is small
-    (``lake.driver_write_state_mb``); a bigger state gets Spark's MERGE with deletion
-    vectors, fed the driver's final rows; a bigger multiset (whose state the driver
+    (``lake.driver_write_state_mb``); a bigger keyed state is MERGEd by the driver with
+    deletion vectors (:mod:`slotlake.dv_merge`; ``lake.driver_deletion_vectors``), or by
+    Spark's MERGE fed the driver's final rows when that is off or the table's protocol
+    asks for more than the driver writes; a bigger multiset (whose state the driver
     rebuilds whole) is left to Spark altogether. All such tables of a batch together hold at most
     ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark.
 
@@ -361,6 +363,7 @@ class DriverWrites:
     max_rows: int = 250_000
     max_state_bytes: int = 64 << 20
     max_bytes: int = 64 << 20
+    deletion_vectors: bool = True
     TOTAL_FACTOR = 4
     MEMORY_SHARE = 4  # the driver's tables may take 1/MEMORY_SHARE of the memory limit
     PEAK_PER_PAYLOAD_BYTE = 8
@@ -379,12 +382,22 @@ class DriverWrites:
                 rows = budget // cls.PEAK_PER_ROW // cls.TOTAL_FACTOR
             if mb is None:
                 mb = budget // cls.PEAK_PER_PAYLOAD_BYTE >> 20
-        return cls(rows, lake_cfg.driver_write_state_mb << 20, mb << 20)
+        return cls(
+            rows,
+            lake_cfg.driver_write_state_mb << 20,
+            mb << 20,
+            bool(lake_cfg.driver_deletion_vectors),
+        )
 
     def describe(self) -> str:
         return (
             f"up to {self.max_rows:,} rows a table, {self.max_bytes >> 20} MiB of payloads, "
-            f"state MERGEd by deltalake up to {self.max_state_bytes >> 20} MiB"
+            f"state MERGEd by deltalake up to {self.max_state_bytes >> 20} MiB, "
+            + (
+                "above that with deletion vectors"
+                if self.deletion_vectors
+                else "above that by Spark"
+            )
         )
 
     def holds(self, rows: int) -> bool:
@@ -413,7 +426,9 @@ class DriverWrites:
         if size is None or size <= self.max_state_bytes:
             return "driver"
         # A multiset's state is rebuilt whole on the driver: a big one stays with Spark.
-        return None if cat.is_multiset else "spark"
+        if cat.is_multiset:
+            return None
+        return "dv" if self.deletion_vectors else "spark"
 
     def pick(
         self,
@@ -522,7 +537,12 @@ def process_table(
             snap,
             (defaults, fault),
         )
-        steps("done on the driver" + (" (state merged by Spark)" if state_merge == "spark" else ""))
+        merged_by = {
+            "driver": "",
+            "dv": " (state MERGEd with deletion vectors)",
+            "spark": " (state merged by Spark)",
+        }
+        steps("done on the driver" + merged_by[state_merge])
         _finish(commit, c, s, prior)
         if snap is not None:  # the re-based state's rows are not a MERGE's delta
             commit.state_rows = local_table_rows(lake, state_rel, s.version)
@@ -734,6 +754,12 @@ def _process_local(
         finals = fastdefault.fill_finals_arrow(finals, fast)
 
     def spark_merge(rows: pa.Table) -> WriteResult:
+        if state_merge == "dv":
+            from slotlake.dv_merge import merge_keyed
+
+            done = merge_keyed(state_path, rows, cat, app_id, batch)
+            if done is not None:
+                return done
         session = table_session(spark())
         source = session.createDataFrame(rows)
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
@@ -749,7 +775,7 @@ def _process_local(
         batch,
         held,
         (schemas[0], schemas[1]),
-        spark_merge if state_merge == "spark" else None,
+        spark_merge if state_merge != "driver" else None,
     )
 
 

@@ -57,12 +57,14 @@ class LakeConfig:
     # TOAST fill, change log: no Spark job), as long as all such tables' payloads stay
     # within driver_write_mb MiB; its state is merged by `deltalake` up to
     # driver_write_state_mb MiB (a multiset's rebuilt whole and overwritten), above that
-    # by Spark's MERGE with deletion vectors (a multiset: the whole table by Spark).
+    # a keyed state is MERGEd by the driver writing deletion vectors
+    # (driver_deletion_vectors; false: by Spark's MERGE), a multiset wholly by Spark.
     # 0 rows sends every table through Spark. None ("auto", the default): sized from the
     # memory this process may use (slotlake.batch.DriverWrites.of).
     driver_write_rows: int | None = None
     driver_write_mb: int | None = None
     driver_write_state_mb: int = 64
+    driver_deletion_vectors: bool = True
     # `slotlake bootstrap` on a local lake: a published table of at most this many MiB on
     # disk (heap and TOAST) that is not split into ranges is copied on the driver and
     # written with `deltalake`, several at once; a bigger keyed table is streamed on the

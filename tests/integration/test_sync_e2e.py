@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import Lake, read_changes, read_state
 from slotlake.lsn import Lsn
 from slotlake.sync import run_sync
@@ -168,25 +169,31 @@ def _writers(root: str, table: str, kind: str = "state") -> set[str]:
 
     history = DeltaTable(f"{root}/{Lake.table_path(kind, table)}").history()
     return {
-        "delta-rs" if "delta-rs" in str(h.get("clientVersion", "")) else "spark"
+        "delta-rs"
+        if "delta-rs" in str(h.get("clientVersion", ""))
+        else "slotlake"
+        if h.get("engineInfo") == DRIVER_ENGINE
+        else "spark"
         for h in history
         if h.get("operation") in ("MERGE", "WRITE")
     }
 
 
-@pytest.mark.parametrize("writer", ["driver", "spark-merge", "spark"])
+@pytest.mark.parametrize("writer", ["driver", "dv-merge", "spark-merge", "spark"])
 def test_varied_workload_in_batches(
     pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str
 ) -> None:
     """The same workload with small keyed tables written from the driver (``deltalake``,
-    the default for them), with the driver's rows merged by Spark (as for a big state),
-    and with every table through Spark."""
+    the default for them), with the driver's rows merged with deletion vectors by the
+    driver (the default for a big state), or by Spark (that turned off), and with every
+    table through Spark."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     if writer == "spark":
         cfg.lake.driver_write_rows = 0
-    if writer == "spark-merge":
+    if writer in ("dv-merge", "spark-merge"):
         cfg.lake.driver_write_state_mb = 0
+        cfg.lake.driver_deletion_vectors = writer == "dv-merge"
     tables = list(KEYS)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(AUDIT_SQL)
@@ -247,17 +254,29 @@ def test_varied_workload_in_batches(
     state_writers = {
         "driver": {"delta-rs"},
         # The first batch creates the table: an empty state is written on the driver.
+        "dv-merge": {"delta-rs", "slotlake"},
         "spark-merge": {"delta-rs", "spark"},
         "spark": {"spark"},
     }[writer]
     assert _writers(lake, "public.kv", "changes") == (
         {"spark"} if writer == "spark" else {"delta-rs"}
     )
+    assert _writers(lake, "public.kv") == state_writers
+    if writer == "dv-merge":
+        # Spark reads what the driver's deletion vectors and files left, as deltalake does.
+        path = f"{lake}/{Lake.table_path('state', 'public.kv')}"
+        by_spark = spark.read.format("delta").load(path).select("id", "txt").collect()
+        assert sorted((r["id"], r["txt"]) for r in by_spark) == sorted(
+            zip(
+                *read_state(lake, "public.kv").select(["id", "txt"]).to_pydict().values(),
+                strict=True,
+            )
+        )
     # A multiset's small state is rebuilt on the driver; with a bigger one (here: any but
     # the first batch's new table) the whole table goes through Spark, change log too.
-    for table in ("public.kv", "public.full_t"):
-        assert _writers(lake, table) == state_writers, table
-    assert _writers(lake, "public.full_t", "changes") == state_writers
+    multiset_writers = {"dv-merge": {"delta-rs", "spark"}}.get(writer, state_writers)
+    assert _writers(lake, "public.full_t") == multiset_writers
+    assert _writers(lake, "public.full_t", "changes") == multiset_writers
 
 
 def test_update_without_prior_state_lists_missing_toast(

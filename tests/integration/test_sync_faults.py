@@ -29,8 +29,10 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from slotlake.config import Config
+from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import Lake, read_changes
 from slotlake.localpg import LocalPostgres
 from slotlake.lsn import Lsn
@@ -171,9 +173,11 @@ class Chain:
     rounds: Iterator[int]
 
 
-@pytest.fixture(scope="module")
-def chain(
-    pg_cluster: LocalPostgres, spark: Any, tmp_path_factory: pytest.TempPathFactory
+def _chain(
+    pg_cluster: LocalPostgres,
+    spark: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    state_mb: int | None = None,
 ) -> Iterator[Chain]:
     name = f"faults_pg{pg_cluster.version}_{next(_db_counter)}"
     dsn = pg_cluster.create_database(name)
@@ -184,6 +188,8 @@ def chain(
         rounds = itertools.count(1)
         workload(c, next(rounds))
         cfg = make_config(dsn, lake, slot)
+        if state_mb is not None:
+            cfg.lake.driver_write_state_mb = state_mb
         assert run_sync(cfg, spark=spark).status == "committed"
         assert_exactly_once(c, lake, slot)
         try:
@@ -192,10 +198,44 @@ def chain(
             c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
+@pytest.fixture(scope="module")
+def chain(
+    pg_cluster: LocalPostgres, spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Chain]:
+    yield from _chain(pg_cluster, spark, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def dv_chain(
+    pg_cluster: LocalPostgres, spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Chain]:
+    """Every keyed state counts as big: the driver MERGEs it with deletion vectors."""
+    yield from _chain(pg_cluster, spark, tmp_path_factory, state_mb=0)
+
+
 @pytest.mark.parametrize("step", FAULT_STEPS)
 def test_crash_at_step_then_rerun_is_exactly_once(
     chain: Chain, step: str, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    crash_then_rerun(chain, step, spark, monkeypatch)
+
+
+@pytest.mark.parametrize("step", ["table_written", "before_commit"])
+def test_crash_after_deletion_vector_merges_then_rerun(
+    dv_chain: Chain, step: str, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables whose states the driver MERGEd with deletion vectors hold batch N when the
+    run dies: the rerun skips them by their txn versions and writes nothing twice."""
+    crash_then_rerun(dv_chain, step, spark, monkeypatch)
+    states = [
+        DeltaTable(str(Lake(dv_chain.lake).path(Lake.table_path("state", t)))) for t in TABLES
+    ]
+    assert any(h.get("engineInfo") == DRIVER_ENGINE for t in states for h in t.history()), (
+        "no state was MERGEd by the driver"
+    )
+
+
+def crash_then_rerun(chain: Chain, step: str, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     c, lake = chain.conn, Lake(chain.lake)
     if uncommitted(lake) or confirmed(c, chain.slot) != lake.last_commit().end:  # type: ignore[union-attr]
         # An earlier test of the chain failed half-way: a plain rerun is what repairs it.

@@ -1,0 +1,151 @@
+"""Delta Lake deletion vectors, written: the bitmap format and the file that holds them.
+
+Byte layouts from the Delta protocol (PROTOCOL.md, "Deletion Vector Format"):
+
+* a deletion vector is a set of 0-based row positions of one Parquet file, serialised as a
+  ``RoaringBitmapArray`` in its *portable* format: the magic number 1681511377 (int32
+  little-endian), the number of 32-bit bitmaps (int64 LE), then per bitmap its key (the
+  positions' high 32 bits, int32 LE) and a standard 32-bit Roaring bitmap in the portable
+  serialisation (the one CRoaring and Java's RoaringBitmap share);
+* a deletion vector file ``deletion_vector_<uuid>.bin`` starts with a format version byte
+  (1); each vector in it is its size (int32 big-endian), its bytes, and their CRC-32
+  (int32 BE); a descriptor's ``offset`` points at the size, ``sizeInBytes`` counts the
+  vector's bytes;
+* a descriptor of ``storageType`` ``"u"`` names the file by ``pathOrInlineDv`` = an
+  optional random prefix + the file's UUID in Z85 (20 characters).
+
+Only writing is here: existing vectors are read by ``deltalake``
+(``DeltaTable.deletion_vectors``), which Spark's and ours go through alike. Bitmaps are
+written without run containers (cookie 12346), which every reader takes; arrays up to
+4,096 values a container, dense bitmaps above, built with NumPy, no Python per position.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAGIC = 1681511377
+FORMAT_VERSION = 1
+_NO_RUNS_COOKIE = 12346
+_ARRAY_MAX = 4096  # a container with more values is a bitmap (Roaring's rule)
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
+
+
+def _roaring32(low: np.ndarray) -> bytes:
+    """Sorted unique uint32 ``low`` as a portable 32-bit Roaring bitmap (no runs)."""
+    highs = (low >> 16).astype(np.uint16)
+    keys, starts, counts = np.unique(highs, return_index=True, return_counts=True)
+    n = len(keys)
+    header = struct.pack("<II", _NO_RUNS_COOKIE, n)
+    descriptive = np.empty(2 * n, dtype="<u2")
+    descriptive[0::2] = keys
+    descriptive[1::2] = counts - 1
+    bodies: list[bytes] = []
+    offsets = np.empty(n, dtype="<u4")
+    at = len(header) + 4 * n + 4 * n
+    for i, (start, count) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True)):
+        values = (low[start : start + count] & 0xFFFF).astype("<u2")
+        if count <= _ARRAY_MAX:
+            body = values.tobytes()
+        else:
+            bits = np.zeros(1 << 16, dtype=bool)
+            bits[values] = True
+            body = np.packbits(bits, bitorder="little").tobytes()  # 1024 uint64 LE words
+        offsets[i] = at
+        at += len(body)
+        bodies.append(body)
+    return header + descriptive.tobytes() + offsets.tobytes() + b"".join(bodies)
+
+
+def serialize(positions: np.ndarray) -> bytes:
+    """Row positions (any integer array; duplicates allowed) as a deletion vector's bytes:
+    the magic number and the portable ``RoaringBitmapArray``."""
+    rows = np.unique(np.asarray(positions, dtype=np.uint64))
+    highs = (rows >> np.uint64(32)).astype(np.uint32)
+    keys, starts = np.unique(highs, return_index=True)
+    bounds = [*starts.tolist(), len(rows)]
+    parts = [struct.pack("<iq", MAGIC, len(keys))]
+    for i, key in enumerate(keys.tolist()):
+        low = (rows[bounds[i] : bounds[i + 1]] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        parts.append(struct.pack("<i", key) + _roaring32(low))
+    return b"".join(parts)
+
+
+def z85_encode(data: bytes) -> str:
+    """Z85 (ZeroMQ RFC 32) of ``data``, whose length is a multiple of 4."""
+    if len(data) % 4:
+        raise ValueError(f"Z85 takes a multiple of 4 bytes, got {len(data)}")
+    out = []
+    for (word,) in struct.iter_unpack(">I", data):
+        chars = []
+        for _ in range(5):
+            word, r = divmod(word, 85)
+            chars.append(_Z85[r])
+        out.append("".join(reversed(chars)))
+    return "".join(out)
+
+
+def z85_decode(text: str) -> bytes:
+    """The bytes of Z85 ``text`` (length a multiple of 5)."""
+    if len(text) % 5:
+        raise ValueError(f"Z85 text length must be a multiple of 5, got {len(text)}")
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        word = 0
+        for c in text[i : i + 5]:
+            if c not in _Z85_INDEX:
+                raise ValueError(f"{c!r} is not a Z85 character (in {text!r})")
+            word = word * 85 + _Z85_INDEX[c]
+        out += struct.pack(">I", word)
+    return bytes(out)
+
+
+def file_name(file_id: uuid.UUID) -> str:
+    return f"deletion_vector_{file_id}.bin"
+
+
+def descriptor_file(descriptor: dict[str, Any]) -> str:
+    """The relative path of the file a ``"u"`` descriptor names (its prefix is a folder)."""
+    if descriptor.get("storageType") != "u":
+        raise ValueError(f"not a deletion vector file descriptor: {descriptor!r}")
+    text = descriptor["pathOrInlineDv"]
+    prefix, encoded = text[:-20], text[-20:]
+    name = file_name(uuid.UUID(bytes=z85_decode(encoded)))
+    return f"{prefix}/{name}" if prefix else name
+
+
+@dataclass
+class DeletionVectorFile:
+    """A deletion vector file being built: vectors go in, descriptors come out."""
+
+    file_id: uuid.UUID
+    body: bytearray
+
+    @classmethod
+    def new(cls) -> DeletionVectorFile:
+        return cls(uuid.uuid4(), bytearray([FORMAT_VERSION]))
+
+    @property
+    def name(self) -> str:
+        return file_name(self.file_id)
+
+    def add(self, positions: np.ndarray) -> dict[str, Any]:
+        """Append the vector of ``positions``; returns its descriptor for an ``add`` action."""
+        rows = np.unique(np.asarray(positions, dtype=np.uint64))
+        data = serialize(rows)
+        offset = len(self.body)
+        self.body += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+        return {
+            "storageType": "u",
+            "pathOrInlineDv": z85_encode(self.file_id.bytes),
+            "offset": offset,
+            "sizeInBytes": len(data),
+            "cardinality": len(rows),
+        }

@@ -1,0 +1,255 @@
+"""The driver's MERGE with deletion vectors (:mod:`slotlake.dv_merge`) against a Python
+model of the state, read back by Spark and by deltalake: on top of Spark's own deletion
+vectors, across a checkpoint, with keys kept as ``_fallback`` text, and the cases it must
+leave to Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from slotlake import dv_merge
+from slotlake.catalog import TableCatalog
+from slotlake.decode import arrow_schema_for
+from slotlake.delta import DRIVER_ENGINE, create_on_driver
+from slotlake.lake import query_delta
+
+HELPERS = [
+    StructField("_fallback", MapType(StringType(), StringType())),
+    StructField("_missing_toast", ArrayType(StringType())),
+]
+LONG_KEY = StructType([StructField("id", LongType()), StructField("v", StringType()), *HELPERS])
+# No RelationVersion: the key counts as one that may have fallen back to text.
+CAT = TableCatalog(
+    name="public.t",
+    columns=[("id", "bigint"), ("v", "string")],
+    state_columns=["id", "v"],
+    key_columns=["id"],
+)
+Model = dict[Any, tuple[str | None, dict[str, str]]]
+
+
+def _rows(
+    schema: StructType, changes: list[tuple[Any, str | None, dict[str, str], bool]]
+) -> pa.Table:
+    """A batch's final rows: (key, v or None, _fallback, deleted), as the replay gives them."""
+    state = arrow_schema_for(schema)
+    key_type = state.field(schema.fields[0].name).type
+    name = schema.fields[0].name
+    return pa.table(
+        {
+            name: pa.array([k for k, _, _, _ in changes], key_type),
+            "v": pa.array([v for _, v, _, _ in changes], pa.string()),
+            "_fallback": pa.array(
+                [list(f.items()) for _, _, f, _ in changes], state.field("_fallback").type
+            ),
+            "_missing_toast": pa.array([[] for _ in changes], pa.list_(pa.string())),
+            "_key": pa.array(
+                [{name: k, "~" + name: f.get(name)} for k, _, f, _ in changes],
+                pa.struct([(name, key_type), ("~" + name, pa.string())]),
+            ),
+            "_deleted": pa.array([d for _, _, _, d in changes], pa.bool_()),
+        }
+    )
+
+
+def _apply(model: Model, changes: list[tuple[Any, str | None, dict[str, str], bool]]) -> None:
+    for key, v, fb, deleted in changes:
+        ident = key if key is not None else ("~", fb.get("n") or fb.get("id"))
+        model.pop(ident, None)
+        if not deleted:
+            model[ident] = (v, fb)
+
+
+def _as_model(rows: list[dict[str, Any]], key: str) -> Model:
+    out: Model = {}
+    for r in rows:
+        fb = dict(r["_fallback"] or {})
+        ident = r[key] if r[key] is not None else ("~", fb.get(key))
+        assert ident not in out, f"key {ident} twice in the state"
+        out[ident] = (r["v"], fb)
+    return out
+
+
+def _read_both(spark: Any, path: str, key: str) -> tuple[Model, Model]:
+    by_spark = [r.asDict(recursive=True) for r in spark.read.format("delta").load(path).collect()]
+    version = DeltaTable(path).version()
+    by_deltalake = query_delta(path, version, "SELECT * FROM t").to_pylist()
+    return _as_model(by_spark, key), _as_model(by_deltalake, key)
+
+
+def _seed(spark: Any, path: str, n: int, files: int) -> Model:
+    create_on_driver(path, LONG_KEY)
+    df = spark.createDataFrame([(i, f"v{i}", {}, []) for i in range(n)], LONG_KEY).repartition(
+        files
+    )
+    df.write.format("delta").mode("append").save(path)
+    return {i: (f"v{i}", {}) for i in range(n)}
+
+
+def _last_commit(path: str) -> list[dict[str, Any]]:
+    version = DeltaTable(path).version()
+    with open(Path(path) / "_delta_log" / f"{version:020d}.json") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "state")
+    model = _seed(spark, path, 3000, 3)
+    # Spark's own deletion vectors first: every tenth row goes.
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")
+    model = {k: v for k, v in model.items() if k % 10}
+    files_before = {a["path"] for a in pa.table(DeltaTable(path).get_add_actions(True)).to_pylist()}
+
+    changes = [
+        (1, "one", {}, False),  # update
+        (2, "two", {}, False),
+        (20, "back", {}, False),  # deleted by Spark: an insert again
+        (5000, "new", {}, False),  # new key
+        (3, None, {}, True),  # delete
+        (30, None, {}, True),  # already gone: nothing
+        (7000, None, {}, True),  # never there: nothing
+    ]
+    result = dv_merge.merge_keyed(path, _rows(LONG_KEY, changes), CAT, "app", 1)
+    assert result is not None
+    _apply(model, changes)
+    by_spark, by_deltalake = _read_both(spark, path, "id")
+    assert by_spark == model
+    assert by_deltalake == model
+    assert result.metrics["numTargetRowsInserted"] == "2"
+    assert result.metrics["numTargetRowsUpdated"] == "2"
+    assert result.metrics["numTargetRowsDeleted"] == "1"
+    # No data file rewritten: the old ones re-added with vectors, one new file.
+    actions = _last_commit(path)
+    assert actions[0]["commitInfo"]["engineInfo"] == DRIVER_ENGINE
+    assert actions[1] == {
+        "txn": {"appId": "app", "version": 1, "lastUpdated": actions[1]["txn"]["lastUpdated"]}
+    }
+    adds = [a["add"] for a in actions if "add" in a]
+    removes = [a["remove"] for a in actions if "remove" in a]
+    assert {a["path"] for a in removes} <= files_before
+    assert len([a for a in adds if a["path"] not in files_before]) == 1
+    for remove in removes:
+        # The logical file removed is the one Spark left (its path and its vector).
+        assert "deletionVector" in remove
+    assert DeltaTable(path).transaction_version("app") == 1
+
+
+def test_many_merges_across_a_checkpoint(spark: Any, tmp_path: Path, monkeypatch) -> None:
+    import random
+
+    path = str(tmp_path / "state")
+    model = _seed(spark, path, 2000, 4)
+    from_checkpoint = []
+    real = dv_merge._from_checkpoint
+    monkeypatch.setattr(
+        dv_merge, "_from_checkpoint", lambda add: from_checkpoint.append(add["path"]) or real(add)
+    )
+    rng = random.Random(7)
+    next_id = 2000
+    for batch in range(1, 13):
+        changes: list[tuple[Any, str | None, dict[str, str], bool]] = []
+        for key in rng.sample(sorted(model), 40):
+            changes.append(
+                (key, None, {}, True) if rng.random() < 0.3 else (key, f"b{batch}", {}, False)
+            )
+        for _ in range(10):
+            changes.append((next_id, f"new{batch}", {}, False))
+            next_id += 1
+        assert dv_merge.merge_keyed(path, _rows(LONG_KEY, changes), CAT, "app", batch)
+        _apply(model, changes)
+        _, by_deltalake = _read_both(spark, path, "id") if batch % 4 == 0 else (None, None)
+        if by_deltalake is not None:
+            assert by_deltalake == model, batch
+    assert (Path(path) / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+    assert from_checkpoint, "no live file's add action was read from the checkpoint"
+    by_spark, by_deltalake = _read_both(spark, path, "id")
+    assert by_spark == model
+    assert by_deltalake == model
+
+
+def test_keys_kept_as_text_match_through_fallback(spark: Any, tmp_path: Path) -> None:
+    schema = StructType(
+        [StructField("n", DecimalType(10, 2)), StructField("v", StringType()), *HELPERS]
+    )
+    cat = TableCatalog(
+        name="public.n",
+        columns=[("n", "decimal(10,2)"), ("v", "string")],
+        state_columns=["n", "v"],
+        key_columns=["n"],
+    )
+    path = str(tmp_path / "state")
+    create_on_driver(path, schema)
+    from decimal import Decimal
+
+    first = [
+        (Decimal("1.50"), "a", {}, False),
+        (None, "nan", {"n": "NaN"}, False),
+        (None, "inf", {"n": "Infinity"}, False),
+    ]
+    assert dv_merge.merge_keyed(path, _rows(schema, first), cat, "app", 1)
+    second = [
+        (None, "nan again", {"n": "NaN"}, False),
+        (None, None, {"n": "Infinity"}, True),
+        (Decimal("1.50"), "b", {}, False),
+    ]
+    result = dv_merge.merge_keyed(path, _rows(schema, second), cat, "app", 2)
+    assert result is not None
+    assert result.metrics["numTargetRowsUpdated"] == "2"
+    assert result.metrics["numTargetRowsDeleted"] == "1"
+    model: Model = {}
+    _apply(model, first)
+    _apply(model, second)
+    by_spark, by_deltalake = _read_both(spark, path, "n")
+    assert by_spark == by_deltalake == model
+
+
+def test_a_table_written_meanwhile_is_left_to_spark(
+    spark: Any, tmp_path: Path, monkeypatch
+) -> None:
+    path = str(tmp_path / "state")
+    model = _seed(spark, path, 100, 1)
+    version = DeltaTable(path).version()
+
+    def taken(path: str, version: int, actions: list[dict[str, Any]]) -> None:
+        raise FileExistsError(version)
+
+    monkeypatch.setattr(dv_merge, "_commit_on_driver", taken)
+    rows = _rows(LONG_KEY, [(1, "x", {}, False), (2, None, {}, True)])
+    listing = sorted(os.listdir(path))
+    assert dv_merge.merge_keyed(path, rows, CAT, "app", 1) is None
+    assert sorted(os.listdir(path)) == listing  # its vector and data files removed again
+    assert DeltaTable(path).version() == version
+    assert _read_both(spark, path, "id")[1] == model
+
+
+def test_protocols_it_does_not_write_are_left_to_spark(spark: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "state")
+    _seed(spark, path, 10, 1)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
+    table = DeltaTable(path)
+    assert "rowTracking" in (dv_merge.unsupported(table) or "")
+    rows = _rows(LONG_KEY, [(1, "x", {}, False)])
+    assert dv_merge.merge_keyed(path, rows, CAT, "app", 1) is None
+    assert DeltaTable(path).version() == table.version()
+
+    plain = str(tmp_path / "plain")
+    _seed(spark, plain, 10, 1)
+    spark.sql(
+        f"ALTER TABLE delta.`{plain}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
+    )
+    assert "enableDeletionVectors" in (dv_merge.unsupported(DeltaTable(plain)) or "")
