@@ -344,17 +344,31 @@ def write_local(
 
     ``held``: the txn versions of ``app_id`` the two tables hold and ``schemas`` their
     schemas (both read by the caller). ``merge_state``: who merges the final rows into a
-    big state instead (Spark's MERGE writes deletion vectors where deltalake would rewrite
-    every touched file); an overwrite after TRUNCATE writes only the rows left, so it
-    stays here."""
+    big state instead (the driver's deletion vectors or Spark's MERGE, where deltalake
+    would rewrite every touched file), while the change log is appended; an overwrite
+    after TRUNCATE writes only the rows left, so it stays here."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.compute as pc
 
     changes = conform_arrow(changes, arrow_schema_for(schemas[0]))
+    data = list(cat.state_columns)
+    if merge_state is not None and not truncated and not cat.is_multiset:
+        rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])
+        state_cols = arrow_schema_for(schemas[1])
+        typed = conform_arrow(rows.select([*data, "_fallback", "_missing_toast"]), state_cols)
+        for name in ("_key", "_deleted"):
+            typed = typed.append_column(name, rows.column(name))
+        # A big state's MERGE spends its time reading key columns outside the GIL (DuckDB
+        # or Spark): the change log's append runs meanwhile, a commit to another table.
+        with ThreadPoolExecutor(1) as pool:
+            logged = pool.submit(arrow_append, changes_path, changes, app_id, batch, held[0])
+            s = written_already(state_path, app_id, batch, held[1]) or merge_state(typed)
+            return logged.result(), s
     c = arrow_append(changes_path, changes, app_id, batch, held[0])
     if cat.is_multiset:  # finals: the whole new state (slotlake.multiset_arrow)
         rows = conform_arrow(finals, arrow_schema_for(schemas[1]))
         return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
-    data = list(cat.state_columns)
     if truncated:
         alive = finals.filter(pc.invert(finals.column("_deleted")))
         rows = conform_arrow(
@@ -362,12 +376,6 @@ def write_local(
         )
         return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])
-    if merge_state is not None:
-        state_cols = arrow_schema_for(schemas[1])
-        typed = conform_arrow(rows.select([*data, "_fallback", "_missing_toast"]), state_cols)
-        for name in ("_key", "_deleted"):
-            typed = typed.append_column(name, rows.column(name))
-        return c, written_already(state_path, app_id, batch, held[1]) or merge_state(typed)
     s = arrow_merge_keyed(
         state_path, rows, arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch, held[1]
     )

@@ -181,6 +181,29 @@ def test_many_merges_across_a_checkpoint(spark: Any, tmp_path: Path, monkeypatch
     assert by_spark == model
     assert by_deltalake == model
 
+    # `slotlake maintain`'s upkeep by Spark: OPTIMIZE purges the vectors, VACUUM deletes
+    # what no version references; the driver MERGEs on over what they left.
+    spark.sql(f"OPTIMIZE delta.`{path}`")
+    settings = {
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled": "false",
+    }
+    before = {k: spark.conf.get(k, None) for k in settings}
+    try:
+        for k, v in settings.items():
+            spark.conf.set(k, v)
+        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS")
+    finally:
+        for k, v in before.items():
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+    assert not list(Path(path).glob("deletion_vector_*.bin"))
+    changes = [(key, "after upkeep", {}, False) for key in sorted(model)[:50]]
+    changes += [(key, None, {}, True) for key in sorted(model)[50:60]]
+    assert dv_merge.merge_keyed(path, _rows(LONG_KEY, changes), CAT, "app", 13)
+    _apply(model, changes)
+    by_spark, by_deltalake = _read_both(spark, path, "id")
+    assert by_spark == by_deltalake == model
+
 
 def test_keys_kept_as_text_match_through_fallback(spark: Any, tmp_path: Path) -> None:
     schema = StructType(
@@ -253,3 +276,88 @@ def test_protocols_it_does_not_write_are_left_to_spark(spark: Any, tmp_path: Pat
         f"ALTER TABLE delta.`{plain}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
     )
     assert "enableDeletionVectors" in (dv_merge.unsupported(DeltaTable(plain)) or "")
+
+
+def test_files_are_pruned_by_key_statistics_and_keys_match_whole(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A two-column key: files whose first key column's range holds none of the batch's
+    keys are not read; a row matches only on both columns."""
+    schema = StructType(
+        [
+            StructField("a", StringType()),
+            StructField("b", LongType()),
+            StructField("v", StringType()),
+            *HELPERS,
+        ]
+    )
+    cat = TableCatalog(
+        name="public.ab",
+        columns=[("a", "string"), ("b", "bigint"), ("v", "string")],
+        state_columns=["a", "b", "v"],
+        key_columns=["a", "b"],
+    )
+    path = str(tmp_path / "state")
+    create_on_driver(path, schema)
+    # Three files with disjoint ranges of a: "a…", "m…", "x…".
+    for prefix in ("a", "m", "x"):
+        spark.createDataFrame(
+            [
+                (f"{prefix}{i:03d}", b, f"{prefix}{i}/{b}", {}, [])
+                for i in range(50)
+                for b in (1, 2)
+            ],
+            schema,
+        ).coalesce(1).write.format("delta").mode("append").save(path)
+    table = DeltaTable(path)
+    physical = {
+        f.name: f.metadata["delta.columnMapping.physicalName"]
+        for f in dv_merge._struct_from_json(table.schema().to_json()).fields
+    }
+    adds = pa.table(table.get_add_actions(True)).to_pylist()
+    m_file = next(a["path"] for a in adds if a[f"min.{physical['a']}"].startswith("m"))
+    keys = pa.array(["m010", "m011", "m049"])
+    assert dv_merge._candidates(table, physical["a"], keys) == [m_file]
+
+    def rows(changes: list[tuple[str, int, str | None, bool]]) -> pa.Table:
+        state = arrow_schema_for(schema)
+        n = len(changes)
+        return pa.table(
+            {
+                "a": [c[0] for c in changes],
+                "b": pa.array([c[1] for c in changes], pa.int64()),
+                "v": [c[2] for c in changes],
+                "_fallback": pa.array([[]] * n, state.field("_fallback").type),
+                "_missing_toast": pa.array([[]] * n, pa.list_(pa.string())),
+                "_key": pa.array(
+                    [{"a": c[0], "b": c[1], "~b": None} for c in changes],
+                    pa.struct([("a", pa.string()), ("b", pa.int64()), ("~b", pa.string())]),
+                ),
+                "_deleted": [c[3] for c in changes],
+            }
+        )
+
+    model = {(f"{p}{i:03d}", b): f"{p}{i}/{b}" for p in "amx" for i in range(50) for b in (1, 2)}
+    changes = [
+        ("m010", 1, "changed", False),  # (m010, 2) stays as it was
+        ("m011", 2, None, True),  # (m011, 1) stays
+        ("m049", 3, "new", False),  # same a, new b: an insert
+    ]
+    result = dv_merge.merge_keyed(path, rows(changes), cat, "app", 1)
+    assert result is not None
+    assert (result.metrics["numTargetRowsUpdated"], result.metrics["numTargetRowsDeleted"]) == (
+        "1",
+        "1",
+    )
+    assert result.metrics["numTargetRowsInserted"] == "1"
+    model[("m010", 1)] = "changed"
+    del model[("m011", 2)]
+    model[("m049", 3)] = "new"
+    touched = {a["remove"]["path"] for a in _last_commit(path) if "remove" in a}
+    assert touched == {m_file}
+    for read in (
+        [r.asDict() for r in spark.read.format("delta").load(path).collect()],
+        query_delta(path, DeltaTable(path).version(), "SELECT * FROM t").to_pylist(),
+    ):
+        assert {(r["a"], r["b"]): r["v"] for r in read} == model
+        assert len(read) == len(model)
