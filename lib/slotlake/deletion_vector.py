@@ -14,10 +14,12 @@ Byte layouts from the Delta protocol (PROTOCOL.md, "Deletion Vector Format"):
 * a descriptor of ``storageType`` ``"u"`` names the file by ``pathOrInlineDv`` = an
   optional random prefix + the file's UUID in Z85 (20 characters).
 
-Only writing is here: existing vectors are read by ``deltalake``
-(``DeltaTable.deletion_vectors``), which Spark's and ours go through alike. Bitmaps are
-written without run containers (cookie 12346), which every reader takes; arrays up to
-4,096 values a container, dense bitmaps above, built with NumPy, no Python per position.
+Bitmaps are written without run containers (cookie 12346), which every reader takes;
+arrays up to 4,096 values a container, dense bitmaps above, built with NumPy, no Python
+per position. Reading takes all three container kinds (Spark may write runs) and the
+three storage types (``u``: a file by UUID, ``i``: inline, ``p``: a file by path), and
+checks each vector's size and CRC: only the vectors asked for are read, where
+``deltalake``'s ``DeltaTable.deletion_vectors`` decodes every file's into a flag a row.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import numpy as np
 MAGIC = 1681511377
 FORMAT_VERSION = 1
 _NO_RUNS_COOKIE = 12346
+_RUNS_COOKIE = 12347
+_NO_OFFSET_THRESHOLD = 4  # a bitmap with runs and fewer containers has no offset header
 _ARRAY_MAX = 4096  # a container with more values is a bitmap (Roaring's rule)
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
@@ -76,6 +80,126 @@ def serialize(positions: np.ndarray) -> bytes:
         low = (rows[bounds[i] : bounds[i + 1]] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         parts.append(struct.pack("<i", key) + _roaring32(low))
     return b"".join(parts)
+
+
+class DeletionVectorError(ValueError):
+    """A deletion vector that cannot be read; the message says which and where."""
+
+
+def _roaring32_read(data: memoryview, at: int, where: str) -> tuple[np.ndarray, int]:
+    """A portable 32-bit Roaring bitmap at ``data[at:]``: its values (int64) and its end."""
+
+    def need(n: int) -> None:
+        if at + n > len(data):
+            raise DeletionVectorError(f"{where}: truncated bitmap at byte {at} (needs {n})")
+
+    need(4)
+    (cookie,) = struct.unpack_from("<I", data, at)
+    if cookie & 0xFFFF == _RUNS_COOKIE:
+        size = (cookie >> 16) + 1
+        at += 4
+        need((size + 7) // 8)
+        run_flags = np.unpackbits(
+            np.frombuffer(data, np.uint8, (size + 7) // 8, at), bitorder="little"
+        )[:size].astype(bool)
+        at += (size + 7) // 8
+        has_offsets = size >= _NO_OFFSET_THRESHOLD
+    elif cookie == _NO_RUNS_COOKIE:
+        need(8)
+        (size,) = struct.unpack_from("<I", data, at + 4)
+        at += 8
+        run_flags = np.zeros(size, dtype=bool)
+        has_offsets = True
+    else:
+        raise DeletionVectorError(f"{where}: unknown Roaring cookie {cookie} at byte {at}")
+    need(4 * size)
+    header = np.frombuffer(data, "<u2", 2 * size, at).astype(np.uint32)
+    keys, cards = header[0::2], header[1::2] + 1
+    at += 4 * size
+    if has_offsets:
+        need(4 * size)
+        at += 4 * size  # containers follow in order: the offsets are not needed
+    parts = []
+    for key, card, runs in zip(keys.tolist(), cards.tolist(), run_flags.tolist(), strict=True):
+        base = key << 16
+        if runs:
+            need(2)
+            (n_runs,) = struct.unpack_from("<H", data, at)
+            need(2 + 4 * n_runs)
+            pairs = np.frombuffer(data, "<u2", 2 * n_runs, at + 2).astype(np.int64)
+            at += 2 + 4 * n_runs
+            starts, lengths = pairs[0::2], pairs[1::2] + 1
+            if lengths.sum() != card:
+                raise DeletionVectorError(f"{where}: run container of key {key} is inconsistent")
+            offsets = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths)
+            values = offsets + np.arange(lengths.sum(), dtype=np.int64)
+        elif card <= _ARRAY_MAX:
+            need(2 * card)
+            values = np.frombuffer(data, "<u2", card, at).astype(np.int64)
+            at += 2 * card
+        else:
+            need(8192)
+            bits = np.unpackbits(np.frombuffer(data, np.uint8, 8192, at), bitorder="little")
+            values = np.flatnonzero(bits).astype(np.int64)
+            at += 8192
+            if len(values) != card:
+                raise DeletionVectorError(f"{where}: bitmap container of key {key} is inconsistent")
+        parts.append(values + base)
+    values = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    return values, at
+
+
+def deserialize(data: bytes | memoryview, where: str = "deletion vector") -> np.ndarray:
+    """A deletion vector's bytes (magic number and portable ``RoaringBitmapArray``) as
+    its sorted row positions (int64)."""
+    view = memoryview(data)
+    if len(view) < 12:
+        raise DeletionVectorError(f"{where}: {len(view)} bytes, shorter than its header")
+    magic, count = struct.unpack_from("<iq", view, 0)
+    if magic != MAGIC:
+        raise DeletionVectorError(f"{where}: magic number {magic}, expected {MAGIC}")
+    at, parts = 12, []
+    for _ in range(count):
+        if at + 4 > len(view):
+            raise DeletionVectorError(f"{where}: truncated at byte {at}")
+        (high,) = struct.unpack_from("<i", view, at)
+        low, at = _roaring32_read(view, at + 4, where)
+        parts.append((np.int64(high) << 32) + low)
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def read(table_path: str, descriptor: dict[str, Any]) -> np.ndarray:
+    """The row positions a descriptor (an ``add`` action's ``deletionVector``) deletes, its
+    file relative to ``table_path``; the size and CRC are checked."""
+    import os
+    from urllib.parse import unquote, urlparse
+
+    kind = descriptor.get("storageType")
+    size = int(descriptor["sizeInBytes"])
+    if kind == "i":
+        data = z85_decode(descriptor["pathOrInlineDv"])[:size]
+        return deserialize(data, "inline deletion vector")
+    if kind == "u":
+        path = os.path.join(table_path, descriptor_file(descriptor))
+    elif kind == "p":
+        path = unquote(urlparse(descriptor["pathOrInlineDv"]).path)
+    else:
+        raise DeletionVectorError(f"unknown deletion vector storage type {kind!r}")
+    offset = int(descriptor.get("offset") or 1)
+    where = f"deletion vector in {path} at offset {offset}"
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read(size + 8)
+    if len(chunk) < size + 8:
+        raise DeletionVectorError(f"{where}: file ends before its {size} bytes")
+    (stored,) = struct.unpack_from(">i", chunk, 0)
+    if stored != size:
+        raise DeletionVectorError(f"{where}: size {stored}, the log says {size}")
+    data = chunk[4 : 4 + size]
+    (crc,) = struct.unpack_from(">I", chunk, 4 + size)
+    if crc != zlib.crc32(data):
+        raise DeletionVectorError(f"{where}: checksum mismatch")
+    return deserialize(data, where)
 
 
 def z85_encode(data: bytes) -> str:

@@ -13,7 +13,7 @@ unique is three simple steps, which the driver does here in one Delta commit:
    DuckDB (``IS NOT DISTINCT FROM``, the Spark MERGE's condition) with their row positions
    (``file_row_number``); rows an earlier deletion vector removed do not count;
 2. **delete** them: each touched file is re-added with its deletion vector grown by them
-   (:mod:`slotlake.deletion_vector`; the old vector's rows come from ``deltalake``);
+   (:mod:`slotlake.deletion_vector` reads the old vector and writes the new one);
 3. **insert** the final rows that are not deletions, as one new Parquet file.
 
 A replaced row is a deletion plus an insertion, as Spark's MERGE with deletion vectors
@@ -31,13 +31,13 @@ import logging
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
 
+from slotlake import deletion_vector
 from slotlake.deletion_vector import DeletionVectorFile
 from slotlake.delta import (
     DRIVER_ENGINE,
@@ -112,7 +112,6 @@ def merge_keyed(
     """MERGE ``rows`` (a keyed table's final rows: the state's columns, ``_key`` and
     ``_deleted``) into the state at a local ``path`` as batch ``batch``; None, having
     written nothing the table refers to, when Spark must do it."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     table = open_local(path)
@@ -126,12 +125,14 @@ def merge_keyed(
     physical = {f.name: f.metadata.get(_PHYSICAL, f.name) for f in schema.fields}
     deleted = rows.column("_deleted").to_numpy(zero_copy_only=False)
 
-    # The table's current vectors are decoded (by deltalake, in Rust) while DuckDB looks
-    # for the keys: both leave the GIL.
-    with ThreadPoolExecutor(1) as pool:
-        vectors = pool.submit(lambda: pa.table(table.deletion_vectors()))
-        matches = _find(path, table, rows, cat, physical)
-        old_dvs = _deleted_rows(vectors.result(), path, set(matches))
+    matches = _find(path, table, rows, cat, physical)
+    # The files' current vectors, read from their add actions: only the files the keys hit.
+    live_adds = _live_adds(path, version, set(matches)) if matches else {}
+    old_dvs = {
+        file: deletion_vector.read(path, add["deletionVector"])
+        for file, add in live_adds.items()
+        if add.get("deletionVector")
+    }
     touched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     hit = np.zeros(rows.num_rows, dtype=bool)
     for file, (positions, sources) in matches.items():
@@ -148,7 +149,6 @@ def merge_keyed(
     actions: list[dict[str, Any]] = []
     try:
         if touched:
-            live_adds = _live_adds(path, version, set(touched))
             dv_file = DeletionVectorFile.new()
             for file, (old, new) in touched.items():
                 add = live_adds[file]
@@ -322,26 +322,6 @@ def _candidates(table: Any, key_physical: str, values: pa.Array) -> list[str]:
         hit[inside] = ordered[at[inside]] <= his[inside]
         keep[known] = hit
     return paths[keep].tolist()
-
-
-def _deleted_rows(vectors: pa.Table, path: str, files: set[str]) -> dict[str, np.ndarray]:
-    """The positions the deletion vectors (``DeltaTable.deletion_vectors``) of ``files``
-    (log paths) remove."""
-    if not files:
-        return {}
-    wanted = {unquote(f): f for f in files}
-    root = os.path.realpath(path)
-    # One flat array of every vector's keep flags: no Python per row.
-    keep = vectors.column("selection_vector").combine_chunks()
-    flags = keep.values.to_numpy(zero_copy_only=False)
-    offsets = keep.offsets.to_numpy()
-    out: dict[str, np.ndarray] = {}
-    for i, uri in enumerate(vectors.column("filepath").to_pylist()):
-        local = unquote(uri.removeprefix("file://"))
-        rel = os.path.relpath(os.path.realpath(local), root)
-        if rel in wanted:
-            out[wanted[rel]] = np.flatnonzero(~flags[offsets[i] : offsets[i + 1]])
-    return out
 
 
 def _live_adds(path: str, version: int, files: set[str]) -> dict[str, dict[str, Any]]:

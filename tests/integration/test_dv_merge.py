@@ -149,6 +149,32 @@ def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path) -> 
     assert DeltaTable(path).transaction_version("app") == 1
 
 
+def test_sparks_vectors_read_as_deltalake_reads_them(spark: Any, tmp_path: Path) -> None:
+    """Every vector Spark wrote (scattered rows, a contiguous range, a whole file) read by
+    :func:`slotlake.deletion_vector.read` from its add action equals deltalake's decoding."""
+    import numpy as np
+
+    from slotlake import deletion_vector
+
+    path = str(tmp_path / "state")
+    _seed(spark, path, 200_000, 3)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 7 = 0 OR id BETWEEN 1000 AND 90000")
+    table = DeltaTable(path)
+    vectors = pa.table(table.deletion_vectors())
+    by_deltalake = {
+        uri.rsplit("/state/", 1)[1]: np.flatnonzero(~np.asarray(keep, dtype=bool)).tolist()
+        for uri, keep in zip(
+            vectors.column("filepath").to_pylist(),
+            vectors.column("selection_vector").to_pylist(),
+            strict=True,
+        )
+    }
+    assert by_deltalake
+    adds = dv_merge._live_adds(path, table.version(), set(by_deltalake))
+    for file, add in adds.items():
+        assert deletion_vector.read(path, add["deletionVector"]).tolist() == by_deltalake[file]
+
+
 def test_many_merges_across_a_checkpoint(spark: Any, tmp_path: Path, monkeypatch) -> None:
     import random
 

@@ -11,8 +11,11 @@ import pytest
 
 from slotlake.deletion_vector import (
     MAGIC,
+    DeletionVectorError,
     DeletionVectorFile,
     descriptor_file,
+    deserialize,
+    read,
     serialize,
     z85_decode,
     z85_encode,
@@ -105,3 +108,55 @@ def test_file_layout() -> None:
     assert first["offset"] == 1
     assert second["offset"] == 1 + 4 + first["sizeInBytes"] + 4
     assert len(body) == second["offset"] + 4 + second["sizeInBytes"] + 4
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_read_back_what_is_written(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    high = int(rng.choice([100, 70_000, 1 << 20, 1 << 34]))
+    positions = np.unique(rng.integers(0, high, int(rng.integers(0, 20_000))))
+    if seed % 4 == 0:  # dense runs: bitmap containers
+        positions = np.union1d(positions, np.arange(1000, 9000))
+    assert np.array_equal(deserialize(serialize(positions)), positions)
+
+
+def test_run_containers() -> None:
+    """Cookie 12347 with the container count in its high half, the run flags, no offsets
+    below four containers; a run is (start, length - 1)."""
+    runs = struct.pack("<I", 12347 | (1 << 16)) + bytes([0b01])  # two containers, first has runs
+    runs += struct.pack("<HHHH", 0, 3, 1, 0)  # (key 0, 4 values), (key 1, 1 value)
+    runs += struct.pack("<H", 2) + struct.pack("<HHHH", 3, 2, 65535, 0)  # 3..5 and 65535
+    runs += struct.pack("<H", 7)  # key 1: the array [7]
+    data = struct.pack("<iq", MAGIC, 1) + struct.pack("<i", 2) + runs
+    base = 2 << 32
+    assert deserialize(data).tolist() == [base + v for v in (3, 4, 5, 65535, 65536 + 7)]
+    inconsistent = data.replace(struct.pack("<HHHH", 0, 3, 1, 0), struct.pack("<HHHH", 0, 9, 1, 0))
+    with pytest.raises(DeletionVectorError, match="run container of key 0 is inconsistent"):
+        deserialize(inconsistent)
+
+
+def test_inline_and_file_vectors_are_checked(tmp_path) -> None:
+    positions = np.array([2, 3, 99])
+    data = serialize(positions)
+    padded = data + b"\0" * (-len(data) % 4)
+    inline = {"storageType": "i", "pathOrInlineDv": z85_encode(padded), "sizeInBytes": len(data)}
+    assert read(str(tmp_path), inline).tolist() == [2, 3, 99]
+
+    dv = DeletionVectorFile.new()
+    desc = dv.add(positions)
+    (tmp_path / dv.name).write_bytes(bytes(dv.body))
+    assert read(str(tmp_path), desc).tolist() == [2, 3, 99]
+    absolute = desc | {"storageType": "p", "pathOrInlineDv": (tmp_path / dv.name).as_uri()}
+    assert read("/elsewhere", absolute).tolist() == [2, 3, 99]
+
+    broken = bytearray(dv.body)
+    broken[-1] ^= 0xFF
+    (tmp_path / dv.name).write_bytes(bytes(broken))
+    with pytest.raises(DeletionVectorError, match=f"{dv.name} at offset 1: checksum"):
+        read(str(tmp_path), desc)
+    with pytest.raises(DeletionVectorError, match="the log says"):
+        read(str(tmp_path), desc | {"sizeInBytes": desc["sizeInBytes"] - 4})
+    with pytest.raises(DeletionVectorError, match="magic number"):
+        deserialize(b"\0" * 12)
+    with pytest.raises(DeletionVectorError, match="truncated"):
+        deserialize(data[:-1])
