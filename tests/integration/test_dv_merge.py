@@ -285,6 +285,17 @@ def test_a_table_written_meanwhile_is_left_to_spark(
     assert DeltaTable(path).version() == version
     assert _read_both(spark, path, "id")[1] == model
 
+    # A log it cannot follow (say, a checkpoint missing a part): Spark's MERGE instead.
+    def gap(path: str, version: int, files: set[str]) -> dict[str, Any]:
+        raise LookupError("no add action")
+
+    monkeypatch.setattr(dv_merge, "_live_adds", gap)
+    assert dv_merge.merge_keyed(path, rows, CAT, "app", 1) is None
+    # No rows: nothing committed, nothing read.
+    empty = dv_merge.merge_keyed(path, _rows(LONG_KEY, []), CAT, "app", 1)
+    assert empty is not None and empty.version == version
+    assert DeltaTable(path).version() == version
+
 
 def test_protocols_it_does_not_write_are_left_to_spark(spark: Any, tmp_path: Path) -> None:
     path = str(tmp_path / "state")
