@@ -43,6 +43,7 @@ from slotlake.delta import (
     WriteResult,
     append,
     arrow_append_creating,
+    arrow_merge_keyed,
     arrow_overwrite,
     ensure_local,
     ensure_table,
@@ -70,6 +71,7 @@ from slotlake.lake import (
 from slotlake.spark import LazySession
 from slotlake.state import (
     align_prior,
+    arrow_merge_predicate,
     empty_state,
     fill_keyed,
     merge_condition,
@@ -86,8 +88,13 @@ if TYPE_CHECKING:
     from slotlake.local_table import RawRows
     from slotlake.snapshot import TableSnapshot
 
-# Who merges a driver-lane table's state: deltalake, or Spark (deletion vectors).
-StateMerge = Literal["driver", "dv", "spark"]
+# Who merges a driver-lane table's state, which the driver holds in every case:
+# "driver": deltalake (copy-on-write), or the driver with deletion vectors ("driver-dv")
+# for a keyed state too big to rewrite per batch; both fit lake.driver_write_state_mb, so
+# a snapshot re-base and fast defaults are done on the driver too. Past that bound a
+# keyed state is MERGEd by the driver with deletion vectors ("dv") or by Spark ("spark").
+StateMerge = Literal["driver", "driver-dv", "dv", "spark"]
+ON_DRIVER: tuple[StateMerge, ...] = ("driver", "driver-dv")
 
 log = logging.getLogger(__name__)
 
@@ -345,10 +352,11 @@ class DriverWrites:
     is read, see :func:`slotlake.local_table.read_raw_dml`). Their rows stay on the driver: decoded,
     filled and appended to the change log without a Spark job. Their state is merged by
     deltalake (which rewrites the files a MERGE touches) while it is small
-    (``lake.driver_write_state_mb``); a bigger keyed state is MERGEd by the driver with
-    deletion vectors (:mod:`slotlake.dv_merge`; ``lake.driver_deletion_vectors``), or by
-    Spark's MERGE fed the driver's final rows when that is off or the table's protocol
-    asks for more than the driver writes; a bigger multiset (whose state the driver
+    (``DV_FROM_BYTES``, or ``lake.driver_write_state_mb`` with deletion vectors off); a
+    bigger keyed state is MERGEd by the driver with deletion vectors
+    (:mod:`slotlake.dv_merge`; ``lake.driver_deletion_vectors``), or by Spark's MERGE fed
+    the driver's final rows when that is off or the table's protocol asks for more than
+    the driver writes; a bigger multiset (whose state the driver
     rebuilds whole) is left to Spark altogether. All such tables of a batch together hold at most
     ``TOTAL_FACTOR`` × ``max_rows`` rows in the driver; the rest go to Spark.
 
@@ -368,6 +376,12 @@ class DriverWrites:
     MEMORY_SHARE = 4  # the driver's tables may take 1/MEMORY_SHARE of the memory limit
     PEAK_PER_PAYLOAD_BYTE = 8
     PEAK_PER_ROW = 1200
+    # A keyed state past this is MERGEd with deletion vectors even within max_state_bytes:
+    # deltalake rewrites every file a key hits. Measured (bench/lake_bench.py scenario,
+    # 2,000 random changes): 100k rows (~6 MiB) 0.29 s rewritten vs 0.15 s with vectors,
+    # 500k rows 0.66 vs 0.18 s; at 20k rows (~1.5 MiB) the two are even, and a rewrite
+    # keeps a small table in a few files.
+    DV_FROM_BYTES = 4 << 20
 
     @classmethod
     def of(cls, lake_cfg: Any, memory: int | None = None) -> DriverWrites:
@@ -390,15 +404,13 @@ class DriverWrites:
         )
 
     def describe(self) -> str:
-        return (
-            f"up to {self.max_rows:,} rows a table, {self.max_bytes >> 20} MiB of payloads, "
-            f"state MERGEd by deltalake up to {self.max_state_bytes >> 20} MiB, "
-            + (
+        head = f"up to {self.max_rows:,} rows a table, {self.max_bytes >> 20} MiB of payloads, "
+        if self.deletion_vectors:
+            return head + (
+                f"a keyed state MERGEd by deltalake up to {self.DV_FROM_BYTES >> 20} MiB, "
                 "above that with deletion vectors"
-                if self.deletion_vectors
-                else "above that by Spark"
             )
-        )
+        return head + f"state MERGEd by deltalake up to {self.max_state_bytes >> 20} MiB"
 
     def holds(self, rows: int) -> bool:
         """Whether ``rows`` rows fit in the driver's total for a batch."""
@@ -424,6 +436,8 @@ class DriverWrites:
             size = table_bytes(str(local_path(state_path)))
         # None: created by this batch.
         if size is None or size <= self.max_state_bytes:
+            if self.deletion_vectors and not cat.is_multiset and (size or 0) > self.DV_FROM_BYTES:
+                return "driver-dv"
             return "driver"
         # A multiset's state is rebuilt whole on the driver: a big one stays with Spark.
         if cat.is_multiset:
@@ -514,7 +528,7 @@ def process_table(
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
     # Fast defaults are applied there to a keyed table whose state it merges.
-    driver_defaults = snap is None and state_merge == "driver"
+    driver_defaults = snap is None and state_merge in ON_DRIVER
     if local_raw is not None and (not defaults or driver_defaults):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
@@ -539,6 +553,7 @@ def process_table(
         )
         merged_by = {
             "driver": "",
+            "driver-dv": " (state MERGEd with deletion vectors)",
             "dv": " (state MERGEd with deletion vectors)",
             "spark": " (state merged by Spark)",
         }
@@ -652,7 +667,7 @@ def _process_local(
     rows take them in the one overwrite that rebuilds its state)."""
     import pyarrow as pa
 
-    assert snap is None or (state_merge == "driver" and not cat.is_multiset), cat.name
+    assert snap is None or (state_merge in ON_DRIVER and not cat.is_multiset), cat.name
 
     from slotlake import local_table
     from slotlake.replay_duckdb import fill_keyed_local
@@ -747,19 +762,23 @@ def _process_local(
         _fault("snapshot_rebased")
 
     if fast and not cat.is_multiset:
-        assert state_merge == "driver" and snap is None, cat.name
+        assert state_merge in ON_DRIVER and snap is None, cat.name
         state_now = arrow_schema_for(schemas[1])
         if fastdefault.update_state_local(state_path, state_now, fast, app_id, batch):
             fault(fastdefault.FAULT_STEP)
         finals = fastdefault.fill_finals_arrow(finals, fast)
 
-    def spark_merge(rows: pa.Table) -> WriteResult:
-        if state_merge == "dv":
+    def merge_state(rows: pa.Table) -> WriteResult:
+        if state_merge in ("dv", "driver-dv"):
             from slotlake.dv_merge import merge_keyed
 
             done = merge_keyed(state_path, rows, cat, app_id, batch)
             if done is not None:
                 return done
+        if state_merge == "driver-dv":  # a state deltalake may rewrite
+            return arrow_merge_keyed(
+                state_path, rows, arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch
+            )
         session = table_session(spark())
         source = session.createDataFrame(rows)
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
@@ -775,7 +794,7 @@ def _process_local(
         batch,
         held,
         (schemas[0], schemas[1]),
-        spark_merge if state_merge != "driver" else None,
+        merge_state if state_merge != "driver" else None,
     )
 
 
@@ -1090,7 +1109,7 @@ def process_batch(
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
     cats = {c.name: c for c in busy}
     local = driver.pick(lake, candidates, expected, copies)
-    for name in [n for n, who in local.items() if n in snaps and who != "driver"]:
+    for name in [n for n, who in local.items() if n in snaps and who not in ON_DRIVER]:
         del local[name]
     local_raw: dict[str, RawRows] = {}
     if local:

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from slotlake.batch import DriverWrites
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import Lake, read_changes, read_state
 from slotlake.lsn import Lsn
@@ -179,18 +180,21 @@ def _writers(root: str, table: str, kind: str = "state") -> set[str]:
     }
 
 
-@pytest.mark.parametrize("writer", ["driver", "dv-merge", "spark-merge", "spark"])
+@pytest.mark.parametrize("writer", ["driver", "driver-dv", "dv-merge", "spark-merge", "spark"])
 def test_varied_workload_in_batches(
-    pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str
+    pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same workload with small keyed tables written from the driver (``deltalake``,
     the default for them), with the driver's rows merged with deletion vectors by the
-    driver (the default for a big state), or by Spark (that turned off), and with every
+    driver (the default for a big state; ``driver-dv``: for a mid-sized one, whose
+    snapshot re-base stays on the driver), or by Spark (that turned off), and with every
     table through Spark."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     if writer == "spark":
         cfg.lake.driver_write_rows = 0
+    if writer == "driver-dv":
+        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
     if writer in ("dv-merge", "spark-merge"):
         cfg.lake.driver_write_state_mb = 0
         cfg.lake.driver_deletion_vectors = writer == "dv-merge"
@@ -254,6 +258,7 @@ def test_varied_workload_in_batches(
     state_writers = {
         "driver": {"delta-rs"},
         # The first batch creates the table: an empty state is written on the driver.
+        "driver-dv": {"delta-rs", "slotlake"},
         "dv-merge": {"delta-rs", "slotlake"},
         "spark-merge": {"delta-rs", "spark"},
         "spark": {"spark"},
@@ -262,7 +267,7 @@ def test_varied_workload_in_batches(
         {"spark"} if writer == "spark" else {"delta-rs"}
     )
     assert _writers(lake, "public.kv") == state_writers
-    if writer == "dv-merge":
+    if writer in ("driver-dv", "dv-merge"):
         # Spark reads what the driver's deletion vectors and files left, as deltalake does.
         path = f"{lake}/{Lake.table_path('state', 'public.kv')}"
         by_spark = spark.read.format("delta").load(path).select("id", "txt").collect()
@@ -274,7 +279,9 @@ def test_varied_workload_in_batches(
         )
     # A multiset's small state is rebuilt on the driver; with a bigger one (here: any but
     # the first batch's new table) the whole table goes through Spark, change log too.
-    multiset_writers = {"dv-merge": {"delta-rs", "spark"}}.get(writer, state_writers)
+    multiset_writers = {"dv-merge": {"delta-rs", "spark"}, "driver-dv": {"delta-rs"}}.get(
+        writer, state_writers
+    )
     assert _writers(lake, "public.full_t") == multiset_writers
     assert _writers(lake, "public.full_t", "changes") == multiset_writers
 
