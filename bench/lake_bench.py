@@ -16,6 +16,9 @@ SparkSession (the issue's targets in brackets):
   multiset  ``--process-changes`` changes on a ``--small``-row table without a key
           (REPLICA IDENTITY FULL), one ``slotlake sync`` process each: its state rebuilt
           on the driver (the default) vs MERGEd by Spark (``driver_write_state_mb = 0``)
+  mid     2,000 changes on 100k- and 500k-row keyed tables (states within
+          ``lake.driver_write_state_mb``): rewritten by deltalake's MERGE
+          (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
   ddl     the ``process`` batch with column changes at the source in it (each of the 8
           tables gets ADD COLUMN … DEFAULT, RENAME COLUMN and DROP COLUMN before its
           updates), one ``slotlake sync`` process, vs the ``process`` figure: DDL should
@@ -26,7 +29,7 @@ timed), then the timed batch is written and one ``run_sync`` measured. Not a tes
 hand.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,process,multiset,ddl]
+                               [--tables 100] [--steps size,spread,process,multiset,mid,ddl]
                                [--json PATH]
 """
 
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=20_000)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--process-changes", type=int, default=400)
-    p.add_argument("--steps", default="size,spread,process,multiset,ddl")
+    p.add_argument("--steps", default="size,spread,process,multiset,mid,ddl")
     p.add_argument("--version", type=int, default=16)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -318,6 +321,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"process: state rebuilt on the driver {driver:.1f}s vs MERGEd by Spark "
                 f"{in_spark:.1f}s"
             )
+        if "mid" in steps:
+            # Mid-sized keyed states (within lake.driver_write_state_mb): rewritten by
+            # deltalake's MERGE vs MERGEd by the driver with deletion vectors.
+            out["mid"] = {}
+            for rows in (100_000, 500_000):
+                tag = f"mid{rows // 1000}k"
+                cow = scenario(
+                    pg, spark, f"{tag}_cow", {"t": rows}, 2000, repeat=3, deletion_vectors=False
+                )
+                dv = scenario(pg, spark, f"{tag}_dv", {"t": rows}, 2000, repeat=3)
+                out["mid"][rows] = {"rewrite_s": cow, "vectors_s": dv}
+                log(
+                    f"mid: 2,000 changes on {rows:,} rows: deltalake rewrites {cow:.2f}s vs "
+                    f"deletion vectors {dv:.2f}s"
+                )
     finally:
         spark.stop()
         pg.stop()
