@@ -29,6 +29,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaProtocolError
 
 import slotlake.sync
+from slotlake.batch import DriverWrites
 from slotlake.lake import Lake, read_changes, read_state
 from slotlake.sync import run_sync
 
@@ -131,16 +132,19 @@ def _workload(c: psycopg.Connection, batch: int) -> None:
         c.execute("INSERT INTO kv VALUES (100, 'new', 100)")
 
 
-@pytest.mark.parametrize("writer", ["driver", "spark"])
+@pytest.mark.parametrize("writer", ["driver", "vectors", "spark"])
 def test_readers_without_slotlake(
     pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch, writer: str
 ) -> None:
-    """Every reader on both writers' tables: ``deltalake`` from the driver (files
-    rewritten by MERGE) and Spark (deletion vectors)."""
+    """Every reader on each writer's tables: ``deltalake`` from the driver (files
+    rewritten by MERGE), the driver's own MERGE with deletion vectors (the keyed table's
+    state counted as mid-sized), and Spark (deletion vectors)."""
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     if writer == "spark":
         cfg.lake.driver_write_rows = 0
+    if writer == "vectors":
+        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(SCHEMA)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
@@ -204,7 +208,7 @@ def test_readers_without_slotlake(
     config = DeltaTable(kv_path).metadata().configuration
     assert config.get("delta.columnMapping.mode") == "name"
     dvs = any(n.startswith("deletion_vector_") for n in os.listdir(kv_path))
-    assert dvs == (writer == "spark"), os.listdir(kv_path)
+    assert dvs == (writer in ("vectors", "spark")), os.listdir(kv_path)
     assert "label" in read_state(root, "public.kv").column_names
 
     # -- deltalake: QueryBuilder (DataFusion) reads them; to_pyarrow_table() does not.
