@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from slotlake.batch import DriverWrites
 from slotlake.cli import main as cli_main
 from slotlake.lake import BatchPlan, Lake, read_state
 from slotlake.maintain import (
@@ -66,15 +67,20 @@ def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if "_delta_log" not in p.parts}
 
 
+@pytest.mark.parametrize("writer", ["spark", "vectors"])
 def test_maintain_compacts_vacuums_and_keeps_retained_batches(
-    pg_dsn: str, slot: str, spark, tmp_path: Path
+    pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake_dir = tmp_path / "lake"
     root = str(lake_dir)
     cfg = make_config(pg_dsn, root, slot)
-    # Spark's MERGE leaves a file per batch plus deletion vectors: what OPTIMIZE is for
-    # (the driver-side writer of small tables rewrites the files it touches instead).
-    cfg.lake.driver_write_rows = 0
+    # Spark's MERGE, and the driver's with deletion vectors (here for any keyed state),
+    # leave a file per batch plus deletion vectors: what OPTIMIZE is for (deltalake's
+    # MERGE of small states rewrites the files it touches instead).
+    if writer == "spark":
+        cfg.lake.driver_write_rows = 0
+    else:
+        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
     clock = time.monotonic()
 
     def took(what: str) -> None:
