@@ -158,24 +158,7 @@ def merge_keyed(
         if touched:
             dv_file = DeletionVectorFile.new()
             for file, (old, new) in touched.items():
-                add = live_adds[file]
-                grown = dict(add)
-                grown["deletionVector"] = dv_file.add(np.union1d(old, new))
-                grown["dataChange"] = True
-                if add.get("stats"):
-                    grown["stats"] = json.dumps(json.loads(add["stats"]) | {"tightBounds": False})
-                remove = {
-                    "path": add["path"],
-                    "deletionTimestamp": now,
-                    "dataChange": True,
-                    "extendedFileMetadata": True,
-                    "partitionValues": add.get("partitionValues") or {},
-                    "size": add["size"],
-                }
-                for name in ("deletionVector", "stats", "tags"):
-                    if add.get(name) is not None:
-                        remove[name] = add[name]
-                actions += [{"remove": remove}, {"add": grown}]
+                actions += _regrown(live_adds[file], dv_file.add(np.union1d(old, new)), now)
             target = os.path.join(path, dv_file.name)
             with open(target, "xb") as out:
                 out.write(dv_file.body)
@@ -199,24 +182,7 @@ def merge_keyed(
             "executionTimeMs": str(int((time.monotonic() - started) * 1000)),
         }
         head = [
-            {
-                "commitInfo": {
-                    "timestamp": now,
-                    "operation": "MERGE",
-                    "operationParameters": {
-                        "predicate": json.dumps([f"replica identity {cat.key_columns}"]),
-                        "matchedPredicates": json.dumps(
-                            [{"actionType": "delete"}, {"actionType": "update"}]
-                        ),
-                        "notMatchedPredicates": json.dumps([{"actionType": "insert"}]),
-                    },
-                    "readVersion": version,
-                    "isolationLevel": "Serializable",
-                    "isBlindAppend": False,
-                    "operationMetrics": metrics,
-                    "engineInfo": DRIVER_ENGINE,
-                }
-            },
+            _commit_info(cat, version, metrics, now),
             {"txn": {"appId": app_id, "version": batch, "lastUpdated": now}},
         ]
         _commit_on_driver(path, version + 1, head + actions)
@@ -236,6 +202,51 @@ def merge_keyed(
         len(touched),
     )
     return WriteResult(version + 1, metrics)
+
+
+def _regrown(add: dict[str, Any], vector: dict[str, Any], now: int) -> list[dict[str, Any]]:
+    """The actions that give a live file (its ``add``) a grown deletion vector: remove the
+    logical file it is (path and old vector), add it back with the new one. Its statistics
+    stay, no longer tight (they count the deleted rows too)."""
+    grown = dict(add) | {"deletionVector": vector, "dataChange": True}
+    if add.get("stats"):
+        grown["stats"] = json.dumps(json.loads(add["stats"]) | {"tightBounds": False})
+    remove = {
+        "path": add["path"],
+        "deletionTimestamp": now,
+        "dataChange": True,
+        "extendedFileMetadata": True,
+        "partitionValues": add.get("partitionValues") or {},
+        "size": add["size"],
+    }
+    for name in ("deletionVector", "stats", "tags"):
+        if add.get(name) is not None:
+            remove[name] = add[name]
+    return [{"remove": remove}, {"add": grown}]
+
+
+def _commit_info(
+    cat: TableCatalog, version: int, metrics: dict[str, str], now: int
+) -> dict[str, Any]:
+    """The commit's ``commitInfo``, shaped as Spark's MERGE writes it (history readers)."""
+    return {
+        "commitInfo": {
+            "timestamp": now,
+            "operation": "MERGE",
+            "operationParameters": {
+                "predicate": json.dumps([f"replica identity {cat.key_columns}"]),
+                "matchedPredicates": json.dumps(
+                    [{"actionType": "delete"}, {"actionType": "update"}]
+                ),
+                "notMatchedPredicates": json.dumps([{"actionType": "insert"}]),
+            },
+            "readVersion": version,
+            "isolationLevel": "Serializable",
+            "isBlindAppend": False,
+            "operationMetrics": metrics,
+            "engineInfo": DRIVER_ENGINE,
+        }
+    }
 
 
 def _find(
