@@ -769,13 +769,16 @@ def _process_local(
         finals = fastdefault.fill_finals_arrow(finals, fast)
 
     def merge_state(rows: pa.Table) -> WriteResult:
-        if state_merge in ("dv", "driver-dv"):
+        if state_merge != "spark":
             from slotlake.dv_merge import merge_keyed
 
-            done = merge_keyed(state_path, rows, cat, app_id, batch)
+            # A small state's touched files are rewritten (it stays compact); a bigger
+            # one's get deletion vectors.
+            vectors = state_merge != "driver"
+            done = merge_keyed(state_path, rows, cat, app_id, batch, deletion_vectors=vectors)
             if done is not None:
                 return done
-        if state_merge == "driver-dv":  # a state deltalake may rewrite
+        if state_merge in ("driver", "driver-dv"):  # a state deltalake may rewrite
             return arrow_merge_keyed(
                 state_path, rows, arrow_merge_predicate(cat), ["_key", "_deleted"], app_id, batch
             )
@@ -794,7 +797,8 @@ def _process_local(
         batch,
         held,
         (schemas[0], schemas[1]),
-        merge_state if state_merge != "driver" else None,
+        merge_state,
+        concurrent=state_merge != "driver",
     )
 
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from slotlake.delta_log import Snapshot
+
 log = logging.getLogger(__name__)
 
 TABLE_PROPERTIES: dict[str, str] = {
@@ -93,6 +95,35 @@ def open_local(path: str) -> Any:
             return table
     table = cache[path] = DeltaTable(path)
     return table
+
+
+def local_snapshot(path: str, files: bool = False) -> Snapshot:
+    """:func:`slotlake.delta_log.snapshot`, reused inside :func:`reusing_local_tables`
+    while the table's next log entry does not exist (the commits made through
+    :mod:`slotlake.delta_log` advance it: :func:`remember`)."""
+    import os
+
+    from slotlake import delta_log
+
+    cache = _OPEN
+    key = "log:" + path
+    if cache is not None:
+        snap = cache.get(key)
+        if snap is not None and (snap.files is not None or not files):
+            following = os.path.join(path, "_delta_log", f"{snap.version + 1:020d}.json")
+            if not os.path.exists(following):
+                return snap
+    snap = delta_log.snapshot(path, files)
+    if cache is not None:
+        cache[key] = snap
+    return snap
+
+
+def remember(snap: Snapshot) -> None:
+    """Keep the snapshot a commit made through :mod:`slotlake.delta_log` returned."""
+    cache = _OPEN
+    if cache is not None:
+        cache["log:" + snap.path] = snap
 
 
 def quote(name: str) -> str:
@@ -214,7 +245,10 @@ def delta_schema(path: str) -> StructType | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-    return _struct_from_json(open_local(path).schema().to_json())
+    try:
+        return local_snapshot(path).schema
+    except LookupError:  # a log delta_log does not follow: delta-rs reads it
+        return _struct_from_json(open_local(path).schema().to_json())
 
 
 @lru_cache(maxsize=4096)
@@ -309,7 +343,10 @@ def txn_version(path: str, app_id: str) -> int | None:
         return None
 
     try:
-        return open_local(path).transaction_version(app_id)
+        try:
+            return local_snapshot(path).txns.get(app_id)
+        except LookupError:
+            return open_local(path).transaction_version(app_id)
     except Exception:  # a reader that cannot tell must not stop the batch
         log.debug("could not read txn versions of %s", path, exc_info=True)
         return None
@@ -382,6 +419,10 @@ def table_bytes(path: str) -> int | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
+    try:  # read once: the state's MERGE uses the same snapshot of its files
+        return local_snapshot(path, files=True).file_bytes()
+    except LookupError:
+        pass
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -405,14 +446,12 @@ def written_already(
 ) -> WriteResult | None:
     """The table's last commit if ``app_id`` already wrote ``batch`` into it (a rerun)."""
 
-    table = None
     if held == UNREAD:
-        table = open_local(path)
-        held = table.transaction_version(app_id)
+        held = txn_version(path, app_id)
     if held is None or held < batch:
         return None
     # Nothing writes the table between its batch and the commit record (the lake lock).
-    return _last(table if table is not None else open_local(path))
+    return _last(open_local(path))
 
 
 def local_last_commit(path: str) -> WriteResult:
@@ -507,10 +546,39 @@ def _arrow_write(
     done = written_already(path, app_id, batch, held)
     if done is not None:
         return done
+    written = _write_on_driver(path, data, mode == "overwrite", app_id, batch)
+    if written is not None:
+        return written
     # One log read: the write advances the table object it is given.
     table = open_local(path)
     write_deltalake(table, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
     return WriteResult(table.version(), {"numOutputRows": str(data.num_rows)})
+
+
+def _write_on_driver(
+    path: str, data: Any, overwrite: bool, app_id: str, batch: int
+) -> WriteResult | None:
+    """The append or overwrite committed by :mod:`slotlake.delta_log` (a few ms where
+    delta-rs takes tens); None, having committed nothing, where delta-rs must do it: a log
+    or protocol that module does not follow, or a version taken meanwhile."""
+    from slotlake import delta_log
+
+    try:
+        snap = local_snapshot(path, files=overwrite)
+    except LookupError as exc:
+        log.debug("%s: written by delta-rs (%s)", path, exc)
+        return None
+    why = delta_log.unwritable(snap)
+    if why is not None:
+        log.debug("%s: written by delta-rs (%s)", path, why)
+        return None
+    try:
+        after, metrics = delta_log.append(snap, data, app_id, batch, overwrite)
+    except FileExistsError:
+        log.info("%s: version %d was written meanwhile; delta-rs retries", path, snap.version + 1)
+        return None
+    remember(after)
+    return WriteResult(after.version, metrics)
 
 
 def sql_ident(name: str) -> str:
@@ -595,8 +663,10 @@ def local_version(path: str) -> int | None:
 
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-
-    return int(open_local(path).version())
+    try:
+        return local_snapshot(path).version
+    except LookupError:
+        return int(open_local(path).version())
 
 
 def ensure_local(

@@ -339,14 +339,16 @@ def write_local(
     held: tuple[int | None, int | None],
     schemas: tuple[StructType, StructType],
     merge_state: Callable[[pa.Table], WriteResult] | None = None,
+    concurrent: bool = True,
 ) -> tuple[WriteResult, WriteResult]:
-    """A table's change log and state at local paths, each one ``deltalake`` commit.
+    """A table's change log and state at local paths, each one Delta commit.
 
     ``held``: the txn versions of ``app_id`` the two tables hold and ``schemas`` their
-    schemas (both read by the caller). ``merge_state``: who merges the final rows into a
-    big state instead (the driver's deletion vectors or Spark's MERGE, where deltalake
-    would rewrite every touched file), while the change log is appended; an overwrite
-    after TRUNCATE writes only the rows left, so it stays here."""
+    schemas (both read by the caller). ``merge_state``: who merges the final rows into
+    the state (:mod:`slotlake.dv_merge`, or Spark's MERGE), else deltalake's MERGE does;
+    with ``concurrent`` the change log is appended meanwhile (a big state's MERGE spends
+    its time outside the GIL). An overwrite after TRUNCATE writes only the rows left, so
+    it stays here."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow.compute as pc
@@ -359,6 +361,9 @@ def write_local(
         typed = conform_arrow(rows.select([*data, "_fallback", "_missing_toast"]), state_cols)
         for name in ("_key", "_deleted"):
             typed = typed.append_column(name, rows.column(name))
+        if not concurrent:
+            c = arrow_append(changes_path, changes, app_id, batch, held[0])
+            return c, written_already(state_path, app_id, batch, held[1]) or merge_state(typed)
         # A big state's MERGE spends its time reading key columns outside the GIL (DuckDB
         # or Spark): the change log's append runs meanwhile, a commit to another table.
         with ThreadPoolExecutor(1) as pool:

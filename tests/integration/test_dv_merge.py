@@ -1,7 +1,7 @@
-"""The driver's MERGE with deletion vectors (:mod:`slotlake.dv_merge`) against a Python
-model of the state, read back by Spark and by deltalake: on top of Spark's own deletion
-vectors, across a checkpoint, with keys kept as ``_fallback`` text, and the cases it must
-leave to Spark."""
+"""The driver's MERGE (:mod:`slotlake.dv_merge`) against a Python model of the state, read
+back by Spark and by deltalake, in both its ways of deleting (deletion vectors, and the
+touched files rewritten): on top of Spark's own deletion vectors, across a checkpoint,
+with keys kept as ``_fallback`` text, and the cases it must leave to another writer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 from pyspark.sql.types import (
     ArrayType,
@@ -22,10 +23,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from slotlake import dv_merge
+from slotlake import delta, delta_log, dv_merge
 from slotlake.catalog import TableCatalog
 from slotlake.decode import arrow_schema_for
-from slotlake.delta import DRIVER_ENGINE, create_on_driver
+from slotlake.delta import DRIVER_ENGINE, _struct_from_json, create_on_driver
 from slotlake.lake import query_delta
 
 HELPERS = [
@@ -41,6 +42,9 @@ CAT = TableCatalog(
     key_columns=["id"],
 )
 Model = dict[Any, tuple[str | None, dict[str, str]]]
+# merge_keyed's rewrite_up_to: 0 gives every touched file a deletion vector; the default
+# rewrites the touched files of these small tables.
+MODES = {"vectors": 0, "rewrite": dv_merge.REWRITE_BYTES}
 
 
 def _rows(
@@ -107,7 +111,8 @@ def _last_commit(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f]
 
 
-def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path, mode: str) -> None:
     path = str(tmp_path / "state")
     model = _seed(spark, path, 3000, 3)
     # Spark's own deletion vectors first: every tenth row goes.
@@ -124,7 +129,8 @@ def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path) -> 
         (30, None, {}, True),  # already gone: nothing
         (7000, None, {}, True),  # never there: nothing
     ]
-    result = dv_merge.merge_keyed(path, _rows(LONG_KEY, changes), CAT, "app", 1)
+    rows = _rows(LONG_KEY, changes)
+    result = dv_merge.merge_keyed(path, rows, CAT, "app", 1, rewrite_up_to=MODES[mode])
     assert result is not None
     _apply(model, changes)
     by_spark, by_deltalake = _read_both(spark, path, "id")
@@ -133,7 +139,6 @@ def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path) -> 
     assert result.metrics["numTargetRowsInserted"] == "2"
     assert result.metrics["numTargetRowsUpdated"] == "2"
     assert result.metrics["numTargetRowsDeleted"] == "1"
-    # No data file rewritten: the old ones re-added with vectors, one new file.
     actions = _last_commit(path)
     assert actions[0]["commitInfo"]["engineInfo"] == DRIVER_ENGINE
     assert actions[1] == {
@@ -141,6 +146,15 @@ def test_merge_on_top_of_sparks_deletion_vectors(spark: Any, tmp_path: Path) -> 
     }
     adds = [a["add"] for a in actions if "add" in a]
     removes = [a["remove"] for a in actions if "remove" in a]
+    if mode == "rewrite":
+        # The touched files (with Spark's vectors) replaced by one file without a vector.
+        assert {a["path"] for a in removes} <= files_before
+        assert all("deletionVector" in r for r in removes)
+        assert len(adds) == 1 and "deletionVector" not in adds[0]
+        assert result.metrics["numTargetFilesRemoved"] == str(len(removes))
+        assert DeltaTable(path).transaction_version("app") == 1
+        return
+    # No data file rewritten: the old ones re-added with vectors, one new file.
     assert {a["path"] for a in removes} <= files_before
     assert len([a for a in adds if a["path"] not in files_before]) == 1
     for remove in removes:
@@ -170,21 +184,30 @@ def test_sparks_vectors_read_as_deltalake_reads_them(spark: Any, tmp_path: Path)
         )
     }
     assert by_deltalake
-    adds = dv_merge._live_adds(path, table.version(), set(by_deltalake))
+    live = delta_log.snapshot(path, files=True).files
+    assert live is not None
+    adds = {file: live[file] for file in by_deltalake}
     for file, add in adds.items():
         assert deletion_vector.read(path, add["deletionVector"]).tolist() == by_deltalake[file]
 
 
-def test_many_merges_across_a_checkpoint(spark: Any, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_many_merges_across_a_checkpoint(
+    spark: Any, tmp_path: Path, monkeypatch, mode: str
+) -> None:
     import random
 
     path = str(tmp_path / "state")
     model = _seed(spark, path, 2000, 4)
     from_checkpoint = []
-    real = dv_merge._from_checkpoint
-    monkeypatch.setattr(
-        dv_merge, "_from_checkpoint", lambda add: from_checkpoint.append(add["path"]) or real(add)
-    )
+    real = delta_log._read_checkpoint
+
+    def reading(parts: list[str], *state: Any) -> None:
+        if state[-1] is not None:  # the live files were asked for
+            from_checkpoint.append(parts)
+        real(parts, *state)
+
+    monkeypatch.setattr(delta_log, "_read_checkpoint", reading)
     rng = random.Random(7)
     next_id = 2000
     for batch in range(1, 13):
@@ -196,13 +219,19 @@ def test_many_merges_across_a_checkpoint(spark: Any, tmp_path: Path, monkeypatch
         for _ in range(10):
             changes.append((next_id, f"new{batch}", {}, False))
             next_id += 1
-        assert dv_merge.merge_keyed(path, _rows(LONG_KEY, changes), CAT, "app", batch)
+        rows = _rows(LONG_KEY, changes)
+        assert dv_merge.merge_keyed(path, rows, CAT, "app", batch, rewrite_up_to=MODES[mode])
         _apply(model, changes)
         _, by_deltalake = _read_both(spark, path, "id") if batch % 4 == 0 else (None, None)
         if by_deltalake is not None:
             assert by_deltalake == model, batch
     assert (Path(path) / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
     assert from_checkpoint, "no live file's add action was read from the checkpoint"
+    live = delta_log.snapshot(path, files=True).files
+    assert live is not None
+    assert set(live) == {
+        a["path"] for a in pa.table(DeltaTable(path).get_add_actions(True)).to_pylist()
+    }
     by_spark, by_deltalake = _read_both(spark, path, "id")
     assert by_spark == model
     assert by_deltalake == model
@@ -225,7 +254,8 @@ def test_many_merges_across_a_checkpoint(spark: Any, tmp_path: Path, monkeypatch
     assert not list(Path(path).glob("deletion_vector_*.bin"))
     changes = [(key, "after upkeep", {}, False) for key in sorted(model)[:50]]
     changes += [(key, None, {}, True) for key in sorted(model)[50:60]]
-    assert dv_merge.merge_keyed(path, _rows(LONG_KEY, changes), CAT, "app", 13)
+    rows = _rows(LONG_KEY, changes)
+    assert dv_merge.merge_keyed(path, rows, CAT, "app", 13, rewrite_up_to=MODES[mode])
     _apply(model, changes)
     by_spark, by_deltalake = _read_both(spark, path, "id")
     assert by_spark == by_deltalake == model
@@ -267,8 +297,9 @@ def test_keys_kept_as_text_match_through_fallback(spark: Any, tmp_path: Path) ->
     assert by_spark == by_deltalake == model
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 def test_a_table_written_meanwhile_is_left_to_spark(
-    spark: Any, tmp_path: Path, monkeypatch
+    spark: Any, tmp_path: Path, monkeypatch, mode: str
 ) -> None:
     path = str(tmp_path / "state")
     model = _seed(spark, path, 100, 1)
@@ -277,21 +308,22 @@ def test_a_table_written_meanwhile_is_left_to_spark(
     def taken(path: str, version: int, actions: list[dict[str, Any]]) -> None:
         raise FileExistsError(version)
 
-    monkeypatch.setattr(dv_merge, "_commit_on_driver", taken)
+    monkeypatch.setattr(delta, "_commit_on_driver", taken)
     rows = _rows(LONG_KEY, [(1, "x", {}, False), (2, None, {}, True)])
     listing = sorted(os.listdir(path))
-    assert dv_merge.merge_keyed(path, rows, CAT, "app", 1) is None
+    assert dv_merge.merge_keyed(path, rows, CAT, "app", 1, rewrite_up_to=MODES[mode]) is None
     assert sorted(os.listdir(path)) == listing  # its vector and data files removed again
     assert DeltaTable(path).version() == version
     assert _read_both(spark, path, "id")[1] == model
 
     # A log it cannot follow (say, a checkpoint missing a part): Spark's MERGE instead.
-    def gap(path: str, version: int, files: set[str]) -> dict[str, Any]:
-        raise LookupError("no add action")
+    def gap(path: str, files: bool = False) -> Any:
+        raise LookupError("log entries missing")
 
-    monkeypatch.setattr(dv_merge, "_live_adds", gap)
+    monkeypatch.setattr(delta_log, "snapshot", gap)
     assert dv_merge.merge_keyed(path, rows, CAT, "app", 1) is None
-    # No rows: nothing committed, nothing read.
+    monkeypatch.undo()
+    # No rows: nothing committed.
     empty = dv_merge.merge_keyed(path, _rows(LONG_KEY, []), CAT, "app", 1)
     assert empty is not None and empty.version == version
     assert DeltaTable(path).version() == version
@@ -302,17 +334,25 @@ def test_protocols_it_does_not_write_are_left_to_spark(spark: Any, tmp_path: Pat
     _seed(spark, path, 10, 1)
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
     table = DeltaTable(path)
-    assert "rowTracking" in (dv_merge.unsupported(table) or "")
+    assert "rowTracking" in (dv_merge.unsupported(delta_log.snapshot(path)) or "")
     rows = _rows(LONG_KEY, [(1, "x", {}, False)])
     assert dv_merge.merge_keyed(path, rows, CAT, "app", 1) is None
     assert DeltaTable(path).version() == table.version()
 
+    # Deletion vectors turned off: the touched files are rewritten, whatever their size.
     plain = str(tmp_path / "plain")
-    _seed(spark, plain, 10, 1)
+    model = _seed(spark, plain, 10, 1)
     spark.sql(
         f"ALTER TABLE delta.`{plain}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')"
     )
-    assert "enableDeletionVectors" in (dv_merge.unsupported(DeltaTable(plain)) or "")
+    snap = delta_log.snapshot(plain)
+    assert dv_merge.unsupported(snap) is None and not dv_merge.vectors_allowed(snap)
+    changes = [(1, "x", {}, False), (2, None, {}, True)]
+    result = dv_merge.merge_keyed(plain, _rows(LONG_KEY, changes), CAT, "app", 1, rewrite_up_to=0)
+    assert result is not None and result.metrics["numTargetDeletionVectorsAdded"] == "0"
+    assert not any(a["add"].get("deletionVector") for a in _last_commit(plain) if "add" in a)
+    _apply(model, changes)
+    assert _read_both(spark, plain, "id") == (model, model)
 
 
 def test_files_are_pruned_by_key_statistics_and_keys_match_whole(
@@ -349,12 +389,13 @@ def test_files_are_pruned_by_key_statistics_and_keys_match_whole(
     table = DeltaTable(path)
     physical = {
         f.name: f.metadata["delta.columnMapping.physicalName"]
-        for f in dv_merge._struct_from_json(table.schema().to_json()).fields
+        for f in _struct_from_json(table.schema().to_json()).fields
     }
     adds = pa.table(table.get_add_actions(True)).to_pylist()
     m_file = next(a["path"] for a in adds if a[f"min.{physical['a']}"].startswith("m"))
     keys = pa.array(["m010", "m011", "m049"])
-    assert dv_merge._candidates(table, physical["a"], keys) == [m_file]
+    snap = delta_log.snapshot(path, files=True)
+    assert dv_merge._candidates(snap, physical["a"], keys) == [m_file]
 
     def rows(changes: list[tuple[str, int, str | None, bool]]) -> pa.Table:
         state = arrow_schema_for(schema)

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from slotlake import ddl
+from slotlake import ddl, dv_merge
 from slotlake.batch import DriverWrites
 from slotlake.cli import main as cli_main
 from slotlake.lake import Lake, read_ddl, read_state
@@ -39,7 +39,7 @@ def setup(c: psycopg.Connection[Any], slot: str, trigger: bool) -> None:
     c.execute("INSERT INTO m VALUES (1, 'x'), (1, 'x'), (2, 'y'), (3, 'z')")
 
 
-@pytest.mark.parametrize("state_merge", ["deltalake", "vectors"])
+@pytest.mark.parametrize("state_merge", ["rewrite", "vectors"])
 def test_constant_defaults_untouched_and_touched_rows(
     pg_dsn: str,
     slot: str,
@@ -49,12 +49,14 @@ def test_constant_defaults_untouched_and_touched_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without the trigger: the values come from the catalog read at the batch's target.
-    ``vectors``: the keyed table's state counts as mid-sized, its MERGE done by the driver
-    with deletion vectors after the defaults' overwrite."""
+    The keyed table's MERGE is done by the driver after the defaults' overwrite, rewriting
+    the files its keys hit (``rewrite``, a small state) or, the state counted as
+    mid-sized, with deletion vectors (``vectors``)."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     if state_merge == "vectors":
         monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+        monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)  # vectors, not rewrites
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup(c, slot, trigger=False)
         run_sync(cfg, spark=spark)
@@ -82,8 +84,8 @@ def test_constant_defaults_untouched_and_touched_rows(
         assert state[3]["c"] == "own"
         # The defaults were applied on the driver (the columns added there too): no Spark
         # commit; the keyed table's prior rows in an overwrite of their own.
-        assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]
-        assert _engines(lake, "public.k") == {"slotlake (driver)", "delta-rs"}
+        assert _fastdefault_commits(lake, "public.k") == ["slotlake (driver)"]
+        assert _engines(lake, "public.k") == {"slotlake (driver)"}
         # The multiset's prior rows took theirs in the overwrite that rebuilt its state.
         assert _fastdefault_commits(lake, "public.m") == []
         assert "Apache-Spark" not in _engines(lake, "public.m")
@@ -97,8 +99,9 @@ def test_constant_defaults_untouched_and_touched_rows(
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, TABLES)
         assert {r["e"] for r in read_state(lake, "public.k").to_pylist()} == {7}
-    merges = _state_merges(lake, "public.k")
-    assert ("slotlake (driver)" in merges) == (state_merge == "vectors"), merges
+    assert _state_merges(lake, "public.k") == {"slotlake (driver)"}
+    vectors = list((Path(lake) / Lake.table_path("state", "public.k")).glob("deletion_vector_*"))
+    assert bool(vectors) == (state_merge == "vectors"), vectors
 
 
 def _state_merges(lake: str, table: str) -> set[str]:
@@ -248,11 +251,11 @@ def test_rerun_after_a_crash_past_the_driver_default_update(
         c.execute("UPDATE k SET c = 'own' WHERE id = 2")
         c.execute("DELETE FROM k WHERE id = 8")
         _crash_past_the_default_update(cfg, spark, monkeypatch)
-        assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]
+        assert _fastdefault_commits(lake, "public.k") == ["slotlake (driver)"]
         c.execute("UPDATE k SET c = 'later' WHERE id = 3")
         result = run_sync(cfg, spark=spark)
         assert result.resumed == 2 and result.batch == 3
-        assert _fastdefault_commits(lake, "public.k") == ["delta-rs"]  # not applied twice
+        assert _fastdefault_commits(lake, "public.k") == ["slotlake (driver)"]  # not twice
         assert_mirror(c, lake, TABLES)
         state = {r["id"]: r for r in read_state(lake, "public.k").to_pylist()}
         assert state[1]["c"] == "dflt" and dict(state[1]["_fallback"]) == {"d": "infinity"}

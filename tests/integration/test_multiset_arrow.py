@@ -21,6 +21,7 @@ import pytest
 
 from slotlake.batch import _state_schema
 from slotlake.decode import arrow_schema_for
+from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import COPIES
 from slotlake.multiset_arrow import multiset_state, multiset_table
 from slotlake.state import merge_multiset
@@ -180,6 +181,6 @@ def test_driver_multiset_through_ddl(pg_dsn: str, slot: str, spark, tmp_path) ->
     assert distinct == {(1, "y", None): 3, (2, None, 7): 1, (3, "z", 1): 1}
     history = table.history()
     writes = [h for h in history if h.get("operation") in ("MERGE", "WRITE")]
-    by = [("delta-rs" in str(h.get("clientVersion", "")), h["operation"]) for h in writes]
-    # history() is newest first: four rebuilds after Spark's two MERGEs.
+    by = [(h.get("engineInfo") == DRIVER_ENGINE, h["operation"]) for h in writes]
+    # history() is newest first: four rebuilds by the driver after Spark's two MERGEs.
     assert by == [(True, "WRITE")] * 4 + [(False, "MERGE")] * 2, by

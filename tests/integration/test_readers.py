@@ -29,6 +29,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaProtocolError
 
 import slotlake.sync
+from slotlake import dv_merge
 from slotlake.batch import DriverWrites
 from slotlake.lake import Lake, read_changes, read_state
 from slotlake.sync import run_sync
@@ -145,6 +146,7 @@ def test_readers_without_slotlake(
         cfg.lake.driver_write_rows = 0
     if writer == "vectors":
         monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+        monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)  # vectors, not rewrites
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(SCHEMA)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))

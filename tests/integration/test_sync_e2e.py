@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from slotlake import delta_log, dv_merge
 from slotlake.batch import DriverWrites
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import Lake, read_changes, read_state
@@ -180,19 +181,27 @@ def _writers(root: str, table: str, kind: str = "state") -> set[str]:
     }
 
 
-@pytest.mark.parametrize("writer", ["driver", "driver-dv", "dv-merge", "spark-merge", "spark"])
+@pytest.mark.parametrize(
+    "writer", ["driver", "driver-deltalake", "driver-dv", "dv-merge", "spark-merge", "spark"]
+)
 def test_varied_workload_in_batches(
     pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same workload with small keyed tables written from the driver (``deltalake``,
-    the default for them), with the driver's rows merged with deletion vectors by the
-    driver (the default for a big state; ``driver-dv``: for a mid-sized one, whose
+    """The same workload with small keyed tables written from the driver (its own Delta
+    commits, the files a key hits rewritten: the default for them; ``driver-deltalake``:
+    every table refused by that writer, so ``deltalake`` writes them as it does a table
+    whose protocol asks for more), with the driver's rows merged with deletion vectors by
+    the driver (the default for a big state; ``driver-dv``: for a mid-sized one, whose
     snapshot re-base stays on the driver), or by Spark (that turned off), and with every
     table through Spark."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     if writer == "spark":
         cfg.lake.driver_write_rows = 0
+    if writer == "driver-deltalake":
+        monkeypatch.setattr(delta_log, "unwritable", lambda snap: "refused by the test")
+    if writer in ("driver-dv", "dv-merge"):
+        monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)  # vectors, not rewrites
     if writer == "driver-dv":
         monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
     if writer in ("dv-merge", "spark-merge"):
@@ -256,18 +265,21 @@ def test_varied_workload_in_batches(
         assert ops.count("T") == 1
     assert len(list(Lake(lake).commits())) == 5
     state_writers = {
-        "driver": {"delta-rs"},
+        "driver": {"slotlake"},
+        "driver-deltalake": {"delta-rs"},
+        "driver-dv": {"slotlake"},
+        "dv-merge": {"slotlake"},
         # The first batch creates the table: an empty state is written on the driver.
-        "driver-dv": {"delta-rs", "slotlake"},
-        "dv-merge": {"delta-rs", "slotlake"},
-        "spark-merge": {"delta-rs", "spark"},
+        "spark-merge": {"slotlake", "spark"},
         "spark": {"spark"},
     }[writer]
     assert _writers(lake, "public.kv", "changes") == (
-        {"spark"} if writer == "spark" else {"delta-rs"}
+        {"spark"} if writer == "spark" else state_writers - {"spark"}
     )
     assert _writers(lake, "public.kv") == state_writers
     if writer in ("driver-dv", "dv-merge"):
+        kv_state = Path(lake) / Lake.table_path("state", "public.kv")
+        assert list(kv_state.glob("deletion_vector_*.bin")), "no deletion vector written"
         # Spark reads what the driver's deletion vectors and files left, as deltalake does.
         path = f"{lake}/{Lake.table_path('state', 'public.kv')}"
         by_spark = spark.read.format("delta").load(path).select("id", "txt").collect()
@@ -279,7 +291,7 @@ def test_varied_workload_in_batches(
         )
     # A multiset's small state is rebuilt on the driver; with a bigger one (here: any but
     # the first batch's new table) the whole table goes through Spark, change log too.
-    multiset_writers = {"dv-merge": {"delta-rs", "spark"}, "driver-dv": {"delta-rs"}}.get(
+    multiset_writers = {"dv-merge": {"slotlake", "spark"}, "driver-dv": {"slotlake"}}.get(
         writer, state_writers
     )
     assert _writers(lake, "public.full_t") == multiset_writers
@@ -358,7 +370,7 @@ def test_small_tables_batch_starts_no_spark(
     changes = read_changes(lake, "public.a")
     assert not any(changes.column("_missing_toast").to_pylist())
     assert read_changes(lake, "public.c").column("_op").to_pylist().count("T") == 1
-    assert _writers(lake, "public.a") == {"delta-rs"}
+    assert _writers(lake, "public.a") == {"slotlake"}
 
 
 def test_driver_gives_a_table_past_its_byte_bound_to_spark(
@@ -391,4 +403,4 @@ def test_driver_gives_a_table_past_its_byte_bound_to_spark(
             assert_mirror(c, lake, list(names))
             assert_log_matches_audit(c, lake, names)
     assert _writers(lake, "public.wide", "changes") == {"spark"}
-    assert _writers(lake, "public.narrow", "changes") == {"delta-rs"}
+    assert _writers(lake, "public.narrow", "changes") == {"slotlake"}

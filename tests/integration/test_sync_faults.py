@@ -31,6 +31,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from slotlake import dv_merge
 from slotlake.config import Config
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import Lake, read_changes
@@ -226,13 +227,14 @@ def test_crash_after_deletion_vector_merges_then_rerun(
 ) -> None:
     """Tables whose states the driver MERGEd with deletion vectors hold batch N when the
     run dies: the rerun skips them by their txn versions and writes nothing twice."""
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)  # vectors, not rewrites
     crash_then_rerun(dv_chain, step, spark, monkeypatch)
-    states = [
-        DeltaTable(str(Lake(dv_chain.lake).path(Lake.table_path("state", t)))) for t in TABLES
-    ]
+    paths = [Lake(dv_chain.lake).path(Lake.table_path("state", t)) for t in TABLES]
+    states = [DeltaTable(str(p)) for p in paths]
     assert any(h.get("engineInfo") == DRIVER_ENGINE for t in states for h in t.history()), (
         "no state was MERGEd by the driver"
     )
+    assert any(list(Path(p).glob("deletion_vector_*.bin")) for p in paths)
 
 
 def crash_then_rerun(chain: Chain, step: str, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,349 @@
+"""The driver's own Delta log reader and writer (slotlake.delta_log), against delta-rs as
+the reference: the same version, files and txn versions from JSON entries, single and
+multi-part checkpoints; its commits read back by delta-rs with the table's logical names."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
+from pyspark.sql.types import (
+    ArrayType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from slotlake import delta_log
+from slotlake.delta import DRIVER_ENGINE, arrow_append, create_on_driver
+from slotlake.lake import query_delta
+
+
+def _txn(app: str, version: int) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(app, version)])
+
+
+def _history(path: str) -> int:
+    """A table with appends under two txn app ids, an overwrite and a checkpoint (its
+    version, returned), then one more append."""
+    write_deltalake(path, pa.table({"x": [1, 2]}), commit_properties=_txn("a", 1))
+    write_deltalake(path, pa.table({"x": [3]}), mode="append", commit_properties=_txn("a", 2))
+    write_deltalake(path, pa.table({"x": [4]}), mode="overwrite", commit_properties=_txn("b", 7))
+    write_deltalake(path, pa.table({"x": [5]}), mode="append")
+    DeltaTable(path).create_checkpoint()
+    write_deltalake(path, pa.table({"x": [6]}), mode="append", commit_properties=_txn("a", 3))
+    return 3
+
+
+def _same_as_deltalake(path: str, snap: delta_log.Snapshot) -> None:
+    table = DeltaTable(path)
+    assert snap.version == table.version()
+    assert snap.files is not None
+    assert set(snap.files) == set(pa.table(table.get_add_actions(True)).column("path").to_pylist())
+    for app in ("a", "b", "c"):
+        assert snap.txns.get(app) == table.transaction_version(app)
+    assert json.loads(snap.metadata["schemaString"]) == json.loads(table.schema().to_json())
+
+
+def test_snapshot_is_what_deltalake_reads(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _history(path)
+    snap = delta_log.snapshot(path, files=True)
+    _same_as_deltalake(path, snap)
+    assert snap.txns == {"a": 3, "b": 7}
+    assert sorted(snap.files or {}) and snap.file_bytes() > 0
+    # Without files: the same version and txns, no file list.
+    bare = delta_log.snapshot(path)
+    assert (bare.version, bare.txns, bare.files) == (snap.version, snap.txns, None)
+
+
+def test_the_checkpoint_stands_for_the_entries_before_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    cp = _history(path)
+    before = delta_log.snapshot(path, files=True)
+    log_dir = Path(path) / "_delta_log"
+    assert (log_dir / f"{cp:020d}.checkpoint.parquet").exists()
+    for v in range(cp + 1):  # entries the checkpoint covers: as log cleanup leaves them
+        (log_dir / f"{v:020d}.json").unlink()
+    after = delta_log.snapshot(path, files=True)
+    assert (after.version, after.txns, after.files) == (before.version, before.txns, before.files)
+
+
+def test_multi_part_checkpoints_are_read_whole_or_not_at_all(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    cp = _history(path)
+    before = delta_log.snapshot(path, files=True)
+    log_dir = Path(path) / "_delta_log"
+    single = log_dir / f"{cp:020d}.checkpoint.parquet"
+    rows = pq.read_table(single)
+    half = rows.num_rows // 2
+    parts = [log_dir / f"{cp:020d}.checkpoint.{i:010d}.{2:010d}.parquet" for i in (1, 2)]
+    pq.write_table(rows.slice(0, half), parts[0])
+    pq.write_table(rows.slice(half), parts[1])
+    single.unlink()
+    (log_dir / "_last_checkpoint").unlink()
+    whole = delta_log.snapshot(path, files=True)
+    assert (whole.version, whole.txns, whole.files) == (before.version, before.txns, before.files)
+    # One part missing: the checkpoint is incomplete, the JSON entries are replayed.
+    parts[1].unlink()
+    replayed = delta_log.snapshot(path, files=True)
+    assert (replayed.version, replayed.txns) == (before.version, before.txns)
+    assert replayed.files is not None and set(replayed.files) == set(before.files or {})
+    # ... and with the entries gone too, the log cannot be followed.
+    (log_dir / f"{0:020d}.json").unlink()
+    with pytest.raises(LookupError, match="missing"):
+        delta_log.snapshot(path)
+
+
+def test_logs_it_does_not_follow(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        delta_log.snapshot(str(tmp_path / "none"))
+    path = str(tmp_path / "t")
+    cp = _history(path)
+    log_dir = Path(path) / "_delta_log"
+    # A gap after the checkpoint: the last entry moved one version on.
+    (log_dir / f"{cp + 1:020d}.json").rename(log_dir / f"{cp + 2:020d}.json")
+    with pytest.raises(LookupError, match=f"missing after version {cp}"):
+        delta_log.snapshot(path)
+    # A V2-checkpoint table (its feature in the protocol).
+    v2 = tmp_path / "v2" / "_delta_log"
+    v2.mkdir(parents=True)
+    _entry(
+        v2,
+        0,
+        {
+            "protocol": {
+                "minReaderVersion": 3,
+                "minWriterVersion": 7,
+                "readerFeatures": ["v2Checkpoint"],
+                "writerFeatures": ["v2Checkpoint"],
+            }
+        },
+        _metadata(),
+    )
+    with pytest.raises(LookupError, match="V2"):
+        delta_log.snapshot(str(v2.parent))
+
+
+def _metadata(**config: str) -> dict[str, Any]:
+    schema = {
+        "type": "struct",
+        "fields": [{"name": "x", "type": "long", "nullable": True, "metadata": {}}],
+    }
+    return {
+        "metaData": {
+            "id": "t",
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": json.dumps(schema),
+            "partitionColumns": [],
+            "configuration": config,
+        }
+    }
+
+
+def _entry(log_dir: Path, version: int, *actions: dict[str, Any]) -> None:
+    text = "".join(json.dumps(a) + "\n" for a in actions)
+    (log_dir / f"{version:020d}.json").write_text(text)
+
+
+def _add(path: str, dv: str | None = None) -> dict[str, Any]:
+    add: dict[str, Any] = {"path": path, "size": 1, "partitionValues": {}, "dataChange": True}
+    if dv is not None:
+        add["deletionVector"] = {
+            "storageType": "u",
+            "pathOrInlineDv": dv,
+            "offset": 1,
+            "sizeInBytes": 10,
+            "cardinality": 1,
+        }
+    return add
+
+
+def _remove(path: str, dv: str | None = None) -> dict[str, Any]:
+    remove = _add(path, dv)
+    remove.pop("size")
+    return {"remove": remove}
+
+
+def test_a_file_re_added_with_a_vector_stays_live_in_either_order(tmp_path: Path) -> None:
+    log_dir = tmp_path / "t" / "_delta_log"
+    log_dir.mkdir(parents=True)
+    protocol = {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}
+    _entry(log_dir, 0, protocol, _metadata(), {"add": _add("a")}, {"add": _add("b")})
+    # a: removed (no vector) then re-added with one; b: re-added first, then removed.
+    _entry(log_dir, 1, _remove("a"), {"add": _add("a", "dv1")})
+    _entry(log_dir, 2, {"add": _add("b", "dv2")}, _remove("b"))
+    snap = delta_log.snapshot(str(log_dir.parent), files=True)
+    assert snap.files is not None
+    assert snap.files["a"]["deletionVector"]["pathOrInlineDv"] == "dv1"
+    assert snap.files["b"]["deletionVector"]["pathOrInlineDv"] == "dv2"
+    # Removing the pair with its current vector removes the file.
+    _entry(log_dir, 3, _remove("a", "dv1"))
+    assert set(delta_log.snapshot(str(log_dir.parent), files=True).files or {}) == {"b"}
+
+
+MAPPED = StructType(
+    [
+        StructField("id", LongType()),
+        StructField("v", StringType()),
+        StructField("tags", ArrayType(StringType())),
+        StructField("_fallback", MapType(StringType(), StringType())),
+        StructField(
+            "_old", StructType([StructField("id", LongType()), StructField("v", StringType())])
+        ),
+    ]
+)
+
+
+def _read(path: str) -> pa.Table:
+    return query_delta(path, DeltaTable(path).version(), "SELECT * FROM t")
+
+
+def _mapped_rows() -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array([3, 1, 2], pa.int64()),
+            "v": ["c", None, "b"],
+            "tags": [["x"], [], None],
+            "_fallback": pa.array([[("k", "v")], [], None], pa.map_(pa.string(), pa.string())),
+            "_old": [{"id": 30, "v": "old"}, None, {"id": None, "v": "o2"}],
+        }
+    )
+
+
+def test_an_append_is_read_back_by_deltalake_with_logical_names(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    snap = delta_log.snapshot(path)
+    after, metrics = delta_log.append(snap, _mapped_rows(), "app", 5)
+    assert metrics["numOutputRows"] == "3"
+    assert after.version == 1 and after.txns == {"app": 5}
+    table = DeltaTable(path)
+    assert table.version() == 1 and table.transaction_version("app") == 5
+    got = _read(path).sort_by("id").to_pylist()
+    assert got == _mapped_rows().sort_by("id").to_pylist()
+    # The data file: physical names and field ids, nested fields of _old included.
+    entry = [json.loads(line) for line in (Path(path) / "_delta_log" / f"{1:020d}.json").open()]
+    assert entry[0]["commitInfo"]["engineInfo"] == DRIVER_ENGINE
+    (add,) = [a["add"] for a in entry if "add" in a]
+    written = pq.read_schema(Path(path) / add["path"])
+    mapped = {f.name: f for f in snap.schema.fields}
+    old = mapped["_old"].dataType
+    assert written.names == [f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields]
+    assert (
+        written.field(0).metadata[b"PARQUET:field_id"]
+        == str(mapped["id"].metadata[delta_log.FIELD_ID]).encode()
+    )
+    assert [f.name for f in written.field(4).type] == [
+        f.metadata[delta_log.PHYSICAL] for f in old.fields
+    ]
+    stats = json.loads(add["stats"])
+    id_physical = mapped["id"].metadata[delta_log.PHYSICAL]
+    assert (stats["numRecords"], stats["minValues"][id_physical]) == (3, 1)
+    assert stats["maxValues"][id_physical] == 3
+
+
+def test_an_overwrite_replaces_every_live_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    snap, _ = delta_log.append(delta_log.snapshot(path), _mapped_rows(), "app", 1)
+    snap, _ = delta_log.append(delta_log.snapshot(path), _mapped_rows(), "app", 2)
+    assert _read(path).num_rows == 6
+    snap = delta_log.snapshot(path, files=True)
+    after, metrics = delta_log.append(snap, _mapped_rows().slice(0, 1), "app", 3, overwrite=True)
+    assert metrics["numRemovedFiles"] == "2" and after.files is not None and len(after.files) == 1
+    assert _read(path).column("id").to_pylist() == [3]
+    assert delta_log.snapshot(path, files=True).files == after.files
+
+
+def test_a_version_taken_meanwhile_commits_nothing_and_leaves_no_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    snap = delta_log.snapshot(path)
+    delta_log.append(snap, _mapped_rows(), "other", 1)  # another writer takes version 1
+    listing = sorted(os.listdir(path))
+    with pytest.raises(FileExistsError):
+        delta_log.append(snap, _mapped_rows(), "app", 1)
+    assert sorted(os.listdir(path)) == listing
+    assert DeltaTable(path).transaction_version("app") is None
+
+
+def test_big_writes_roll_over_files(tmp_path: Path, monkeypatch) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    monkeypatch.setattr(delta_log, "FILE_BYTES", 200)
+    rows = pa.concat_tables([_mapped_rows()] * 20)
+    after, metrics = delta_log.append(delta_log.snapshot(path, files=True), rows, "app", 1)
+    assert int(metrics["numFiles"]) > 1 and len(after.files or {}) == int(metrics["numFiles"])
+    assert _read(path).num_rows == 60
+
+
+def test_unknown_columns_are_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    with pytest.raises(ValueError, match="nope"):
+        delta_log.append(delta_log.snapshot(path), pa.table({"nope": [1]}), "app", 1)
+
+
+def test_protocols_it_does_not_write_go_to_deltalake(tmp_path: Path) -> None:
+    path = str(tmp_path / "cdf")
+    write_deltalake(
+        path, pa.table({"x": [1]}), configuration={"delta.enableChangeDataFeed": "true"}
+    )
+    why = delta_log.unwritable(delta_log.snapshot(path))
+    assert why is not None and "4" in why
+    # arrow_append still writes it, through deltalake.
+    result = arrow_append(path, pa.table({"x": [2]}), "app", 1)
+    assert result.version == 1 and DeltaTable(path).transaction_version("app") == 1
+    assert DeltaTable(path).history(1)[0].get("engineInfo") != DRIVER_ENGINE
+
+    log_dir = tmp_path / "p" / "_delta_log"
+    log_dir.mkdir(parents=True)
+    features = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": []}
+    _entry(log_dir, 0, {"protocol": features | {"writerFeatures": ["rowTracking"]}}, _metadata())
+    assert "rowTracking" in (delta_log.unwritable(delta_log.snapshot(str(log_dir.parent))) or "")
+    _entry(
+        log_dir,
+        1,
+        {"protocol": features | {"writerFeatures": ["columnMapping"]}},
+        _metadata(**{"delta.columnMapping.mode": "id"}),
+    )
+    assert "mapping mode id" in (
+        delta_log.unwritable(delta_log.snapshot(str(log_dir.parent))) or ""
+    )
+
+
+def test_the_checkpoint_hint_spares_the_listing(tmp_path: Path, monkeypatch) -> None:
+    path = str(tmp_path / "t")
+    cp = _history(path)
+    listed = []
+    real = delta_log._names
+    monkeypatch.setattr(delta_log, "_names", lambda d: listed.append(d) or real(d))
+    before = delta_log.snapshot(path, files=True)
+    assert not listed  # the hint's checkpoint, then the entries after it opened in turn
+    _same_as_deltalake(path, before)
+    log_dir = Path(path) / "_delta_log"
+    # A stale hint whose next entries log cleanup removed: the listing finds the newer
+    # checkpoint instead of taking the hint's version for the latest.
+    DeltaTable(path).create_checkpoint()  # at cp + 1
+    stale = json.loads((log_dir / "_last_checkpoint").read_text()) | {"version": cp}
+    (log_dir / "_last_checkpoint").write_text(json.dumps(stale))
+    for v in range(cp + 1):
+        (log_dir / f"{v:020d}.json").unlink()
+    (log_dir / f"{cp + 1:020d}.json").unlink()
+    after = delta_log.snapshot(path, files=True)
+    assert listed and (after.version, after.txns) == (before.version, before.txns)
+    assert set(after.files or {}) == set(before.files or {})
+    # A hint of a V2 checkpoint: not followed here.
+    (log_dir / "_last_checkpoint").write_text(json.dumps(stale | {"v2Checkpoint": {}}))
+    with pytest.raises(LookupError, match="V2"):
+        delta_log.snapshot(path)
