@@ -17,7 +17,7 @@ SparkSession (the issue's targets in brackets):
           (REPLICA IDENTITY FULL), one ``slotlake sync`` process each: its state rebuilt
           on the driver (the default) vs MERGEd by Spark (``driver_write_state_mb = 0``)
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
-          ``lake.driver_write_state_mb``): rewritten by deltalake's MERGE
+          ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
   ddl     the ``process`` batch with column changes at the source in it (each of the 8
           tables gets ADD COLUMN … DEFAULT, RENAME COLUMN and DROP COLUMN before its
@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{in_spark:.1f}s"
             )
         if "mid" in steps:
-            # Mid-sized keyed states (within lake.driver_write_state_mb): rewritten by
-            # deltalake's MERGE vs MERGEd by the driver with deletion vectors.
+            # Mid-sized keyed states (within lake.driver_write_state_mb): the driver
+            # rewriting the files its keys hit vs giving them deletion vectors.
             out["mid"] = {}
             for rows in (100_000, 500_000):
                 tag = f"mid{rows // 1000}k"
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 dv = scenario(pg, spark, f"{tag}_dv", {"t": rows}, 2000, repeat=3)
                 out["mid"][rows] = {"rewrite_s": cow, "vectors_s": dv}
                 log(
-                    f"mid: 2,000 changes on {rows:,} rows: deltalake rewrites {cow:.2f}s vs "
+                    f"mid: 2,000 changes on {rows:,} rows: files rewritten {cow:.2f}s vs "
                     f"deletion vectors {dv:.2f}s"
                 )
     finally:
