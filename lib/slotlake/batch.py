@@ -352,9 +352,9 @@ class DriverWrites:
     payloads for all of them: a table past that is given back to Spark while the raw batch
     is read, see :func:`slotlake.local_table.read_raw_dml`). Their rows stay on the driver: decoded,
     filled and appended to the change log without a Spark job. Their state is merged by
-    deltalake (which rewrites the files a MERGE touches) while it is small
-    (``DV_FROM_BYTES``, or ``lake.driver_write_state_mb`` with deletion vectors off); a
-    bigger keyed state is MERGEd by the driver with deletion vectors
+    the driver rewriting the files a MERGE touches while it is small (``DV_FROM_BYTES``,
+    or ``lake.driver_write_state_mb`` with deletion vectors off); a bigger keyed state is
+    MERGEd by the driver with deletion vectors
     (:mod:`slotlake.dv_merge`; ``lake.driver_deletion_vectors``), or by Spark's MERGE fed
     the driver's final rows when that is off or the table's protocol asks for more than
     the driver writes; a bigger multiset (whose state the driver
@@ -378,10 +378,10 @@ class DriverWrites:
     PEAK_PER_PAYLOAD_BYTE = 8
     PEAK_PER_ROW = 1200
     # A keyed state past this is MERGEd with deletion vectors even within max_state_bytes:
-    # deltalake rewrites every file a key hits. Measured (bench/lake_bench.py scenario,
-    # 2,000 random changes): 100k rows (~6 MiB) 0.29 s rewritten vs 0.15 s with vectors,
-    # 500k rows 0.66 vs 0.18 s; at 20k rows (~1.5 MiB) the two are even, and a rewrite
-    # keeps a small table in a few files.
+    # a rewrite copies every file a key hits. Measured (bench/lake_bench.py's mid step,
+    # 2,000 random changes, the driver rewriting vs writing vectors): 100k rows (~6 MiB)
+    # 0.15-0.21 s vs 0.10-0.13 s, 500k rows 0.29-0.33 vs 0.11-0.12 s; at 20k rows
+    # (~1.5 MiB) the two are even, and a rewrite keeps a small table in a file or two.
     DV_FROM_BYTES = 4 << 20
 
     @classmethod

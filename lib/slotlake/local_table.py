@@ -18,8 +18,10 @@ done here instead, from raw Parquet to Delta commit:
    tables (:mod:`slotlake.replay_duckdb`), the same rules as Spark's ``replay_window``;
    a batch with no TOAST left open needs only each key's last record, found in Arrow
    (:mod:`slotlake.replay_arrow`);
-5. ``deltalake`` appends the change log and MERGEs (or, after a TRUNCATE, overwrites) the
-   state, each one commit carrying the batch's (txnAppId, txnVersion) pair.
+5. the change log is appended and the state MERGEd (:mod:`slotlake.dv_merge`) or, after a
+   TRUNCATE, overwritten, each one commit carrying the batch's (txnAppId, txnVersion)
+   pair, written by the driver itself (:mod:`slotlake.delta_log`; ``deltalake`` where a
+   table's log or protocol asks for more).
 
 A table re-based on a per-table snapshot (:mod:`slotlake.snapshot`) takes the same steps
 on its two sides of the copy's consistent point: the changes before it are filled from
