@@ -439,3 +439,53 @@ def test_files_are_pruned_by_key_statistics_and_keys_match_whole(
     ):
         assert {(r["a"], r["b"]): r["v"] for r in read} == model
         assert len(read) == len(model)
+
+
+def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A one-column key that cannot fall back, in a small state: the keys are found with
+    Arrow's ``index_in`` in the files read whole, the same rows DuckDB's join finds, and
+    the rewritten state stays one file."""
+    schema = StructType(
+        [StructField("name", StringType()), StructField("v", StringType()), *HELPERS]
+    )
+    cat = TableCatalog(
+        name="public.s",
+        columns=[("name", "string"), ("v", "string")],
+        state_columns=["name", "v"],
+        key_columns=["name"],
+    )
+    path = str(tmp_path / "state")
+    create_on_driver(path, schema)
+    first = [(f"k{i}", f"v{i}", {}, False) for i in range(50)]
+    assert dv_merge.merge_keyed(path, _rows(schema, first), cat, "app", 1)
+    second = [("k1", "x", {}, False), ("k2", None, {}, True), ("new", "n", {}, False)]
+    rows = _rows(schema, second)
+    snap = delta_log.snapshot(path, files=True)
+    physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
+
+    def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
+        return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
+
+    opened: dict[str, pa.Table] = {}
+    in_arrow = dv_merge._find(path, snap, rows, cat, physical, opened)
+    assert set(opened) == set(snap.files or {})
+    assert pairs(in_arrow) == pairs(dv_merge._find(path, snap, rows, cat, physical))
+    assert sum(len(p) for p in pairs(in_arrow).values()) == 2
+
+    used = []
+    real = dv_merge._find_in_arrow
+    monkeypatch.setattr(dv_merge, "_find_in_arrow", lambda *a: used.append(1) or real(*a))
+    result = dv_merge.merge_keyed(path, rows, cat, "app", 2)
+    assert used and result is not None
+    assert (result.metrics["numTargetRowsUpdated"], result.metrics["numTargetRowsDeleted"]) == (
+        "1",
+        "1",
+    )
+    after = delta_log.snapshot(path, files=True)
+    assert len(after.files or {}) == 1  # the touched file rewritten with the new rows
+    got = query_delta(path, after.version, "SELECT name, v FROM t").to_pylist()
+    want = {f"k{i}": f"v{i}" for i in range(50)} | {"k1": "x", "new": "n"}
+    del want["k2"]
+    assert {r["name"]: r["v"] for r in got} == want and len(got) == len(want)
