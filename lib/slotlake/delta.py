@@ -568,7 +568,7 @@ def _write_on_driver(
     except LookupError as exc:
         log.debug("%s: written by delta-rs (%s)", path, exc)
         return None
-    why = delta_log.unwritable(snap)
+    why = delta_log.unwritable(snap, deletes=overwrite)
     if why is not None:
         log.debug("%s: written by delta-rs (%s)", path, why)
         return None

@@ -29,6 +29,7 @@ snapshot is read once per table and batch and advanced by the commits made throu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -39,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import DataType, StructType
+
+log = logging.getLogger(__name__)
 
 PHYSICAL = "delta.columnMapping.physicalName"
 FIELD_ID = "delta.columnMapping.id"
@@ -251,9 +254,11 @@ def _from_checkpoint(kind: str, row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def unwritable(snap: Snapshot) -> str | None:
-    """Why a commit of adds, removes and a txn written here would break this table's
-    protocol (None: it would not)."""
+def unwritable(snap: Snapshot, deletes: bool = False) -> str | None:
+    """Why a commit of adds, a txn and (``deletes``) removes written here would break this
+    table's protocol (None: it would not)."""
+    if deletes and snap.configuration.get("delta.appendOnly") == "true":
+        return "the table is append-only"
     protocol = snap.protocol
     writer = int(protocol.get("minWriterVersion", 0))
     if writer != 7 and writer > 2:
@@ -290,7 +295,10 @@ def commit(snap: Snapshot, actions: list[dict[str, Any]]) -> Snapshot:
     if version % interval == 0:
         from slotlake.delta import open_local
 
-        open_local(snap.path).create_checkpoint()
+        try:
+            open_local(snap.path).create_checkpoint()
+        except Exception as exc:  # the commit stands; readers replay the log instead
+            log.warning("%s: no checkpoint at version %d (%s)", snap.path, version, exc)
     return after
 
 

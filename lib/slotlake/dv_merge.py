@@ -58,10 +58,7 @@ REWRITE_BYTES = 4 << 20
 
 def unsupported(snap: Snapshot) -> str | None:
     """Why this table's MERGE cannot be done here (None: it can)."""
-    why = delta_log.unwritable(snap)
-    if why is None and snap.configuration.get("delta.appendOnly") == "true":
-        why = "the table is append-only"
-    return why
+    return delta_log.unwritable(snap, deletes=True)
 
 
 def vectors_allowed(snap: Snapshot) -> bool:

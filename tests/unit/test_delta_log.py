@@ -347,3 +347,49 @@ def test_the_checkpoint_hint_spares_the_listing(tmp_path: Path, monkeypatch) -> 
     (log_dir / "_last_checkpoint").write_text(json.dumps(stale | {"v2Checkpoint": {}}))
     with pytest.raises(LookupError, match="V2"):
         delta_log.snapshot(path)
+
+
+def test_append_only_tables_take_appends_not_removes(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"x": [1]}), configuration={"delta.appendOnly": "true"})
+    snap = delta_log.snapshot(path)
+    assert delta_log.unwritable(snap) is None
+    assert "append-only" in (delta_log.unwritable(snap, deletes=True) or "")
+
+
+def test_a_checkpoint_that_fails_leaves_the_commit_standing(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    from slotlake import delta
+
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+
+    class Broken:
+        def create_checkpoint(self) -> None:
+            raise OSError("disk full")
+
+    monkeypatch.setattr(delta, "open_local", lambda p: Broken())
+    snap = delta_log.snapshot(path)
+    for batch in range(1, 11):
+        snap, _ = delta_log.append(snap, _mapped_rows(), "app", batch)
+    assert snap.version == 10 and DeltaTable(path).transaction_version("app") == 10
+    assert "no checkpoint at version 10 (disk full)" in caplog.text
+    assert not list((Path(path) / "_delta_log").glob("*.checkpoint.parquet"))
+    monkeypatch.undo()
+    snap, _ = delta_log.append(snap, _mapped_rows(), "app", 11)
+    assert delta_log.snapshot(path).txns == {"app": 11}
+
+
+def test_a_checkpoint_at_the_interval_is_read_back(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    snap = delta_log.snapshot(path, files=True)
+    for batch in range(1, 12):
+        snap, _ = delta_log.append(snap, _mapped_rows(), "app", batch)
+    assert (Path(path) / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+    read = delta_log.snapshot(path, files=True)
+    assert (read.version, read.txns) == (11, {"app": 11})
+    assert set(read.files or {}) == set(snap.files or {})
+    assert read.schema == snap.schema
+    assert _read(path).num_rows == 33
