@@ -199,7 +199,9 @@ def test_varied_workload_in_batches(
     if writer == "spark":
         cfg.lake.driver_write_rows = 0
     if writer == "driver-deltalake":
-        monkeypatch.setattr(delta_log, "unwritable", lambda snap: "refused by the test")
+        monkeypatch.setattr(
+            delta_log, "unwritable", lambda snap, deletes=False: "refused by the test"
+        )
     if writer in ("driver-dv", "dv-merge"):
         monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)  # vectors, not rewrites
     if writer == "driver-dv":
