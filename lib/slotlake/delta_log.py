@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from slotlake.delta import DRIVER_ENGINE, _commit_on_driver, _struct_from_json, open_local
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import DataType, StructType
@@ -74,8 +76,6 @@ class Snapshot:
 
     @cached_property
     def schema(self) -> StructType:
-        from slotlake.delta import _struct_from_json
-
         return _struct_from_json(self.metadata["schemaString"])
 
     def file_bytes(self) -> int:
@@ -279,8 +279,6 @@ def unwritable(snap: Snapshot, deletes: bool = False) -> str | None:
 def commit(snap: Snapshot, actions: list[dict[str, Any]]) -> Snapshot:
     """Write ``actions`` as the table's next version, put-if-absent (FileExistsError: a
     writer took it meanwhile); the snapshot after it. A checkpoint at the interval."""
-    from slotlake.delta import _commit_on_driver
-
     version = snap.version + 1
     _commit_on_driver(snap.path, version, actions)
     txns = dict(snap.txns)
@@ -293,8 +291,6 @@ def commit(snap: Snapshot, actions: list[dict[str, Any]]) -> Snapshot:
     )
     interval = int(snap.configuration.get("delta.checkpointInterval", "10"))
     if version % interval == 0:
-        from slotlake.delta import open_local
-
         try:
             open_local(snap.path).create_checkpoint()
         except Exception as exc:  # the commit stands; readers replay the log instead
@@ -411,19 +407,6 @@ def _as_physical(values: Any, delta: DataType, target: pa.DataType) -> Any:
     return values.cast(target)
 
 
-def conform_physical(read: pa.Table, target: pa.Schema) -> pa.Table:
-    """A data file's rows as read (an older file may lack columns added since, or hold
-    other Arrow types of the same Delta type) with ``target``'s columns and types."""
-    import pyarrow as pa
-
-    have = set(read.column_names)
-    columns = [
-        read.column(f.name).cast(f.type) if f.name in have else pa.nulls(read.num_rows, f.type)
-        for f in target
-    ]
-    return pa.Table.from_arrays(columns, schema=target)
-
-
 def file_stats(data: pa.Table) -> dict[str, Any]:
     """Delta file statistics of a new file (physical names): row count, nulls of the top
     level columns, and min/max where Delta's readers compare them as written."""
@@ -536,7 +519,7 @@ def append(
             "isolationLevel": "Serializable",
             "isBlindAppend": not overwrite,
             "operationMetrics": metrics,
-            "engineInfo": _engine(),
+            "engineInfo": DRIVER_ENGINE,
             "txnId": str(uuid.uuid4()),
         }
     }
@@ -546,9 +529,3 @@ def append(
         remove_files(snap.path, adds)
         raise
     return after, metrics
-
-
-def _engine() -> str:
-    from slotlake.delta import DRIVER_ENGINE
-
-    return DRIVER_ENGINE

@@ -42,6 +42,7 @@ import numpy as np
 from slotlake import deletion_vector, delta_log
 from slotlake.deletion_vector import DeletionVectorFile
 from slotlake.delta import DRIVER_ENGINE, WriteResult, local_snapshot, remember
+from slotlake.local_table import conform_arrow
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -211,7 +212,7 @@ def _survivors(
         read = pq.read_table(os.path.join(path, unquote(add["path"])))
     keep = np.ones(read.num_rows, dtype=bool)
     keep[gone] = False
-    return delta_log.conform_physical(read.filter(keep), target)
+    return conform_arrow(read.filter(keep), target)
 
 
 def _regrown(add: dict[str, Any], vector: dict[str, Any], now: int) -> list[dict[str, Any]]:
@@ -280,7 +281,8 @@ def _find(
     files = _candidates(snap, physical[cat.key_columns[0]], source["k0"])
     if not files:
         return {}
-    if opened is not None and len(source) == 2 and _arrow_key(source["k0"].type):
+    one_plain_key = len(cat.key_columns) == 1 and "f0" not in source  # no _fallback text
+    if opened is not None and one_plain_key and _arrow_key(source["k0"].type):
         found_in_arrow = _find_in_arrow(
             path, files, physical[cat.key_columns[0]], source["k0"], opened
         )

@@ -23,7 +23,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from slotlake import delta, delta_log, dv_merge
+from slotlake import delta_log, dv_merge
 from slotlake.catalog import TableCatalog
 from slotlake.decode import arrow_schema_for
 from slotlake.delta import DRIVER_ENGINE, _struct_from_json, create_on_driver
@@ -308,7 +308,7 @@ def test_a_table_written_meanwhile_is_left_to_spark(
     def taken(path: str, version: int, actions: list[dict[str, Any]]) -> None:
         raise FileExistsError(version)
 
-    monkeypatch.setattr(delta, "_commit_on_driver", taken)
+    monkeypatch.setattr(delta_log, "_commit_on_driver", taken)
     rows = _rows(LONG_KEY, [(1, "x", {}, False), (2, None, {}, True)])
     listing = sorted(os.listdir(path))
     assert dv_merge.merge_keyed(path, rows, CAT, "app", 1, rewrite_up_to=MODES[mode]) is None

@@ -360,8 +360,6 @@ def test_append_only_tables_take_appends_not_removes(tmp_path: Path) -> None:
 def test_a_checkpoint_that_fails_leaves_the_commit_standing(
     tmp_path: Path, monkeypatch, caplog
 ) -> None:
-    from slotlake import delta
-
     path = str(tmp_path / "t")
     create_on_driver(path, MAPPED)
 
@@ -369,7 +367,7 @@ def test_a_checkpoint_that_fails_leaves_the_commit_standing(
         def create_checkpoint(self) -> None:
             raise OSError("disk full")
 
-    monkeypatch.setattr(delta, "open_local", lambda p: Broken())
+    monkeypatch.setattr(delta_log, "open_local", lambda p: Broken())
     snap = delta_log.snapshot(path)
     for batch in range(1, 11):
         snap, _ = delta_log.append(snap, _mapped_rows(), "app", batch)
