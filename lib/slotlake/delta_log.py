@@ -142,21 +142,28 @@ def _from_hint(log_dir: str) -> tuple[int, list[str], list[int]] | None:
     return (since, parts, tail) if tail else None
 
 
-def snapshot(path: str, files: bool = False) -> Snapshot:
-    """The table at a local ``path`` as of its latest version (its live files too when
-    ``files``). FileNotFoundError: no table there; LookupError: a log not followed here."""
+def snapshot(path: str, files: bool = False, version: int | None = None) -> Snapshot:
+    """The table at a local ``path`` as of its latest version, or of ``version`` (time
+    travel: the newest checkpoint at or before it and the entries up to it), with its
+    live files too when ``files``. FileNotFoundError: no table there; LookupError: a log
+    not followed here, or entries of ``version`` no longer kept."""
     log_dir = os.path.join(path, "_delta_log")
-    hinted = _from_hint(log_dir)
+    hinted = _from_hint(log_dir) if version is None else None
     if hinted is not None:
         since, parts, tail = hinted
         checkpoints = {since: parts}
     else:
         versions, checkpoints = _names(log_dir)
+        if version is not None:
+            versions = [v for v in versions if v <= version]
+            checkpoints = {v: p for v, p in checkpoints.items() if v <= version}
         since = max(checkpoints, default=-1)
         tail = [v for v in versions if v > since]
     latest = tail[-1] if tail else since
-    if latest < 0:
+    if latest < 0 and version is None:
         raise FileNotFoundError(f"no Delta table at {path}")
+    if version is not None and latest != version:
+        raise LookupError(f"Delta table {path}: version {version} is not in its log")
     if tail and tail != list(range(since + 1, latest + 1)):
         raise LookupError(f"Delta table {path}: log entries missing after version {since}")
     protocol: dict[str, Any] = {}
@@ -529,3 +536,155 @@ def append(
         remove_files(snap.path, adds)
         raise
     return after, metrics
+
+
+def _covers(now: dict[str, Any], then: dict[str, Any]) -> bool:
+    """Whether protocol ``now`` asks at least what ``then`` asked (a restore keeps the
+    newer protocol, as Delta's RESTORE never downgrades one)."""
+    for key in ("minReaderVersion", "minWriterVersion"):
+        if int(now.get(key, 0)) < int(then.get(key, 0)):
+            return False
+    return all(
+        set(then.get(key) or []) <= set(now.get(key) or [])
+        for key in ("readerFeatures", "writerFeatures")
+    )
+
+
+def _info(snap: Snapshot, operation: str, now: int, **metrics: int) -> dict[str, Any]:
+    return {
+        "commitInfo": {
+            "timestamp": now,
+            "operation": operation,
+            "readVersion": snap.version,
+            "isolationLevel": "Serializable",
+            "isBlindAppend": False,
+            "operationMetrics": {k: str(v) for k, v in metrics.items()},
+            "engineInfo": DRIVER_ENGINE,
+            "txnId": str(uuid.uuid4()),
+        }
+    }
+
+
+def restore(path: str, version: int) -> Snapshot:
+    """The table at a local ``path`` given back the content and schema of ``version`` as
+    its next version (what Delta's ``RESTORE TABLE … TO VERSION AS OF`` commits): the
+    files live then and not now added again, those live now and not then removed, a file
+    counted as its path and its deletion vector (a MERGE may have grown the vector of a
+    file that was live then). Txn markers stay as they are, and so does the protocol,
+    which must ask at least what the old one did. Nothing is committed when the table is
+    at ``version`` already.
+
+    LookupError: a log or protocol not followed here, or ``version`` no longer in the
+    log; FileNotFoundError: a file of ``version`` that VACUUM removed (the caller may try
+    Spark's RESTORE, which refuses the same); FileExistsError: a writer took the next
+    version meanwhile."""
+    from urllib.parse import unquote, urlparse
+
+    from slotlake.deletion_vector import descriptor_file
+
+    current = snapshot(path, files=True)
+    if current.version == version:
+        return current
+    old = snapshot(path, files=True, version=version)
+    why = unwritable(current, deletes=True)
+    if why is None and not _covers(current.protocol, old.protocol):
+        why = "the old version's protocol asks for more than the current one"
+    if why is not None:
+        raise LookupError(f"Delta table {path}: not restored on the driver: {why}")
+    assert current.files is not None and old.files is not None
+
+    def key(add: dict[str, Any]) -> tuple[str, str | None]:
+        return add["path"], _dv_id(add)
+
+    live = {key(a): a for a in current.files.values()}
+    wanted = {key(a): a for a in old.files.values()}
+    back = [wanted[k] for k in sorted(wanted.keys() - live.keys(), key=str)]
+    for add in back:
+        needed = [os.path.join(path, unquote(add["path"]))]
+        dv = add.get("deletionVector") or {}
+        if dv.get("storageType") == "u":
+            needed.append(os.path.join(path, descriptor_file(dv)))
+        elif dv.get("storageType") == "p":
+            needed.append(unquote(urlparse(dv["pathOrInlineDv"]).path))
+        for file in needed:
+            if not os.path.exists(file):
+                raise FileNotFoundError(
+                    f"Delta table {path}: version {version}'s file {file} is gone (vacuumed)"
+                )
+    now = now_ms()
+    actions: list[dict[str, Any]] = []
+    if old.metadata != current.metadata:
+        metadata = {**old.metadata, "configuration": dict(old.configuration)}
+        # Column mapping ids are never given out twice: keep the highest handed out.
+        ids = [
+            int(s.configuration.get("delta.columnMapping.maxColumnId", 0)) for s in (current, old)
+        ]
+        if max(ids):
+            metadata["configuration"]["delta.columnMapping.maxColumnId"] = str(max(ids))
+        actions.append({"metaData": metadata})
+    gone = [removal(live[k], now) for k in sorted(live.keys() - wanted.keys(), key=str)]
+    info = _info(
+        current,
+        "RESTORE",
+        now,
+        numRestoredFiles=len(back),
+        numRemovedFiles=len(gone),
+        tableSizeAfterRestore=sum(int(a.get("size") or 0) for a in old.files.values()),
+        numOfFilesAfterRestore=len(old.files),
+    )
+    info["commitInfo"]["operationParameters"] = {"version": version, "timestamp": None}
+    return commit(
+        current, [info, *actions, *gone, *({"add": {**a, "dataChange": True}} for a in back)]
+    )
+
+
+def _deletable(path: str) -> Snapshot:
+    current = snapshot(path, files=True)
+    why = unwritable(current, deletes=True)
+    if why is not None:
+        raise LookupError(f"Delta table {path}: not deleted from on the driver: {why}")
+    return current
+
+
+def _delete(current: Snapshot, gone: list[dict[str, Any]], predicate: str) -> Snapshot:
+    if not gone:
+        return current
+    now = now_ms()
+    info = _info(current, "DELETE", now, numRemovedFiles=len(gone))
+    info["commitInfo"]["operationParameters"] = {"predicate": predicate}
+    return commit(current, [info, *(removal(a, now) for a in gone)])
+
+
+def empty(path: str) -> Snapshot:
+    """Every row of the table at a local ``path`` deleted (its live files removed) in one
+    commit; LookupError: a log or protocol not followed here."""
+    current = _deletable(path)
+    assert current.files is not None
+    return _delete(current, list(current.files.values()), "[]")
+
+
+def remove_where_at_least(path: str, column: str, bound: int) -> Snapshot:
+    """The rows of the table at a local ``path`` whose integer ``column`` is at least
+    ``bound`` deleted by removing whole files, told apart by their statistics, in one
+    commit. LookupError when a file's statistics do not put all its rows on one side
+    (Spark's DELETE then rewrites it) or the log or protocol is not followed here."""
+    current = _deletable(path)
+    assert current.files is not None
+    field = next((f for f in current.schema.fields if f.name == column), None)
+    if field is None:
+        raise LookupError(f"Delta table {path}: no column {column!r}")
+    physical = field.metadata.get(PHYSICAL, column)
+    gone = []
+    for add in current.files.values():
+        stats = json.loads(add.get("stats") or "{}")
+        low = (stats.get("minValues") or {}).get(physical)
+        high = (stats.get("maxValues") or {}).get(physical)
+        if stats.get("numRecords") == 0 or (high is not None and int(high) < bound):
+            continue
+        if low is None or int(low) < bound:
+            raise LookupError(
+                f"Delta table {path}: file {add['path']} may hold rows on both sides of "
+                f"{column} = {bound}"
+            )
+        gone.append(add)
+    return _delete(current, gone, f'["({column} >= {bound})"]')

@@ -19,7 +19,8 @@ Two modes:
 * **in place** (``in_place``): the range must end at the newest commit (later batches
   were built on the states being replaced) and no sync attempt may be unfinished. Every
   Delta table the newest commit names is first brought back to its version as of batch
-  FIRST-1 (``RESTORE … TO VERSION AS OF``, one commit per table that changed since);
+  FIRST-1 (Delta's ``RESTORE … TO VERSION AS OF``, one commit per table that changed
+  since, written by the driver on a local lake: :func:`slotlake.delta_log.restore`);
   the batches then run again under a fresh ``txnAppId`` (``lake.app_id("reprocess-…")``:
   the lake's own id has recorded those batch numbers already, so Delta would skip every
   write) and each batch's commit record is swapped atomically (:meth:`Lake.replace_commit`).
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slotlake import delta_log
 from slotlake.batch import TABLE_WORKERS, process_batch
 from slotlake.delta import (
     ensure_table,
@@ -72,10 +74,12 @@ from slotlake.lake import (
     Lake,
     OldLayoutError,
     TableCommit,
+    local_path,
     make_record,
     new_attempt,
     utcnow_iso,
 )
+from slotlake.spark import LazySession
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -332,7 +336,7 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def _seed_output(
-    spark: SparkSession,
+    spark: LazySession,
     src: Lake,
     out: Lake,
     prior: CommitRecord,
@@ -351,7 +355,7 @@ def _seed_output(
     from concurrent.futures import ThreadPoolExecutor
 
     def one(name: str, t: TableCommit) -> tuple[str, TableCommit]:
-        session = table_session(spark)
+        session = table_session(spark())
         seeded = replace(t, change_rows=0, written=False, renames={})
         if t.state and t.state_version is not None:
             df = (
@@ -406,41 +410,72 @@ def _seed_output(
 
 
 def _restore_all(
-    spark: SparkSession,
+    spark: LazySession,
     lake: Lake,
     targets: dict[str, _Version | None],
     first: int,
     progress: Callable[[str], None],
 ) -> dict[str, int]:
     """Bring each Delta table back: to its target version, or (None: created at batch
-    ``first`` or later) to empty. Tables already at their target are left alone."""
+    ``first`` or later) to empty. Tables already at their target are left alone.
+
+    A lake on local disk has each table's commit written by the driver
+    (:func:`slotlake.delta_log.restore`: measured 3-4 s a table with Spark's RESTORE, a
+    few milliseconds this way, so a lake of hundreds of tables is rolled back in seconds);
+    Spark's RESTORE and DELETE do what the driver declines (see :func:`_on_driver`)."""
     out: dict[str, int] = {}
     for rel, target in sorted(targets.items()):
         current = _current_version(lake, rel)
         if current is None:
             continue  # never created: the batches will create it
         ref = table_ref(lake.path(rel))
+        path = str(local_path(lake.path(rel))) if lake.on_local_disk else None
         if target is not None:
             if current != target.version:
-                spark.sql(f"RESTORE TABLE {ref} TO VERSION AS OF {target.version}")
+                done = _on_driver(path, delta_log.restore, target.version)
+                if done is None:
+                    spark().sql(f"RESTORE TABLE {ref} TO VERSION AS OF {target.version}")
                 progress(f"{rel}: restored to version {target.version}")
             out[rel] = target.version
         elif rel in (TRANSACTIONS, MESSAGES):
             # Created by the first batch's append: its rows of batch FIRST on go.
-            spark.sql(f"DELETE FROM {ref} WHERE _batch >= {first}")
+            done = _on_driver(path, delta_log.remove_where_at_least, "_batch", first)
+            if done is None:
+                spark().sql(f"DELETE FROM {ref} WHERE _batch >= {first}")
+                done = last_commit(spark(), lake.path(rel)).version
             progress(f"{rel}: rows of batch {first} on deleted")
-            out[rel] = last_commit(spark, lake.path(rel)).version
+            out[rel] = done
         elif _version0_is_empty(lake, rel):
             # Created empty, by the batch that first saw the table: back to that.
             if current != 0:
-                spark.sql(f"RESTORE TABLE {ref} TO VERSION AS OF 0")
+                if _on_driver(path, delta_log.restore, 0) is None:
+                    spark().sql(f"RESTORE TABLE {ref} TO VERSION AS OF 0")
                 progress(f"{rel}: restored to its empty version 0")
             out[rel] = 0
         else:
-            spark.sql(f"DELETE FROM {ref}")
+            done = _on_driver(path, delta_log.empty)
+            if done is None:
+                spark().sql(f"DELETE FROM {ref}")
+                done = last_commit(spark(), lake.path(rel)).version
             progress(f"{rel}: emptied")
-            out[rel] = last_commit(spark, lake.path(rel)).version
+            out[rel] = done
     return out
+
+
+def _on_driver(
+    path: str | None, change: Callable[..., delta_log.Snapshot], *args: object
+) -> int | None:
+    """The version ``change`` (a :mod:`slotlake.delta_log` commit) made of the local table
+    at ``path``; None when it declined — a log or protocol it does not follow, a file
+    VACUUM removed, a file its statistics do not place, a writer meanwhile — and Spark is
+    to do it (declining commits nothing)."""
+    if path is None:
+        return None
+    try:
+        return change(path, *args).version
+    except (LookupError, FileNotFoundError, FileExistsError) as exc:
+        log.info("%s: left to Spark (%s)", path, exc)
+        return None
 
 
 def _write_marker(lake: Lake, info: dict[str, object]) -> None:
@@ -488,6 +523,15 @@ def run_reprocess(
             f"(committed: {committed[0]}..{committed[-1]})"
         )
     has_prior = first != committed[0]  # the range is contiguous: FIRST-1 is committed
+
+    def build() -> SparkSession:
+        from slotlake.spark import build_session
+
+        return build_session("slotlake-reprocess", spark_conf)
+
+    # Started only if a table needs it: batches done on the driver and restores of a
+    # local lake need no JVM.
+    session = LazySession(build, spark)
     if in_place:
         if last != committed[-1]:
             raise ReprocessError(
@@ -506,7 +550,7 @@ def run_reprocess(
                 f"batch {last + 1} has an unfinished sync attempt (plan {src.path('_pending')}, "
                 f"raw {plan.raw}): its tables may already hold it. Run sync to finish it first"
             )
-        return _in_place(src, first, last, has_prior, spark, spark_conf, progress, workers)
+        return _in_place(src, first, last, has_prior, session, progress, workers)
     assert output is not None
     out = Lake(output)
     if out.root.resolve() == src.root.resolve():
@@ -542,17 +586,13 @@ def run_reprocess(
             "start the range at a later batch, or pass --from-empty to start from nothing",
         )
 
-    if spark is None:
-        from slotlake.spark import build_session
-
-        spark = build_session("slotlake-reprocess", spark_conf)
     created = not resumed
     app_id = out.app_id()  # writes the new root's layout marker (its own lake_id)
     result = ReprocessResult(output=out.uri, in_place=False, txn_app_id=app_id)
     try:
         if start is not None:
             progress(f"copying the state as of batch {start.batch} from {src.uri}")
-            prior = _seed_output(spark, src, out, start, app_id, workers, progress)
+            prior = _seed_output(session, src, out, start, app_id, workers, progress)
         result.from_batch_state = prior.batch if prior else None
         for rec in records:
             assert rec.raw is not None  # check_raw refused records without raw
@@ -562,7 +602,7 @@ def run_reprocess(
                 if (src.root / snap["staging"]).is_dir():
                     _link_tree(src.root / snap["staging"], out.root / snap["staging"])
             try:
-                record = _rebuild(spark, out, rec, app_id, prior, raw_files, progress, workers)
+                record = _rebuild(session, out, rec, app_id, prior, raw_files, progress, workers)
             except BaseException:
                 shutil.rmtree(out.root / rec.raw, ignore_errors=True)
                 raise
@@ -579,7 +619,7 @@ def run_reprocess(
 
 
 def _rebuild(
-    spark: SparkSession,
+    spark: LazySession,
     lake: Lake,
     rec: CommitRecord,
     app_id: str,
@@ -659,8 +699,7 @@ def _in_place(
     first: int,
     last: int,
     has_prior: bool,
-    spark: SparkSession | None,
-    spark_conf: dict[str, str] | None,
+    spark: LazySession,
     progress: Callable[[str], None],
     workers: int,
 ) -> ReprocessResult:
@@ -685,10 +724,6 @@ def _in_place(
             f"{IN_PLACE_MARKER}: an earlier in-place reprocess did not finish; "
             "its tables are restored like the others"
         )
-    if spark is None:
-        from slotlake.spark import build_session
-
-        spark = build_session("slotlake-reprocess", spark_conf)
     run = new_attempt()
     app_id = lake.app_id(f"reprocess-{run}")
     result = ReprocessResult(
@@ -716,7 +751,7 @@ def _in_place(
 
 
 def _roll_back(
-    spark: SparkSession,
+    spark: LazySession,
     lake: Lake,
     last: int,
     first: int,

@@ -489,3 +489,41 @@ def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
     want = {f"k{i}": f"v{i}" for i in range(50)} | {"k1": "x", "new": "n"}
     del want["k2"]
     assert {r["name"]: r["v"] for r in got} == want and len(got) == len(want)
+
+
+def test_the_drivers_restore_is_sparks_restore(spark: Any, tmp_path: Path) -> None:
+    """Back past Spark's vectors and the driver's grown ones: the driver's RESTORE leaves
+    the files (with their vectors) and rows that Spark's RESTORE leaves."""
+    import shutil
+
+    path = str(tmp_path / "state")
+    model = _seed(spark, path, 3000, 3)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")
+    model = {k: v for k, v in model.items() if k % 10}
+    then = DeltaTable(path).version()
+    for batch, first in enumerate((1, 2), 1):
+        changes = [(k, f"b{batch}", {}, False) for k in range(first, 3000, 7)]
+        changes += [(k, None, {}, True) for k in range(first + 3, 3000, 11)]
+        assert dv_merge.merge_keyed(
+            path, _rows(LONG_KEY, changes), CAT, "app", batch, rewrite_up_to=0
+        )
+    twin = str(tmp_path / "twin")
+    shutil.copytree(path, twin)
+
+    after = delta_log.restore(path, then)
+    spark.sql(f"RESTORE TABLE delta.`{twin}` TO VERSION AS OF {then}")
+
+    def live(p: str) -> set[tuple[str, str | None]]:
+        files = delta_log.snapshot(p, files=True).files or {}
+        return {(a["path"], delta_log._dv_id(a)) for a in files.values()}
+
+    assert (
+        live(path)
+        == live(twin)
+        == {
+            (a["path"], delta_log._dv_id(a))
+            for a in (delta_log.snapshot(path, files=True, version=then).files or {}).values()
+        }
+    )
+    assert after.version == DeltaTable(twin).version()
+    assert _read_both(spark, path, "id") == (model, model)

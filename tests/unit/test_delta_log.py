@@ -391,3 +391,143 @@ def test_a_checkpoint_at_the_interval_is_read_back(tmp_path: Path) -> None:
     assert set(read.files or {}) == set(snap.files or {})
     assert read.schema == snap.schema
     assert _read(path).num_rows == 33
+
+
+def test_a_snapshot_as_of_a_version_is_what_deltalake_reads_then(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    cp = _history(path)
+    for version in range(cp + 2):  # before, at and after the checkpoint
+        snap = delta_log.snapshot(path, files=True, version=version)
+        then = DeltaTable(path, version=version)
+        assert snap.version == version
+        assert set(snap.files or {}) == set(
+            pa.table(then.get_add_actions(True)).column("path").to_pylist()
+        )
+        assert snap.txns.get("a") == then.transaction_version("a")
+    with pytest.raises(LookupError, match="version 9"):
+        delta_log.snapshot(path, version=9)
+    # Entries before the checkpoint cleaned up: versions before it are out of reach.
+    (Path(path) / "_delta_log" / f"{0:020d}.json").unlink()
+    with pytest.raises(LookupError):
+        delta_log.snapshot(path, version=1)
+    assert delta_log.snapshot(path, version=cp).version == cp
+
+
+def _evolved(path: str) -> list[pa.Table]:
+    """A column-mapped table through two appends, a column added, an append and an
+    overwrite: each version's rows as deltalake reads them."""
+    create_on_driver(path, MAPPED)
+    snap, _ = delta_log.append(delta_log.snapshot(path), _mapped_rows(), "app", 1)
+    snap, _ = delta_log.append(snap, _mapped_rows().slice(0, 1), "app", 2)
+    schema = json.loads(snap.metadata["schemaString"])
+    top = int(snap.configuration["delta.columnMapping.maxColumnId"]) + 1
+    schema["fields"].append(
+        {
+            "name": "extra",
+            "type": "long",
+            "nullable": True,
+            "metadata": {delta_log.FIELD_ID: top, delta_log.PHYSICAL: "col-extra"},
+        }
+    )
+    config = {**snap.configuration, "delta.columnMapping.maxColumnId": str(top)}
+    snap = delta_log.commit(
+        snap,
+        [
+            {
+                "metaData": {
+                    **snap.metadata,
+                    "schemaString": json.dumps(schema),
+                    "configuration": config,
+                }
+            }
+        ],
+    )
+    more = _mapped_rows().append_column("extra", pa.array([7, 8, 9], pa.int64()))
+    snap, _ = delta_log.append(snap, more, "app", 3)
+    snap, _ = delta_log.append(
+        delta_log.snapshot(path, files=True), more.slice(1, 1), "app", 4, overwrite=True
+    )
+    return [query_delta(path, v, "SELECT * FROM t").sort_by("id") for v in range(snap.version + 1)]
+
+
+def test_a_restore_gives_back_the_rows_and_schema_of_the_version(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    versions = _evolved(path)
+    latest = len(versions) - 1
+    before = delta_log.snapshot(path)
+    after = delta_log.restore(path, 2)
+    assert after.version == latest + 1
+    assert query_delta(path, after.version, "SELECT * FROM t").sort_by("id") == versions[2]
+    assert DeltaTable(path).version() == after.version
+    assert "extra" not in DeltaTable(path).schema().to_arrow().names
+    # Ids handed out stay handed out; txns and the protocol stay as they were.
+    assert (
+        after.configuration["delta.columnMapping.maxColumnId"]
+        == before.configuration["delta.columnMapping.maxColumnId"]
+    )
+    assert after.txns == before.txns == {"app": 4}
+    assert after.protocol == before.protocol
+    entry = [
+        json.loads(line)
+        for line in (Path(path) / "_delta_log" / f"{after.version:020d}.json").open()
+    ]
+    assert entry[0]["commitInfo"]["operation"] == "RESTORE"
+    # ... and forward again, to the overwrite; at the version already, nothing is written.
+    again = delta_log.restore(path, latest)
+    assert query_delta(path, again.version, "SELECT * FROM t").sort_by("id") == versions[latest]
+    assert delta_log.restore(path, again.version).version == again.version
+    assert delta_log.snapshot(path).version == again.version
+
+
+def test_a_restore_brings_back_the_vector_a_file_had(tmp_path: Path) -> None:
+    """A file live then with no vector and now with one is the same path, another file."""
+    table = tmp_path / "t"
+    log_dir = table / "_delta_log"
+    log_dir.mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (table / name).write_bytes(b"")
+    protocol = {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}
+    _entry(log_dir, 0, protocol, _metadata(), {"add": _add("a")}, {"add": _add("b")})
+    _entry(log_dir, 1, _remove("a"), {"add": _add("a", "i" * 5)}, {"add": _add("c")})
+    _entry(log_dir, 2, _remove("b"))
+    zero = delta_log.snapshot(str(table), files=True, version=0).files
+    after = delta_log.restore(str(table), 0)
+    assert after.files == delta_log.snapshot(str(table), files=True).files
+    assert (
+        {k: delta_log._dv_id(v) for k, v in (after.files or {}).items()}
+        == {k: delta_log._dv_id(v) for k, v in (zero or {}).items()}
+        == {"a": None, "b": None}
+    )
+
+
+def test_a_restore_to_vacuumed_files_commits_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _evolved(path)
+    gone = next(iter(delta_log.snapshot(path, files=True, version=1).files or {}))
+    os.remove(os.path.join(path, gone))
+    latest = delta_log.snapshot(path).version
+    with pytest.raises(FileNotFoundError, match="vacuumed"):
+        delta_log.restore(path, 1)
+    assert delta_log.snapshot(path).version == latest
+
+
+def test_rows_of_later_batches_go_by_whole_files(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    schema = StructType([StructField("_batch", LongType()), StructField("v", StringType())])
+    create_on_driver(path, schema)
+    for batch in (1, 2, 3):
+        rows = pa.table({"_batch": pa.array([batch] * 2, pa.int64()), "v": ["x", "y"]})
+        delta_log.append(delta_log.snapshot(path), rows, "app", batch)
+    after = delta_log.remove_where_at_least(path, "_batch", 2)
+    assert query_delta(path, after.version, "SELECT _batch FROM t").column(0).to_pylist() == [1, 1]
+    assert delta_log.remove_where_at_least(path, "_batch", 2).version == after.version
+    # A file with rows on both sides is refused, nothing committed.
+    mixed = pa.table({"_batch": pa.array([1, 5], pa.int64()), "v": ["x", "y"]})
+    delta_log.append(delta_log.snapshot(path), mixed, "app", 5)
+    latest = delta_log.snapshot(path).version
+    with pytest.raises(LookupError, match="both sides"):
+        delta_log.remove_where_at_least(path, "_batch", 4)
+    assert delta_log.snapshot(path).version == latest
+    emptied = delta_log.empty(path)
+    assert query_delta(path, emptied.version, "SELECT * FROM t").num_rows == 0
+    assert DeltaTable(path).version() == emptied.version
