@@ -74,10 +74,27 @@ def spark():  # type: ignore[no-untyped-def]
 
 _INTEGRATION_FIXTURES = {"pg_cluster", "pg_dsn", "spark"}
 
+# ``@pytest.mark.one_pg_version`` (a test, or one parameter of it): run on the newest
+# version listed only. For what sees the decoder's output and not the source's bytes:
+# Spark's writers (the driver's run on every version, and so does the end-to-end workload
+# through Spark, the decoder in Spark's workers included) and the packaging around the job
+# (spark-submit, Airflow). Each such run costs a JVM or a spark-submit per step; the
+# second version found nothing the first did not (about 5 minutes of a 28-minute suite).
+ONE_VERSION = max(PG_VERSIONS)
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Anything that starts a server or a JVM is an integration test, marked or not,
-    # so that `pytest -m "not integration"` stays a seconds-long loop.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = [], []
     for item in items:
+        # Anything that starts a server or a JVM is an integration test, marked or not,
+        # so that `pytest -m "not integration"` stays a seconds-long loop.
         if _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        version = getattr(getattr(item, "callspec", None), "params", {}).get("pg_cluster")
+        if item.get_closest_marker("one_pg_version") and version not in (None, ONE_VERSION):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

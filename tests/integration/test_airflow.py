@@ -149,6 +149,7 @@ def _dsn_parts(dsn: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in shlex.split(dsn))
 
 
+@pytest.mark.one_pg_version
 @pytest.mark.timeout(2400)  # airflow db migrate + two spark-submits on a shared machine
 def test_sync_dag_runs_end_to_end(
     airflow_python: Path, pg_dsn: str, slot: str, tmp_path: Path

@@ -238,7 +238,9 @@ def _workload_3(c: psycopg.Connection) -> None:
     c.execute("UPDATE leafy SET v = 'third' WHERE id = 999")
 
 
-@pytest.mark.parametrize("copier", ["driver", "spark"])
+@pytest.mark.parametrize(
+    "copier", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
 def test_bootstrap_then_syncs(pg_dsn: str, slot: str, spark, tmp_path: Path, copier: str) -> None:
     """``driver``: a local lake's default, every table copied on the driver (kv, split in
     ranges, streamed with its ranges at once); ``spark``: every table through Spark, as on a

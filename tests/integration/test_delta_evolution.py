@@ -190,7 +190,9 @@ def test_changes_the_driver_leaves_to_spark(tmp_path: Path) -> None:
     assert local_version(path) == 1
 
 
-@pytest.mark.parametrize("path", ["driver", "spark"])
+@pytest.mark.parametrize(
+    "path", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
 def test_drop_add_and_rename_in_one_transaction(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, path: str
 ) -> None:

@@ -133,7 +133,9 @@ def _workload(c: psycopg.Connection, batch: int) -> None:
         c.execute("INSERT INTO kv VALUES (100, 'new', 100)")
 
 
-@pytest.mark.parametrize("writer", ["driver", "vectors", "spark"])
+@pytest.mark.parametrize(
+    "writer", ["driver", "vectors", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
 def test_readers_without_slotlake(
     pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch, writer: str
 ) -> None:

@@ -162,7 +162,9 @@ def _spark_wrote(lake: str, rel: str, since: int) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("path", ["driver", "spark"])
+@pytest.mark.parametrize(
+    "path", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
 def test_quiet_table_added_to_publication(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
@@ -347,7 +349,9 @@ def _check(c: psycopg.Connection[Any], lake: str, slot: str) -> None:
     assert slots == [slot], "a temporary snapshot slot outlived its run"
 
 
-@pytest.mark.parametrize("path", ["driver", "spark"])
+@pytest.mark.parametrize(
+    "path", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
 def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
     pg_dsn: str,
     slot: str,

@@ -18,6 +18,7 @@ import sysconfig
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from slotlake.lake import Lake, read_changes, read_state
 
@@ -76,6 +77,7 @@ def clean_env(python: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.one_pg_version
 def test_spark_submit_with_only_the_zip_commits_a_batch(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:

@@ -182,7 +182,15 @@ def _writers(root: str, table: str, kind: str = "state") -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "writer", ["driver", "driver-deltalake", "driver-dv", "dv-merge", "spark-merge", "spark"]
+    "writer",
+    [
+        "driver",
+        "driver-deltalake",
+        "driver-dv",
+        "dv-merge",
+        pytest.param("spark-merge", marks=pytest.mark.one_pg_version),
+        "spark",
+    ],
 )
 def test_varied_workload_in_batches(
     pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str, monkeypatch: pytest.MonkeyPatch
