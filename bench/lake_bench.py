@@ -23,13 +23,17 @@ SparkSession (the issue's targets in brackets):
           tables gets ADD COLUMN … DEFAULT, RENAME COLUMN and DROP COLUMN before its
           updates), one ``slotlake sync`` process, vs the ``process`` figure: DDL should
           cost no more than the changes around it; says whether Spark wrote any commit
+  rollback  an in-place reprocess of the newest batch of ``--tables`` tables (100 changes
+          each): every change log, state and the transactions table restored to its
+          version before that batch (the driver's RESTORE commits), then the batch
+          decoded and written again; timed whole, and the restores apart
 
 Each table is first loaded and bootstrapped (``slotlake bootstrap``: slot + copy, not
 timed), then the timed batch is written and one ``run_sync`` measured. Not a test: run by
 hand.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,process,multiset,mid,ddl]
+                               [--tables 100] [--steps size,spread,process,multiset,mid,ddl,rollback]
                                [--json PATH]
 """
 
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=20_000)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--process-changes", type=int, default=400)
-    p.add_argument("--steps", default="size,spread,process,multiset,mid,ddl")
+    p.add_argument("--steps", default="size,spread,process,multiset,mid,ddl,rollback")
     p.add_argument("--version", type=int, default=16)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -275,6 +279,61 @@ def main(argv: list[str] | None = None) -> int:
             log(
                 f"spread: {args.tables} tables {many:.1f}s vs one table {one:.1f}s "
                 f"= {many / one:.2f}× (target ≤ 2×)"
+            )
+        if "rollback" in steps:
+            per = max(1, args.changes // args.tables)
+            rows = max(args.small // args.tables, per * 2)
+            rolled: dict[str, Any] = {}
+
+            def reprocess_newest(cfg: Config) -> None:
+                from deltalake import DeltaTable
+
+                from slotlake.lake import Lake
+                from slotlake.reprocess import run_reprocess
+
+                stamps: list[tuple[float, str]] = []
+
+                def progress(msg: str) -> None:
+                    stamps.append((time.monotonic(), msg))
+
+                newest = Lake(cfg.lake.path).commit_batches()[-1]
+                t0 = time.monotonic()
+                result = run_reprocess(
+                    cfg.lake.path, in_place=True, first=newest, spark=spark, progress=progress
+                )
+                seconds = time.monotonic() - t0
+                restores = [t for t, m in stamps if "restored to" in m]
+                # For comparison, Spark's RESTORE of a few of the same tables (JVM warm).
+                lake = Lake(cfg.lake.path)
+                sample = [f"state/public.r_{i:03d}" for i in range(min(5, args.tables))]
+                t1 = time.monotonic()
+                for rel in sample:
+                    version = int(DeltaTable(lake.path(rel)).version())
+                    spark.sql(
+                        f"RESTORE TABLE delta.`{lake.path(rel)}` TO VERSION AS OF {version - 1}"
+                    )
+                rolled.update(
+                    seconds=seconds,
+                    restored=len(restores),
+                    restore_s=(restores[-1] - t0) if restores else 0.0,
+                    spark_restore_s_per_table=(time.monotonic() - t1) / len(sample),
+                    batches=result.batches,
+                )
+
+            scenario(
+                pg,
+                spark,
+                "rollback",
+                {f"r_{i:03d}": rows for i in range(args.tables)},
+                per,
+                after=reprocess_newest,
+            )
+            out["rollback"] = rolled
+            log(
+                f"rollback: in-place reprocess of the newest batch over {args.tables} tables "
+                f"{rolled['seconds']:.2f}s, of which {rolled['restored']} tables restored in "
+                f"{rolled['restore_s']:.2f}s; Spark's RESTORE "
+                f"{rolled['spark_restore_s_per_table']:.2f}s a table"
             )
         if "process" in steps:
             tables = {f"p_{i}": args.small for i in range(8)}

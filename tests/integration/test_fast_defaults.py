@@ -208,6 +208,7 @@ def _crash_past_the_default_update(cfg: Any, spark: Any, monkeypatch: pytest.Mon
     monkeypatch.delenv(FAULT_ENV)
 
 
+@pytest.mark.one_pg_version  # Spark's UPDATE (the driver's: the next test, both versions)
 def test_rerun_after_a_crash_past_the_default_update(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
