@@ -420,7 +420,7 @@ def _restore_all(
     ``first`` or later) to empty. Tables already at their target are left alone.
 
     A lake on local disk has each table's commit written by the driver
-    (:func:`slotlake.delta_log.restore`: measured 3-4 s a table with Spark's RESTORE, a
+    (:func:`slotlake.delta_log.restore`: measured 3.5-7 s a table with Spark's RESTORE, a
     few milliseconds this way, so a lake of hundreds of tables is rolled back in seconds);
     Spark's RESTORE and DELETE do what the driver declines (see :func:`_on_driver`)."""
     out: dict[str, int] = {}
