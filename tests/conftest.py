@@ -78,8 +78,8 @@ _INTEGRATION_FIXTURES = {"pg_cluster", "pg_dsn", "spark"}
 # version listed only. For what sees the decoder's output and not the source's bytes:
 # Spark's writers (the driver's run on every version, and so does the end-to-end workload
 # through Spark, the decoder in Spark's workers included) and the packaging around the job
-# (spark-submit, Airflow). Each such run costs a JVM or a spark-submit per step; the
-# second version found nothing the first did not (about 5 minutes of a 28-minute suite).
+# (spark-submit, Airflow). The source's version changes nothing these see, and each run
+# costs a JVM or a spark-submit per step (about 5 minutes of a 28-minute suite).
 ONE_VERSION = max(PG_VERSIONS)
 
 
