@@ -24,11 +24,13 @@ checks each vector's size and CRC: only the vectors asked for are read, where
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -171,20 +173,11 @@ def deserialize(data: bytes | memoryview, where: str = "deletion vector") -> np.
 def read(table_path: str, descriptor: dict[str, Any]) -> np.ndarray:
     """The row positions a descriptor (an ``add`` action's ``deletionVector``) deletes, its
     file relative to ``table_path``; the size and CRC are checked."""
-    import os
-    from urllib.parse import unquote, urlparse
-
-    kind = descriptor.get("storageType")
     size = int(descriptor["sizeInBytes"])
-    if kind == "i":
+    path = descriptor_path(table_path, descriptor)
+    if path is None:
         data = z85_decode(descriptor["pathOrInlineDv"])[:size]
         return deserialize(data, "inline deletion vector")
-    if kind == "u":
-        path = os.path.join(table_path, descriptor_file(descriptor))
-    elif kind == "p":
-        path = unquote(urlparse(descriptor["pathOrInlineDv"]).path)
-    else:
-        raise DeletionVectorError(f"unknown deletion vector storage type {kind!r}")
     offset = int(descriptor.get("offset") or 1)
     where = f"deletion vector in {path} at offset {offset}"
     with open(path, "rb") as f:
@@ -233,6 +226,18 @@ def z85_decode(text: str) -> bytes:
 
 def file_name(file_id: uuid.UUID) -> str:
     return f"deletion_vector_{file_id}.bin"
+
+
+def descriptor_path(table_path: str, descriptor: dict[str, Any]) -> str | None:
+    """The file a descriptor's vector is stored in (None: stored inline)."""
+    kind = descriptor.get("storageType")
+    if kind == "i":
+        return None
+    if kind == "u":
+        return os.path.join(table_path, descriptor_file(descriptor))
+    if kind == "p":
+        return unquote(urlparse(descriptor["pathOrInlineDv"]).path)
+    raise DeletionVectorError(f"unknown deletion vector storage type {kind!r}")
 
 
 def descriptor_file(descriptor: dict[str, Any]) -> str:

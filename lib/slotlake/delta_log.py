@@ -499,6 +499,30 @@ def removal(add: dict[str, Any], now: int) -> dict[str, Any]:
     return {"remove": remove}
 
 
+def commit_info(
+    read_version: int,
+    operation: str,
+    now: int,
+    parameters: dict[str, Any],
+    metrics: dict[str, str],
+    blind_append: bool = False,
+) -> dict[str, Any]:
+    """A driver commit's ``commitInfo``, shaped as Spark writes it (history readers)."""
+    return {
+        "commitInfo": {
+            "timestamp": now,
+            "operation": operation,
+            "operationParameters": parameters,
+            "readVersion": read_version,
+            "isolationLevel": "Serializable",
+            "isBlindAppend": blind_append,
+            "operationMetrics": metrics,
+            "engineInfo": DRIVER_ENGINE,
+            "txnId": str(uuid.uuid4()),
+        }
+    }
+
+
 def append(
     snap: Snapshot, data: pa.Table, app_id: str, batch: int, overwrite: bool = False
 ) -> tuple[Snapshot, dict[str, str]]:
@@ -514,22 +538,10 @@ def append(
     metrics = {"numFiles": str(len(adds)), "numOutputRows": str(data.num_rows)}
     if overwrite:
         metrics["numRemovedFiles"] = str(len(actions))
-    info = {
-        "commitInfo": {
-            "timestamp": now,
-            "operation": "WRITE",
-            "operationParameters": {
-                "mode": "Overwrite" if overwrite else "Append",
-                "partitionBy": "[]",
-            },
-            "readVersion": snap.version,
-            "isolationLevel": "Serializable",
-            "isBlindAppend": not overwrite,
-            "operationMetrics": metrics,
-            "engineInfo": DRIVER_ENGINE,
-            "txnId": str(uuid.uuid4()),
-        }
-    }
+    mode = "Overwrite" if overwrite else "Append"
+    info = commit_info(
+        snap.version, "WRITE", now, {"mode": mode, "partitionBy": "[]"}, metrics, not overwrite
+    )
     try:
         after = commit(snap, [info, txn(app_id, batch, now), *actions, *({"add": a} for a in adds)])
     except BaseException:
@@ -550,21 +562,6 @@ def _covers(now: dict[str, Any], then: dict[str, Any]) -> bool:
     )
 
 
-def _info(snap: Snapshot, operation: str, now: int, **metrics: int) -> dict[str, Any]:
-    return {
-        "commitInfo": {
-            "timestamp": now,
-            "operation": operation,
-            "readVersion": snap.version,
-            "isolationLevel": "Serializable",
-            "isBlindAppend": False,
-            "operationMetrics": {k: str(v) for k, v in metrics.items()},
-            "engineInfo": DRIVER_ENGINE,
-            "txnId": str(uuid.uuid4()),
-        }
-    }
-
-
 def restore(path: str, version: int) -> Snapshot:
     """The table at a local ``path`` given back the content and schema of ``version`` as
     its next version (what Delta's ``RESTORE TABLE … TO VERSION AS OF`` commits): the
@@ -578,19 +575,20 @@ def restore(path: str, version: int) -> Snapshot:
     log; FileNotFoundError: a file of ``version`` that VACUUM removed (the caller may try
     Spark's RESTORE, which refuses the same); FileExistsError: a writer took the next
     version meanwhile."""
-    from urllib.parse import unquote, urlparse
+    from urllib.parse import unquote
 
-    from slotlake.deletion_vector import descriptor_file
+    from slotlake.deletion_vector import descriptor_path
 
     current = snapshot(path, files=True)
     if current.version == version:
         return current
+    _removable(current, "restored")
     old = snapshot(path, files=True, version=version)
-    why = unwritable(current, deletes=True)
-    if why is None and not _covers(current.protocol, old.protocol):
-        why = "the old version's protocol asks for more than the current one"
-    if why is not None:
-        raise LookupError(f"Delta table {path}: not restored on the driver: {why}")
+    if not _covers(current.protocol, old.protocol):
+        raise LookupError(
+            f"Delta table {path}: not restored on the driver: the old version's protocol "
+            "asks for more than the current one"
+        )
     assert current.files is not None and old.files is not None
 
     def key(add: dict[str, Any]) -> tuple[str, str | None]:
@@ -601,13 +599,10 @@ def restore(path: str, version: int) -> Snapshot:
     back = [wanted[k] for k in sorted(wanted.keys() - live.keys(), key=str)]
     for add in back:
         needed = [os.path.join(path, unquote(add["path"]))]
-        dv = add.get("deletionVector") or {}
-        if dv.get("storageType") == "u":
-            needed.append(os.path.join(path, descriptor_file(dv)))
-        elif dv.get("storageType") == "p":
-            needed.append(unquote(urlparse(dv["pathOrInlineDv"]).path))
+        if add.get("deletionVector"):
+            needed.append(descriptor_path(path, add["deletionVector"]))
         for file in needed:
-            if not os.path.exists(file):
+            if file is not None and not os.path.exists(file):
                 raise FileNotFoundError(
                     f"Delta table {path}: version {version}'s file {file} is gone (vacuumed)"
                 )
@@ -623,42 +618,40 @@ def restore(path: str, version: int) -> Snapshot:
             metadata["configuration"]["delta.columnMapping.maxColumnId"] = str(max(ids))
         actions.append({"metaData": metadata})
     gone = [removal(live[k], now) for k in sorted(live.keys() - wanted.keys(), key=str)]
-    info = _info(
-        current,
-        "RESTORE",
-        now,
-        numRestoredFiles=len(back),
-        numRemovedFiles=len(gone),
-        tableSizeAfterRestore=sum(int(a.get("size") or 0) for a in old.files.values()),
-        numOfFilesAfterRestore=len(old.files),
-    )
-    info["commitInfo"]["operationParameters"] = {"version": version, "timestamp": None}
+    metrics = {
+        "numRestoredFiles": str(len(back)),
+        "numRemovedFiles": str(len(gone)),
+        "tableSizeAfterRestore": str(sum(int(a.get("size") or 0) for a in old.files.values())),
+        "numOfFilesAfterRestore": str(len(old.files)),
+    }
+    parameters = {"version": version, "timestamp": None}
+    info = commit_info(current.version, "RESTORE", now, parameters, metrics)
     return commit(
         current, [info, *actions, *gone, *({"add": {**a, "dataChange": True}} for a in back)]
     )
 
 
-def _deletable(path: str) -> Snapshot:
-    current = snapshot(path, files=True)
+def _removable(current: Snapshot, doing: str) -> None:
+    """LookupError naming ``doing`` when a commit removing files may not be written here."""
     why = unwritable(current, deletes=True)
     if why is not None:
-        raise LookupError(f"Delta table {path}: not deleted from on the driver: {why}")
-    return current
+        raise LookupError(f"Delta table {current.path}: not {doing} on the driver: {why}")
 
 
 def _delete(current: Snapshot, gone: list[dict[str, Any]], predicate: str) -> Snapshot:
     if not gone:
         return current
     now = now_ms()
-    info = _info(current, "DELETE", now, numRemovedFiles=len(gone))
-    info["commitInfo"]["operationParameters"] = {"predicate": predicate}
+    metrics = {"numRemovedFiles": str(len(gone))}
+    info = commit_info(current.version, "DELETE", now, {"predicate": predicate}, metrics)
     return commit(current, [info, *(removal(a, now) for a in gone)])
 
 
 def empty(path: str) -> Snapshot:
     """Every row of the table at a local ``path`` deleted (its live files removed) in one
     commit; LookupError: a log or protocol not followed here."""
-    current = _deletable(path)
+    current = snapshot(path, files=True)
+    _removable(current, "deleted from")
     assert current.files is not None
     return _delete(current, list(current.files.values()), "[]")
 
@@ -668,7 +661,8 @@ def remove_where_at_least(path: str, column: str, bound: int) -> Snapshot:
     ``bound`` deleted by removing whole files, told apart by their statistics, in one
     commit. LookupError when a file's statistics do not put all its rows on one side
     (Spark's DELETE then rewrites it) or the log or protocol is not followed here."""
-    current = _deletable(path)
+    current = snapshot(path, files=True)
+    _removable(current, "deleted from")
     assert current.files is not None
     field = next((f for f in current.schema.fields if f.name == column), None)
     if field is None:

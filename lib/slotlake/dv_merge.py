@@ -41,7 +41,7 @@ import numpy as np
 
 from slotlake import deletion_vector, delta_log
 from slotlake.deletion_vector import DeletionVectorFile
-from slotlake.delta import DRIVER_ENGINE, WriteResult, local_snapshot, remember
+from slotlake.delta import WriteResult, local_snapshot, remember
 from slotlake.local_table import conform_arrow
 
 if TYPE_CHECKING:
@@ -229,24 +229,12 @@ def _commit_info(
     cat: TableCatalog, version: int, metrics: dict[str, str], now: int
 ) -> dict[str, Any]:
     """The commit's ``commitInfo``, shaped as Spark's MERGE writes it (history readers)."""
-    return {
-        "commitInfo": {
-            "timestamp": now,
-            "operation": "MERGE",
-            "operationParameters": {
-                "predicate": json.dumps([f"replica identity {cat.key_columns}"]),
-                "matchedPredicates": json.dumps(
-                    [{"actionType": "delete"}, {"actionType": "update"}]
-                ),
-                "notMatchedPredicates": json.dumps([{"actionType": "insert"}]),
-            },
-            "readVersion": version,
-            "isolationLevel": "Serializable",
-            "isBlindAppend": False,
-            "operationMetrics": metrics,
-            "engineInfo": DRIVER_ENGINE,
-        }
+    parameters = {
+        "predicate": json.dumps([f"replica identity {cat.key_columns}"]),
+        "matchedPredicates": json.dumps([{"actionType": "delete"}, {"actionType": "update"}]),
+        "notMatchedPredicates": json.dumps([{"actionType": "insert"}]),
     }
+    return delta_log.commit_info(version, "MERGE", now, parameters, metrics)
 
 
 def _find(
