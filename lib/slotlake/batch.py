@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from slotlake import fastdefault
+from slotlake import delta_log, durability, fastdefault, table_processes
 from slotlake.catalog import ColumnIds, TableCatalog
 from slotlake.ddl import BatchDdl, TableColumns, read_catalog_file, write_ddl, write_ddl_local
 from slotlake.ddltypes import parse_struct
@@ -80,8 +80,11 @@ from slotlake.state import (
     multiset_delta,
     state_schema_ddl,
 )
+from slotlake.table_processes import NeedsParent, TableProcesses, processes_for
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -373,6 +376,9 @@ class DriverWrites:
     max_state_bytes: int = 64 << 20
     max_bytes: int = 64 << 20
     deletion_vectors: bool = True
+    # Worker processes for the batch's driver-done tables (slotlake.table_processes);
+    # None: one a core, 0 or 1: the parent's threads only.
+    processes: int | None = None
     TOTAL_FACTOR = 4
     MEMORY_SHARE = 4  # the driver's tables may take 1/MEMORY_SHARE of the memory limit
     PEAK_PER_PAYLOAD_BYTE = 8
@@ -402,6 +408,7 @@ class DriverWrites:
             lake_cfg.driver_write_state_mb << 20,
             mb << 20,
             bool(lake_cfg.driver_deletion_vectors),
+            lake_cfg.table_processes,
         )
 
     def describe(self) -> str:
@@ -1038,6 +1045,24 @@ TABLE_WORKERS = 4
 _DRIVER_LANE = threading.BoundedSemaphore(2)
 
 
+# A worker's answer for a table: (name, commit, seconds), the log entries it left for the
+# batch's sync, the checkpoints it left to the parent.
+_WorkerDone = tuple[tuple[str, "TableCommit", float], list[str], list[tuple[str, int]]]
+
+
+def _spark_in_worker() -> SparkSession:
+    raise NeedsParent("a Spark session (only the parent process has one)")
+
+
+def _worker_failed(fut: Future[tuple[bool, Any]]) -> str | None:
+    """Why a forked worker did not finish its table, None when it did."""
+    exc = fut.exception()
+    if exc is not None:  # the worker died (BrokenProcessPool) or the pool shut down
+        return f"{type(exc).__name__}: {exc}"
+    ok, value = fut.result()
+    return None if ok else str(value)
+
+
 @_raw_errors_in_one_line
 def process_batch(
     spark: LazySession,
@@ -1060,7 +1085,7 @@ def process_batch(
     ``snapshots``: tables copied for this batch (see slotlake.snapshot), re-based on their
     copies whether or not the batch has changes of theirs.
     """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -1144,10 +1169,10 @@ def process_batch(
             del local[name]
     fault("decode")
 
-    def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
+    def core(cat: TableCatalog, session: LazySession = spark) -> tuple[str, TableCommit, float]:
         t1 = time.monotonic()
         out = process_table(
-            spark,
+            session,
             lake,
             raw_rel,
             cat,
@@ -1161,26 +1186,86 @@ def process_batch(
             local_raw.pop(cat.name, None),
             local.get(cat.name, "driver"),
         )
-        fault("table_written")
         return cat.name, out, time.monotonic() - t1
+
+    def one(cat: TableCatalog) -> tuple[str, TableCommit, float]:
+        done = core(cat)
+        fault("table_written")
+        return done
 
     # Biggest first, so the long chains start while small tables fill the gaps.
     order = sorted(busy, key=lambda c: (-expected[c.name], c.name))
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(order) or 1))) as pool:
-        futures = [pool.submit(one, cat) for cat in order]
+    # Tables wholly on the driver go to forked workers when there are enough of them
+    # (slotlake.table_processes). Not in a batch with DDL: a fast default's fault hook
+    # and the catalog's Spark side stay with the parent.
+    forkable = [
+        c
+        for c in order
+        if c.name in local_raw and local[c.name] in ON_DRIVER and c.name not in snaps
+    ]
+    n_procs = 0 if ddl_input.messages else processes_for(driver.processes, len(forkable))
+
+    def in_worker(name: str) -> _WorkerDone:
+        """In a forked worker: the table's result, the log entries it left for the batch's
+        sync (slotlake.durability) and the checkpoints it could not write, which the
+        parent does."""
+        mark = durability.mark()
+        done = core(cats[name], LazySession(_spark_in_worker))
+        return done, durability.since(mark), table_processes.checkpoints_due()
+
+    with contextlib.ExitStack() as stack:
+        lane = TableProcesses.open(n_procs, in_worker) if n_procs else None
+        if lane is not None:
+            stack.callback(lane.close)
+            timings["table_processes"] = lane.processes
+        pool = stack.enter_context(
+            ThreadPoolExecutor(max_workers=max(1, min(workers, len(order) or 1)))
+        )
+        # The workers fork on the first submit, before any of this batch's threads run.
+        forked = {lane.submit(c.name): c for c in forkable} if lane is not None else {}
+        threaded = {pool.submit(one, c): c for c in order if c not in forked.values()}
+        pending: set[Future[Any]] = set(forked) | set(threaded)
+        due: list[tuple[str, int]] = []
         try:
-            for fut in as_completed(futures):
-                name, out, seconds = fut.result()
-                tables[name] = out
-                timings[f"table:{name}"] = seconds
-                progress(
-                    f"batch {batch}: {name}: {out.change_rows} changes, "
-                    f"{out.state_rows} rows in state ({seconds:.1f}s)"
-                )
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    if fut in forked:
+                        cat = forked[fut]
+                        why = _worker_failed(fut)
+                        if why is not None:
+                            # What it wrote before failing is synced with the file system.
+                            durability.lost()
+                            log.info(
+                                "batch %d: %s: done again by the driver's threads (its "
+                                "worker process: %s)",
+                                batch,
+                                cat.name,
+                                why,
+                            )
+                            again = pool.submit(one, cat)
+                            threaded[again] = cat
+                            pending.add(again)
+                            continue
+                        (name, out, seconds), entries, checkpoints = fut.result()[1]
+                        durability.adopt(entries)
+                        due += checkpoints
+                        fault("table_written")
+                    else:
+                        name, out, seconds = fut.result()
+                    tables[name] = out
+                    timings[f"table:{name}"] = seconds
+                    progress(
+                        f"batch {batch}: {name}: {out.change_rows} changes, "
+                        f"{out.state_rows} rows in state ({seconds:.1f}s)"
+                    )
         except BaseException:
-            for f in futures:
+            for f in [*forked, *threaded]:
                 f.cancel()
             raise
+        # Checkpoints workers without deltalake left (a parent that had started its
+        # runtime before the fork): written here, side by side.
+        list(pool.map(lambda d: delta_log.checkpoint(*d), due))
     fault("changes_written")
     for name, t in prior_tables.items():
         if name not in tables:

@@ -53,6 +53,9 @@ class LakeConfig:
     vacuum_min_age_hours: int = 24
     # Tables of one batch written at once (threads over one SparkContext).
     table_workers: int = 4
+    # Worker processes (forked) for a batch's tables done wholly on the driver, when it
+    # has at least 8 of them; "auto" (the default): one a core; 0: threads only.
+    table_processes: int | None = None
     # A table whose batch has at most this many rows is done on the driver (decode,
     # TOAST fill, change log: no Spark job), as long as all such tables' payloads stay
     # within driver_write_mb MiB; its state is merged by `deltalake` up to
@@ -105,7 +108,11 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
 
 
 # Settings whose default is worked out at run time; "auto" asks for it explicitly.
-AUTO_SETTINGS = {("lake", "driver_write_rows"), ("lake", "driver_write_mb")}
+AUTO_SETTINGS = {
+    ("lake", "driver_write_rows"),
+    ("lake", "driver_write_mb"),
+    ("lake", "table_processes"),
+}
 
 
 def _apply(target: Any, section: str, values: Mapping[str, Any]) -> None:
@@ -183,6 +190,7 @@ def validate(cfg: Config) -> None:
         ("state_versions", 0),  # 0 keeps the newest batch, as 1 does
         ("vacuum_min_age_hours", 0),
         ("table_workers", 1),
+        ("table_processes", 0),
         ("driver_write_rows", 0),
         ("driver_write_mb", 0),
         ("driver_write_state_mb", 0),

@@ -85,6 +85,9 @@ def open_local(path: str) -> Any:
 
     from deltalake import DeltaTable
 
+    from slotlake.table_processes import need_deltalake
+
+    need_deltalake(f"{path}: a Delta table read")
     cache = _OPEN
     if cache is None:
         return DeltaTable(path)
@@ -750,11 +753,16 @@ def create_on_driver(path: str, schema: StructType) -> int:
 def _commit_on_driver(path: str, version: int, actions: list[dict[str, Any]]) -> None:
     """Write ``actions`` as the local table's log entry ``version``, put-if-absent as every
     Delta writer commits: FileExistsError when another writer committed that version."""
+    from slotlake import durability
     from slotlake.lake import LocalFS
 
-    LocalFS().create_new(
-        f"{path}/_delta_log/{version:020d}.json", "".join(json.dumps(a) + "\n" for a in actions)
-    )
+    entry = f"{path}/_delta_log/{version:020d}.json"
+    text = "".join(json.dumps(a) + "\n" for a in actions)
+    # A sync run's batch makes its entries durable together (slotlake.durability).
+    later = durability.deferring()
+    LocalFS().create_new(entry, text, durable=not later)
+    if later and not durability.register(entry):
+        durability.sync_paths([entry])
 
 
 def _column_mapped(schema: StructType, last_id: int = 0) -> tuple[StructType, int]:

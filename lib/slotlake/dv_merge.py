@@ -205,11 +205,10 @@ def _survivors(
     opened: dict[str, pa.Table] | None,
 ) -> pa.Table:
     """A data file's rows but those at ``gone`` (its old vector's and the matched ones)."""
-    import pyarrow.parquet as pq
 
     read = (opened or {}).get(add["path"])
     if read is None:
-        read = pq.read_table(os.path.join(path, unquote(add["path"])))
+        read = delta_log.read_data_file(os.path.join(path, unquote(add["path"])))
     keep = np.ones(read.num_rows, dtype=bool)
     keep[gone] = False
     return conform_arrow(read.filter(keep), target)
@@ -321,11 +320,10 @@ def _find_in_arrow(
     None when a file's key column does not cast to the rows' key type (DuckDB then)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
-        table = opened[f] = pq.read_table(os.path.join(path, unquote(f)))
+        table = opened[f] = delta_log.read_data_file(os.path.join(path, unquote(f)))
         try:
             column = table.column(key).cast(values.type)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -41,6 +42,8 @@ from typing import Any
 
 from slotlake import __version__
 from slotlake.lsn import Lsn
+
+log = logging.getLogger(__name__)
 
 LAYOUT_FILE = "_slotlake.json"
 LAYOUT = "delta"
@@ -221,25 +224,29 @@ class LocalFS:
     def read_text(self, p: str) -> str:
         return Path(p).read_text()
 
-    def _write(self, tmp: Path, text: str) -> None:
+    def _write(self, tmp: Path, text: str, durable: bool = True) -> None:
         with open(tmp, "w") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
 
-    def create_new(self, p: str, text: str) -> None:
+    def create_new(self, p: str, text: str, durable: bool = True) -> None:
+        """``text`` as the new file ``p``, all or nothing; FileExistsError when it exists.
+        Not ``durable``: the caller syncs it later (slotlake.durability)."""
         final = Path(p)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():
             raise FileExistsError(p)
         tmp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-        self._write(tmp, text)
+        self._write(tmp, text, durable)
         try:
             # link fails if the final name appeared meanwhile, where rename would replace it.
             os.link(tmp, final)
         finally:
             os.unlink(tmp)
-        _fsync_dir(final.parent)
+        if durable:
+            _fsync_dir(final.parent)
 
     def replace(self, p: str, text: str) -> None:
         final = Path(p)
@@ -564,6 +571,45 @@ class Lake:
         return sorted(set(out))
 
 
+def drop_torn_entries(lake: Lake, last: CommitRecord | None) -> dict[str, list[int]]:
+    """Before an unfinished batch is redone on a local lake: every Delta table's log
+    entries after the version the newest commit record names (all of a table it does not
+    name) that a power loss left empty or torn are removed (slotlake.durability); the
+    versions removed, by table."""
+    from slotlake import delta_log
+
+    committed: dict[str, int | None] = {}
+    if last is not None:
+        committed = {
+            last.transactions or "": last.transactions_version,
+            last.messages or "": last.messages_version,
+            last.ddl or "": last.ddl_version,
+        }
+        for t in last.tables.values():
+            committed[t.changes or ""] = t.changes_version
+            committed[t.state or ""] = t.state_version
+    root = local_path(lake.uri)
+    rels = [TRANSACTIONS, MESSAGES, DDL] + [
+        f"{kind}/{name}"
+        for kind in (CHANGES, STATE)
+        if (root / kind).is_dir()
+        for name in sorted(os.listdir(root / kind))
+    ]
+    removed: dict[str, list[int]] = {}
+    for rel in rels:
+        after = committed.get(rel)
+        gone = delta_log.drop_torn_entries(str(root / rel), -1 if after is None else after)
+        if gone:
+            removed[rel] = gone
+            log.warning(
+                "%s: log entries %s of an unfinished batch were not whole on disk (a power "
+                "loss before the batch's sync): removed, the batch writes them again",
+                rel,
+                ", ".join(map(str, gone)),
+            )
+    return removed
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -651,6 +697,9 @@ def query_delta(path: str, version: int | None = None, sql: str | None = None): 
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
 
+    from slotlake.table_processes import need_deltalake
+
+    need_deltalake(f"{path}: a query")
     dt = DeltaTable(path, version=version)
     reader = QueryBuilder().register("t", dt).execute(sql or "SELECT * FROM t")
     return _plain_types(pa.table(reader.read_all()))

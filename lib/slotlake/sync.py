@@ -9,6 +9,7 @@ exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -18,13 +19,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slotlake import snapshot
+from slotlake import durability, snapshot
 from slotlake.batch import BatchOutput, DriverWrites, process_batch
 from slotlake.config import Config
 from slotlake.ddl import CATALOG_FILE, catalog_to_json
 from slotlake.decode import RawDataError
 from slotlake.fastdefault import FAULT_STEP
-from slotlake.lake import RAW, BatchPlan, Lake, is_local, make_record, new_attempt, utcnow_iso
+from slotlake.lake import (
+    RAW,
+    BatchPlan,
+    Lake,
+    drop_torn_entries,
+    is_local,
+    local_path,
+    make_record,
+    new_attempt,
+    utcnow_iso,
+)
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
@@ -238,6 +249,10 @@ def _run_batch(
             f"batch {batch}: resuming an unfinished attempt "
             f"({plan.start_lsn}..{plan.target_lsn}, raw {plan.raw})"
         )
+        if lake.on_local_disk:
+            # Entries of the attempt that a power loss left empty or torn (their syncs wait
+            # for the batch's end: slotlake.durability) go; the tables redo them.
+            drop_torn_entries(lake, last)
         timings["pull"] = 0.0
         raw_local = None
         resumed: int | None = batch
@@ -308,6 +323,17 @@ def _run_batch(
     t1 = time.monotonic()
 
     def decode_write(raw: str, local: str | None) -> BatchOutput:
+        assert plan is not None
+        # The batch's Delta log entries are made durable together when its tables are
+        # written, before its commit record (slotlake.durability).
+        with (
+            durability.deferred(str(local_path(lake.uri)))
+            if lake.on_local_disk
+            else (contextlib.nullcontext())
+        ):
+            return _process(raw, local)
+
+    def _process(raw: str, local: str | None) -> BatchOutput:
         assert plan is not None
         return process_batch(
             lazy,

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,8 @@ def test_overrides_win_and_parse_as_toml(tmp_path: Path) -> None:
         ("lake.driver_write_mb=true", 'lake.driver_write_mb must be an integer or "auto"'),
         ("lake.bootstrap_driver_mb=-64", "lake.bootstrap_driver_mb must be 0 or more"),
         ("lake.table_workers=0", "lake.table_workers must be 1 or more, got 0"),
+        ("lake.table_processes=-1", "lake.table_processes must be 0 or more, got -1"),
+        ("lake.table_processes=many", 'lake.table_processes must be an integer or "auto"'),
         ("lake.raw_retention_batches=-2", "lake.raw_retention_batches must be -1 or more"),
         ("lake.state_versions=-1", "lake.state_versions must be 0 or more"),
     ],
@@ -128,3 +131,26 @@ def test_driver_lane_bounds_are_auto_by_default_or_as_set(tmp_path: Path) -> Non
     chosen = DriverWrites.of(cfg.lake, 4 * gib)
     assert (chosen.max_rows, chosen.max_bytes >> 20) == (5000, 128)
     assert "5,000 rows a table, 128 MiB of payloads" in chosen.describe()
+
+
+def test_table_processes_are_one_a_core_by_default_and_only_for_enough_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slotlake import table_processes
+    from slotlake.batch import DriverWrites
+
+    cfg = load_config(write(tmp_path, TOML))
+    assert cfg.lake.table_processes is None
+    assert DriverWrites.of(cfg.lake).processes is None
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert table_processes.processes_for(None, 100) == 2
+    assert table_processes.processes_for(None, table_processes.MIN_TABLES - 1) == 0
+    assert table_processes.processes_for(None, table_processes.MIN_TABLES) == 2
+    # Never more workers than tables to keep each busy for a few.
+    assert table_processes.processes_for(16, 12) == 3
+    assert table_processes.processes_for(0, 100) == 0
+    assert table_processes.processes_for(1, 100) == 0  # one worker is no better than threads
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert table_processes.processes_for(None, 100) == 0
+    cfg = load_config(write(tmp_path, TOML), parse_overrides(["lake.table_processes=3"]))
+    assert DriverWrites.of(cfg.lake).processes == 3

@@ -1,0 +1,213 @@
+"""A batch's small tables in forked worker processes: every core for work that holds
+the GIL.
+
+A small table done on the driver (:mod:`slotlake.local_table`) is a few hundred Python
+and Arrow calls: decode, fill, two Parquet files, two Delta log entries. In threads they
+take turns on the GIL, so a batch touching a hundred such tables used one core of two
+(measured: two threads 1.12 s, one 1.38 s, three or four slower than two). Forked
+workers run them side by side.
+
+The workers are forked once per batch, after the batch's raw rows were read, so each
+finds the catalogs and raw rows in its copy of the parent's memory; a task is a table's
+name, its answer the table's :class:`slotlake.lake.TableCommit`. A worker does only what
+needs no JVM: work that asks for Spark raises :class:`NeedsParent`. Whatever a worker
+cannot finish (that, any error, a worker killed) is done again by the parent's threads:
+each Delta commit carries the batch's transaction marker, so what the worker committed is
+not written twice, and a real error is raised by the parent as it would have been.
+
+A worker dies with its parent (``PR_SET_PDEATHSIG``): a job killed mid-batch leaves no
+process writing on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Below this many tables a batch keeps to the parent's threads: forking costs ~15 ms and
+# each worker's first tables run on cold caches.
+MIN_TABLES = 8
+_PR_SET_PDEATHSIG = 1
+
+
+class NeedsParent(RuntimeError):
+    """Raised in a worker by work only the parent can do (a Spark session)."""
+
+
+def available() -> bool:
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def processes_for(setting: int | None, tables: int) -> int:
+    """Worker processes for ``tables`` eligible tables: ``setting`` (None: one a core),
+    none when there are too few tables to repay the forks or no fork here."""
+    wanted = (os.cpu_count() or 1) if setting is None else setting
+    if wanted < 2 or tables < MIN_TABLES or not available():
+        return 0
+    return min(wanted, tables // (MIN_TABLES // 2))
+
+
+# The job of the lane being started: a forked worker finds it in its copy of this module.
+_JOB: Callable[[str], Any] | None = None
+_ONE_LANE = threading.Lock()
+# Process-wide handles a worker must not use (their threads stayed in the parent), kept
+# referenced so that no destructor runs on them in the worker.
+_ABANDONED: list[Any] = []
+# False in a worker whose parent had started deltalake's runtime before the fork: tokio
+# does not survive a fork, and deltalake refuses (a panic) to run in such a child.
+_DELTALAKE = True
+# Checkpoints a worker without deltalake left to its parent: (table path, version).
+_CHECKPOINTS_DUE: list[tuple[str, int]] = []
+
+
+def _start_worker(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+    # The parent's DuckDB databases run queries on threads that were not forked: the
+    # worker opens its own.
+    from slotlake import dv_merge, replay_duckdb
+
+    _ABANDONED.extend(replay_duckdb._DB)
+    replay_duckdb._DB.clear()
+    _ABANDONED.append(dv_merge._duckdb)
+    dv_merge._duckdb.cache_clear()
+    global _DELTALAKE
+    _DELTALAKE = _deltalake_works()
+
+
+# The smallest Delta table: loading it runs deltalake's runtime (a missing table does not).
+_PROBE_LOG = (
+    '{"protocol":{"minReaderVersion":1,"minWriterVersion":2}}\n'
+    '{"metaData":{"id":"probe","format":{"provider":"parquet","options":{}},'
+    '"schemaString":"{\\"type\\":\\"struct\\",\\"fields\\":[{\\"name\\":\\"x\\",'
+    '\\"type\\":\\"long\\",\\"nullable\\":true,\\"metadata\\":{}}]}",'
+    '"partitionColumns":[],"configuration":{},"createdTime":0}}\n'
+)
+
+
+def _deltalake_works() -> bool:
+    """Whether deltalake runs here, tried on a throwaway table (its panic message
+    silenced: a worker that cannot use it hands that work to the parent, no error)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="slotlake-probe-") as tmp:
+        os.mkdir(os.path.join(tmp, "_delta_log"))
+        with open(os.path.join(tmp, "_delta_log", f"{0:020d}.json"), "w") as f:
+            f.write(_PROBE_LOG)
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        try:
+            from deltalake import DeltaTable
+
+            return DeltaTable(tmp).version() == 0
+        except BaseException:  # deltalake's PanicException is a BaseException
+            return False
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(null)
+
+
+def need_deltalake(what: str) -> None:
+    """Raise :class:`NeedsParent` in a worker where deltalake cannot run."""
+    if not _DELTALAKE:
+        raise NeedsParent(f"{what} through deltalake (its runtime stayed in the parent)")
+
+
+def checkpoint_here(path: str, version: int) -> bool:
+    """Whether a checkpoint of ``path`` at ``version`` can be written now; if not (a
+    worker without deltalake) it is left to the parent (:func:`checkpoints_due`)."""
+    if _DELTALAKE:
+        return True
+    _CHECKPOINTS_DUE.append((path, version))
+    return False
+
+
+def checkpoints_due() -> list[tuple[str, int]]:
+    """The checkpoints this worker left to its parent since the last call."""
+    due = list(_CHECKPOINTS_DUE)
+    _CHECKPOINTS_DUE.clear()
+    return due
+
+
+def _run(name: str) -> tuple[bool, Any]:
+    """(True, the job's answer) or (False, why it failed): exceptions stay here, where
+    they may not pickle (deltalake's panics are BaseExceptions of a Rust module)."""
+    assert _JOB is not None
+    try:
+        return True, _JOB(name)
+    except BaseException as exc:  # every failure goes back to the parent
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return False, text
+
+
+class TableProcesses:
+    """``processes`` forked workers running ``job(name)`` for the tables submitted.
+
+    Use as a context manager; None from :meth:`open` when another lane of this process
+    is running (the module's job slot is taken)."""
+
+    def __init__(self, processes: int, job: Callable[[str], Any]) -> None:
+        self.processes, self._job = processes, job
+        self._pool: ProcessPoolExecutor | None = None
+
+    @classmethod
+    def open(cls, processes: int, job: Callable[[str], Any]) -> TableProcesses | None:
+        if not _ONE_LANE.acquire(blocking=False):
+            return None
+        global _JOB
+        _JOB = job
+        lane = cls(processes, job)
+        lane._pool = ProcessPoolExecutor(
+            processes,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_start_worker,
+            initargs=(os.getpid(),),
+        )
+        return lane
+
+    def submit(self, name: str) -> Future[tuple[bool, Any]]:
+        """The first submit forks the workers (in the calling thread, which must outlive
+        them: the parent-death signal follows the thread that forked)."""
+        assert self._pool is not None
+        return self._pool.submit(_run, name)
+
+    def close(self) -> None:
+        global _JOB
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            _JOB = None
+            _ONE_LANE.release()
+
+    def __enter__(self) -> TableProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "MIN_TABLES",
+    "NeedsParent",
+    "TableProcesses",
+    "available",
+    "checkpoint_here",
+    "checkpoints_due",
+    "need_deltalake",
+    "processes_for",
+]

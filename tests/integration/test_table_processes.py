@@ -1,0 +1,184 @@
+"""A batch of many small tables written by forked worker processes
+(slotlake.table_processes), with their Delta log entries synced together at the batch's
+end (slotlake.durability): the same mirror and change log as the parent's threads write,
+a worker that fails or dies leaves its tables to the parent without a change written
+twice, and entries a power loss left torn are redone by the rerun."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from slotlake import batch as batch_module
+from slotlake import durability
+from slotlake.config import Config
+from slotlake.lake import CHANGES, STATE, Lake
+from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
+
+from .sync_helpers import (
+    AUDIT_SQL,
+    assert_log_matches_audit,
+    assert_mirror,
+    audit,
+    make_config,
+)
+
+pytestmark = pytest.mark.one_pg_version
+
+# Nine keyed tables and a multiset (its prior state is read through deltalake).
+TABLES = [f"public.t{i}" for i in range(9)] + ["public.m9"]
+KEYS = dict.fromkeys(TABLES, "id")
+
+
+def setup_source(c: psycopg.Connection[Any], slot: str) -> None:
+    c.execute(AUDIT_SQL)
+    for qualified in TABLES:
+        name = qualified.split(".")[1]
+        if name.startswith("m"):
+            c.execute(f"CREATE TABLE {name} (id int, v text)")
+            c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+        else:
+            c.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
+        audit(c, name, "id")
+    c.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(TABLES)}")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def workload(c: psycopg.Connection[Any], start: int) -> None:
+    for qualified in TABLES:
+        name = qualified.split(".")[1]
+        with c.transaction():
+            c.execute(
+                f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(%s::int, %s::int) g",
+                (start + 1, start + 20),
+            )
+            c.execute(f"UPDATE {name} SET v = 'u' || v WHERE id % 3 = 0")
+            c.execute(f"DELETE FROM {name} WHERE id % 7 = 0")
+
+
+def config(dsn: str, tmp_path: Path, slot: str, processes: int | None = 2) -> Config:
+    cfg = make_config(dsn, str(tmp_path / "lake"), slot)
+    cfg.lake.table_processes = processes
+    return cfg
+
+
+def check(dsn: str, lake: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert_mirror(c, lake, TABLES)
+        assert_log_matches_audit(c, lake, KEYS)
+
+
+def test_many_tables_are_written_by_forked_workers(
+    pg_dsn: str, slot: str, tmp_path: Path, caplog: Any
+) -> None:
+    """Ten batches, each table's Delta tables reaching a checkpoint (version 10). The
+    parent reads the lake through deltalake between batches, so its workers cannot use
+    deltalake: the multiset (its prior state read through it) is done again by the
+    parent, and the checkpoints the workers could not write are written by the parent."""
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        for round_ in range(10):
+            workload(c, round_ * 100)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="slotlake.batch"):
+                result = run_sync(cfg)
+            assert result.status == "committed"
+            assert result.timings["batch.table_processes"] == 2
+            assert set(result.tables) == set(TABLES)
+            again = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
+            if round_ > 0:  # check() below started deltalake's runtime in this process
+                assert again and all("public.m9" in m and "deltalake" in m for m in again)
+            check(pg_dsn, cfg.lake.path)
+    lake = Path(cfg.lake.path)
+    for qualified in TABLES:
+        for kind in (CHANGES, STATE):
+            log_dir = lake / Lake.table_path(kind, qualified) / "_delta_log"
+            assert (log_dir / f"{10:020d}.checkpoint.parquet").exists(), log_dir
+            assert DeltaTable(str(log_dir.parent)).version() >= 10
+    # Threads only (0): the same lake goes on, with no process.
+    cfg.lake.table_processes = 0
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        workload(c, 1000)
+    result = run_sync(cfg)
+    assert "batch.table_processes" not in result.timings
+    check(pg_dsn, cfg.lake.path)
+
+
+def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """t3's worker fails after writing both its Delta tables, t5's worker dies after
+    writing them: the parent does both again (and the tables the dead worker had not
+    reached), and no change is in a change log twice."""
+    parent = os.getpid()
+    real = batch_module._process_local
+    whole_syncs: list[str] = []
+    real_sync = durability.sync_file_system
+
+    def in_workers_fail(spark: Any, lake: Any, cat: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(spark, lake, cat, *args, **kwargs)
+        if os.getpid() != parent and cat.name == "public.t3":
+            raise RuntimeError("t3 failed in its worker")
+        if os.getpid() != parent and cat.name == "public.t5":
+            os._exit(3)
+        return out
+
+    def sync_whole(root: str) -> None:
+        whole_syncs.append(root)
+        real_sync(root)
+
+    monkeypatch.setattr(batch_module, "_process_local", in_workers_fail)
+    monkeypatch.setattr(durability, "sync_file_system", sync_whole)
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+    with caplog.at_level(logging.INFO, logger="slotlake.batch"):
+        result = run_sync(cfg)
+    assert result.status == "committed" and set(result.tables) == set(TABLES)
+    again = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
+    assert any("public.t3" in m and "t3 failed in its worker" in m for m in again), again
+    assert any("public.t5" in m and "BrokenProcessPool" in m for m in again), again
+    # What the failed workers wrote was made durable with the file system whole.
+    assert whole_syncs == [str(Path(cfg.lake.path))]
+    check(pg_dsn, cfg.lake.path)
+
+
+def test_entries_a_power_loss_left_torn_are_written_again(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Every table of batch 2 is written, then the run stops before the commit record
+    (its entries not yet synced); as after a power loss, one table's newest state entry is
+    empty and another's change log entry cut in the middle. The rerun removes them and
+    writes the batch again, once."""
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+        run_sync(cfg)
+        workload(c, 100)
+    monkeypatch.setenv(FAULT_ENV, "changes_written")
+    with pytest.raises(InjectedFault):
+        run_sync(cfg)
+    monkeypatch.delenv(FAULT_ENV)
+    lake = Lake(cfg.lake.path)
+    state = Path(cfg.lake.path) / Lake.table_path(STATE, "public.t2") / "_delta_log"
+    changes = Path(cfg.lake.path) / Lake.table_path(CHANGES, "public.t4") / "_delta_log"
+    newest_state, newest_changes = (max(d.glob("*.json")) for d in (state, changes))
+    newest_state.write_bytes(b"")
+    text = newest_changes.read_text()
+    newest_changes.write_text(text[: len(text) // 2])
+    with caplog.at_level(logging.WARNING, logger="slotlake.lake"):
+        result = run_sync(cfg)
+    assert result.status == "committed" and result.resumed == 2
+    warned = [r.getMessage() for r in caplog.records if "not whole on disk" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert lake.last_commit().batch == 2
+    check(pg_dsn, cfg.lake.path)

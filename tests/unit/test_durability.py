@@ -1,0 +1,150 @@
+"""A batch's Delta log entries made durable together (slotlake.durability), and what a
+power loss may leave of them removed before the batch is redone
+(slotlake.delta_log.drop_torn_entries)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from slotlake import delta_log, durability
+from slotlake.delta import create_on_driver
+from slotlake.lake import query_delta
+
+SCHEMA = StructType([StructField("id", LongType()), StructField("v", StringType())])
+
+
+def _rows(*ids: int) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "v": [f"v{i}" for i in ids]})
+
+
+def _entry(path: str, version: int) -> Path:
+    return Path(path) / "_delta_log" / f"{version:020d}.json"
+
+
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths fsynced (os.fsync still runs: the spy records which descriptor's path)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen
+
+
+def test_entries_of_a_deferring_batch_are_synced_together_at_its_end(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with durability.deferred(str(tmp_path)):
+        assert durability.deferring()
+        for path in (a, b):
+            create_on_driver(path, SCHEMA)
+            delta_log.append(delta_log.snapshot(path), _rows(1, 2), "app", 1)
+        # Written and readable, not synced yet.
+        assert DeltaTable(a).version() == 1 and DeltaTable(b).version() == 1
+        assert synced == []
+    entries = {str(_entry(p, v)) for p in (a, b) for v in (0, 1)}
+    dirs = {str(Path(p) / "_delta_log") for p in (a, b)}
+    assert set(synced) == entries | dirs
+    # Each file before any directory: a name is made durable after what it names.
+    assert set(synced[: len(entries)]) == entries
+    assert not durability.deferring()
+
+
+def test_outside_a_batch_each_commit_is_synced_at_once(tmp_path: Path, synced: list[str]) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, SCHEMA)
+    synced.clear()
+    delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
+    # The temporary file (linked to the entry) and the directory holding the entry.
+    assert len(synced) == 2 and synced[1] == str(Path(path) / "_delta_log")
+
+
+def test_a_failed_batch_syncs_nothing(tmp_path: Path, synced: list[str]) -> None:
+    path = str(tmp_path / "t")
+    with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
+        create_on_driver(path, SCHEMA)
+        raise RuntimeError("boom")
+    assert synced == [] and not durability.deferring()
+
+
+def test_entries_of_a_dead_worker_sync_the_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[str]
+) -> None:
+    whole: list[str] = []
+    monkeypatch.setattr(durability, "sync_file_system", whole.append)
+    path = str(tmp_path / "t")
+    with durability.deferred(str(tmp_path)):
+        create_on_driver(path, SCHEMA)
+        mark = durability.mark()
+        delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
+        # What a forked worker hands back: its entries since the mark.
+        assert durability.since(mark) == [str(_entry(path, 1))]
+        durability.lost()
+    assert whole == [str(tmp_path)] and synced == []
+
+
+def _table(path: str, versions: int) -> None:
+    create_on_driver(path, SCHEMA)
+    for v in range(1, versions):
+        delta_log.append(delta_log.snapshot(path), _rows(v), "app", v)
+
+
+def test_an_empty_entry_after_the_committed_version_is_removed(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _table(path, 4)  # versions 0..3
+    _entry(path, 3).write_bytes(b"")
+    assert delta_log.drop_torn_entries(path, after=2) == [3]
+    assert DeltaTable(path).version() == 2
+    assert query_delta(path, 2, "SELECT id FROM t ORDER BY id").column("id").to_pylist() == [1, 2]
+    # The batch writes it again as version 3.
+    after, _ = delta_log.append(delta_log.snapshot(path), _rows(3), "app", 3)
+    assert after.version == 3 and DeltaTable(path).transaction_version("app") == 3
+
+
+def test_a_torn_entry_goes_with_every_entry_after_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _table(path, 5)  # versions 0..4
+    whole = _entry(path, 2).read_text()
+    _entry(path, 2).write_text(whole[: len(whole) // 2])  # a line cut in the middle
+    assert delta_log.drop_torn_entries(path, after=1) == [2, 3, 4]
+    assert sorted(p.name for p in (Path(path) / "_delta_log").iterdir()) == [
+        f"{0:020d}.json",
+        f"{1:020d}.json",
+    ]
+    assert delta_log.snapshot(path).version == 1
+
+
+def test_whole_entries_and_committed_ones_stay(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _table(path, 3)
+    assert delta_log.drop_torn_entries(path, after=0) == []
+    # An entry at or before the committed version is never looked at: not the batch's.
+    _entry(path, 1).write_bytes(b"")
+    assert delta_log.drop_torn_entries(path, after=1) == []
+    assert _entry(path, 1).exists()
+    assert delta_log.drop_torn_entries(str(tmp_path / "none"), after=-1) == []
+
+
+def test_a_checkpoint_of_a_removed_version_goes_too(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _table(path, 3)
+    DeltaTable(path).create_checkpoint()  # at version 2, with the hint naming it
+    delta_log.append(delta_log.snapshot(path), _rows(9), "app", 9)
+    _entry(path, 2).write_bytes(b"\0\0\0")
+    assert delta_log.drop_torn_entries(path, after=1) == [2, 3]
+    names = sorted(p.name for p in (Path(path) / "_delta_log").iterdir())
+    assert not [n for n in names if "checkpoint" in n]
+    assert DeltaTable(path).version() == 1
+    assert json.loads(_entry(path, 1).read_text().splitlines()[0])
