@@ -11,6 +11,8 @@ SparkSession (the issue's targets in brackets):
           Spark), to show what the big table costs beyond the path it takes
   spread  the same ``--changes`` changes spread over ``--tables`` tables vs all in one
           table                                                          [≤ 2×]
+          and the many tables once more written by the driver's threads only
+          (``lake.table_processes = 0``: no forked workers)
   process ``--process-changes`` changes over 8 tables, one ``slotlake sync`` process timed
           from its start to its exit (slot advanced)                     [≤ 10 s]
   multiset  ``--process-changes`` changes on a ``--small``-row table without a key
@@ -182,6 +184,7 @@ def scenario(
     deletion_vectors: bool = True,
     write: Any = changes,
     after: Any = None,
+    processes: int | None = None,
 ) -> float:
     """Load and bootstrap ``tables`` (name → rows), then time ``repeat`` batches of changes
     to each (``write``) with ``sync``; the fastest counts (the first pays the JVM's
@@ -201,6 +204,7 @@ def scenario(
         if state_mb is not None:
             cfg.lake.driver_write_state_mb = state_mb
         cfg.lake.driver_deletion_vectors = deletion_vectors
+        cfg.lake.table_processes = processes
         # The initial copy (not timed): bootstrap creates the slot and copies every row.
         log(f"{tag}: bootstrap of {sum(tables.values()):,} rows")
         t0 = time.monotonic()
@@ -275,10 +279,26 @@ def main(argv: list[str] | None = None) -> int:
             many = scenario(
                 pg, spark, "many", {f"t_{i:03d}": rows for i in range(args.tables)}, per
             )
-            out["spread"] = {"one_s": one, "many_s": many, "ratio": many / one}
+            # The same tables written by the driver's threads only (no forked workers).
+            threads = scenario(
+                pg,
+                spark,
+                "many_threads",
+                {f"t_{i:03d}": rows for i in range(args.tables)},
+                per,
+                processes=0,
+            )
+            out["spread"] = {
+                "one_s": one,
+                "many_s": many,
+                "many_threads_s": threads,
+                "ratio": many / one,
+                "ratio_threads": threads / one,
+            }
             log(
-                f"spread: {args.tables} tables {many:.1f}s vs one table {one:.1f}s "
-                f"= {many / one:.2f}× (target ≤ 2×)"
+                f"spread: {args.tables} tables {many:.2f}s vs one table {one:.2f}s "
+                f"= {many / one:.2f}× (target ≤ 2×); threads only {threads:.2f}s "
+                f"= {threads / one:.2f}×"
             )
         if "rollback" in steps:
             per = max(1, args.changes // args.tables)

@@ -129,6 +129,12 @@ def remember(snap: Snapshot) -> None:
         cache["log:" + snap.path] = snap
 
 
+def _has_log(path: str) -> bool:
+    from slotlake.delta_log import has_log
+
+    return has_log(path)
+
+
 def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -244,9 +250,8 @@ def needs_evolution(
 
 def delta_schema(path: str) -> StructType | None:
     """The schema of the Delta table at a local ``path`` from its log (no Spark), or None."""
-    import os
 
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not _has_log(path):
         return None
     try:
         return local_snapshot(path).schema
@@ -340,9 +345,8 @@ def txn_version(path: str, app_id: str) -> int | None:
     optimisation (a rerun skips tables that already hold the batch): the txn marker on
     every write is what guarantees a table never gets a batch twice.
     """
-    import os
 
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not _has_log(path):
         return None
 
     try:
@@ -418,9 +422,8 @@ def merge(
 
 def table_bytes(path: str) -> int | None:
     """Bytes of the live data files of the Delta table at a local ``path`` (None: no table)."""
-    import os
 
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not _has_log(path):
         return None
     try:  # read once: the state's MERGE uses the same snapshot of its files
         return local_snapshot(path, files=True).file_bytes()
@@ -662,9 +665,8 @@ DRIVER_ENGINE = "slotlake (driver)"
 
 def local_version(path: str) -> int | None:
     """The latest version of the Delta table at a local ``path`` (None: there is none)."""
-    import os
 
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not _has_log(path):
         return None
     try:
         return local_snapshot(path).version

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from slotlake import table_processes
+from slotlake import durability, table_processes
 from slotlake.delta import DRIVER_ENGINE, _commit_on_driver, _struct_from_json, open_local
 
 if TYPE_CHECKING:
@@ -111,6 +111,16 @@ def _names(log_dir: str) -> tuple[list[int], dict[int, list[str]]]:
         if len(p) == wanted[v]
     }
     return sorted(versions), checkpoints
+
+
+def has_log(path: str) -> bool:
+    """Whether a local table has a log entry or checkpoint: a creation cut short (the log
+    directory made, its first entry not linked yet) or undone (slotlake.durability's
+    repair) leaves an empty ``_delta_log``, which is no table yet."""
+    try:
+        return any(name[:20].isdigit() for name in os.listdir(os.path.join(path, "_delta_log")))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _from_hint(log_dir: str) -> tuple[int, list[str], list[int]] | None:
@@ -228,16 +238,8 @@ def drop_torn_entries(path: str, after: int) -> list[int]:
         hinted = None
     if hinted is not None and hinted >= torn:
         os.unlink(hint)  # readers list the log instead
-    _fsync_path(log_dir)
+    durability.fsync_path(log_dir)
     return gone
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _dv_id(action: dict[str, Any]) -> str | None:

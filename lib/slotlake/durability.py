@@ -105,7 +105,8 @@ def lost() -> None:
         _LOST = True
 
 
-def _fsync(path: str) -> None:
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -119,8 +120,8 @@ def sync_paths(paths: list[str]) -> None:
         return
     dirs = sorted({os.path.dirname(p) for p in paths})
     with ThreadPoolExecutor(min(SYNC_THREADS, len(paths))) as pool:
-        list(pool.map(_fsync, paths))
-        list(pool.map(_fsync, dirs))
+        list(pool.map(fsync_path, paths))
+        list(pool.map(fsync_path, dirs))
 
 
 def sync_file_system(root: str) -> None:
@@ -142,6 +143,7 @@ __all__ = [
     "adopt",
     "deferred",
     "deferring",
+    "fsync_path",
     "lost",
     "mark",
     "register",

@@ -35,12 +35,13 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from slotlake import __version__
+from slotlake.durability import fsync_path
 from slotlake.lsn import Lsn
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,15 @@ class CommitRecord:
         return Lsn.parse(self.start_lsn)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        """The record as JSON, a line per key and per table: ``json`` indents only in
+        Python, which took ~25 ms for a record of 100 tables; a value at a time goes
+        through its C encoder."""
+        top = {f.name: getattr(self, f.name) for f in fields(self)}
+        tables = top.pop("tables")
+        lines = [f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(top.items())]
+        rows = [f"    {json.dumps(k)}: {_compact(vars(t))}" for k, t in sorted(tables.items())]
+        lines.append('  "tables": {' + ("\n" + ",\n".join(rows) + "\n  }" if rows else "}"))
+        return "{\n" + ",\n".join(sorted(lines)) + "\n}"
 
     @classmethod
     def from_json(cls, text: str) -> CommitRecord:
@@ -141,6 +150,10 @@ class CommitRecord:
             raise OldLayoutError("written by slotlake's Parquet layout (before Delta Lake)")
         raw["tables"] = {k: TableCommit(**v) for k, v in raw.get("tables", {}).items()}
         return cls(**raw)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "))
 
 
 @dataclass
@@ -246,14 +259,14 @@ class LocalFS:
         finally:
             os.unlink(tmp)
         if durable:
-            _fsync_dir(final.parent)
+            fsync_path(final.parent)
 
     def replace(self, p: str, text: str) -> None:
         final = Path(p)
         tmp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
         self._write(tmp, text)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_path(final.parent)
 
     def rmtree(self, p: str) -> None:
         """Remove a directory tree or a single file; absent is fine."""
@@ -608,14 +621,6 @@ def drop_torn_entries(lake: Lake, last: CommitRecord | None) -> dict[str, list[i
                 ", ".join(map(str, gone)),
             )
     return removed
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def utcnow_iso() -> str:

@@ -300,8 +300,10 @@ def check_versions(lake: Lake, versions: list[_Version], batch: int, hint: str) 
 def _current_version(lake: Lake, rel: str) -> int | None:
     from deltalake import DeltaTable
 
+    from slotlake.delta_log import has_log
+
     path = lake.path(rel)
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not has_log(path):
         return None
     return int(DeltaTable(path).version())
 

@@ -171,12 +171,16 @@ class TableProcesses:
         global _JOB
         _JOB = job
         lane = cls(processes, job)
-        lane._pool = ProcessPoolExecutor(
-            processes,
-            mp_context=multiprocessing.get_context("fork"),
-            initializer=_start_worker,
-            initargs=(os.getpid(),),
-        )
+        try:
+            lane._pool = ProcessPoolExecutor(
+                processes,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
+            )
+        except BaseException:
+            lane.close()
+            raise
         return lane
 
     def submit(self, name: str) -> Future[tuple[bool, Any]]:

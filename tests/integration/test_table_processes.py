@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from slotlake import batch as batch_module
 from slotlake import durability
 from slotlake.config import Config
-from slotlake.lake import CHANGES, STATE, Lake
+from slotlake.lake import CHANGES, STATE, Lake, LocalFS
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
 
 from .sync_helpers import (
@@ -31,8 +31,9 @@ from .sync_helpers import (
 
 pytestmark = pytest.mark.one_pg_version
 
-# Nine keyed tables and a multiset (its prior state is read through deltalake).
-TABLES = [f"public.t{i}" for i in range(9)] + ["public.m9"]
+# Eight keyed tables, one with a TOAST column its updates leave unchanged (filled from
+# the prior state), and a multiset (its prior state read through deltalake).
+TABLES = [f"public.t{i}" for i in range(8)] + ["public.big8", "public.m9"]
 KEYS = dict.fromkeys(TABLES, "id")
 
 
@@ -43,6 +44,9 @@ def setup_source(c: psycopg.Connection[Any], slot: str) -> None:
         if name.startswith("m"):
             c.execute(f"CREATE TABLE {name} (id int, v text)")
             c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+        elif name.startswith("big"):
+            c.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text, doc text)")
+            c.execute(f"ALTER TABLE {name} ALTER COLUMN doc SET STORAGE EXTERNAL")
         else:
             c.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
         audit(c, name, "id")
@@ -58,6 +62,8 @@ def workload(c: psycopg.Connection[Any], start: int) -> None:
                 f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(%s::int, %s::int) g",
                 (start + 1, start + 20),
             )
+            if name.startswith("big"):
+                c.execute(f"UPDATE {name} SET doc = repeat(md5(id::text), 200) WHERE doc IS NULL")
             c.execute(f"UPDATE {name} SET v = 'u' || v WHERE id % 3 = 0")
             c.execute(f"DELETE FROM {name} WHERE id % 7 = 0")
 
@@ -94,7 +100,8 @@ def test_many_tables_are_written_by_forked_workers(
             assert set(result.tables) == set(TABLES)
             again = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
             if round_ > 0:  # check() below started deltalake's runtime in this process
-                assert again and all("public.m9" in m and "deltalake" in m for m in again)
+                assert again and all("deltalake" in m for m in again), again
+                assert any("public.m9" in m for m in again), again
             check(pg_dsn, cfg.lake.path)
     lake = Path(cfg.lake.path)
     for qualified in TABLES:
@@ -114,11 +121,13 @@ def test_many_tables_are_written_by_forked_workers(
 def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
     pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
-    """t3's worker fails after writing both its Delta tables, t5's worker dies after
-    writing them: the parent does both again (and the tables the dead worker had not
-    reached), and no change is in a change log twice."""
+    """t3's worker fails after writing both its Delta tables; t5's worker dies while it
+    creates t5's change log, between its log directory and its first entry (the pool
+    then stops the other worker wherever it is): the parent does all of those again, and
+    no change is in a change log twice."""
     parent = os.getpid()
     real = batch_module._process_local
+    real_create = LocalFS.create_new
     whole_syncs: list[str] = []
     real_sync = durability.sync_file_system
 
@@ -126,15 +135,20 @@ def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
         out = real(spark, lake, cat, *args, **kwargs)
         if os.getpid() != parent and cat.name == "public.t3":
             raise RuntimeError("t3 failed in its worker")
-        if os.getpid() != parent and cat.name == "public.t5":
-            os._exit(3)
         return out
+
+    def create_dies(self: LocalFS, p: str, text: str, durable: bool = True) -> None:
+        if os.getpid() != parent and "changes/public.t5/_delta_log/" in p:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            os._exit(3)
+        real_create(self, p, text, durable)
 
     def sync_whole(root: str) -> None:
         whole_syncs.append(root)
         real_sync(root)
 
     monkeypatch.setattr(batch_module, "_process_local", in_workers_fail)
+    monkeypatch.setattr(LocalFS, "create_new", create_dies)
     monkeypatch.setattr(durability, "sync_file_system", sync_whole)
     cfg = config(pg_dsn, tmp_path, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:

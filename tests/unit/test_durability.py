@@ -148,3 +148,20 @@ def test_a_checkpoint_of_a_removed_version_goes_too(tmp_path: Path) -> None:
     assert not [n for n in names if "checkpoint" in n]
     assert DeltaTable(path).version() == 1
     assert json.loads(_entry(path, 1).read_text().splitlines()[0])
+
+
+def test_a_table_whose_creation_was_undone_is_created_again(tmp_path: Path) -> None:
+    """A torn first entry removed (or a kill between the log directory and its first
+    entry) leaves an empty ``_delta_log``: no table yet, created as new."""
+    from slotlake.delta import delta_schema, ensure_local, local_version, table_bytes, txn_version
+
+    path = str(tmp_path / "t")
+    create_on_driver(path, SCHEMA)
+    _entry(path, 0).write_bytes(b"")
+    assert delta_log.drop_torn_entries(path, after=-1) == [0]
+    assert (Path(path) / "_delta_log").is_dir() and not delta_log.has_log(path)
+    assert delta_schema(path) is None and local_version(path) is None
+    assert table_bytes(path) is None and txn_version(path, "app") is None
+    got = ensure_local(lambda: pytest.fail("no Spark for a new table"), path, path, SCHEMA)
+    assert [f.name for f in got.fields] == ["id", "v"]
+    assert delta_log.snapshot(path).version == 0
