@@ -1145,7 +1145,9 @@ def process_batch(
     }
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
     cats = {c.name: c for c in busy}
+    t_pick = time.monotonic()
     local = driver.pick(lake, candidates, expected, copies)
+    timings["pick"] = time.monotonic() - t_pick
     for name in [n for n, who in local.items() if n in snaps and who not in ON_DRIVER]:
         del local[name]
     local_raw: dict[str, RawRows] = {}
@@ -1213,6 +1215,7 @@ def process_batch(
         done = core(cats[name], LazySession(_spark_in_worker))
         return done, durability.since(mark), table_processes.checkpoints_due()
 
+    t_tables = time.monotonic()
     with contextlib.ExitStack() as stack:
         lane = TableProcesses.open(n_procs, in_worker) if n_procs else None
         if lane is not None:
@@ -1266,6 +1269,7 @@ def process_batch(
         # Checkpoints workers without deltalake left (a parent that had started its
         # runtime before the fork): written here, side by side.
         list(pool.map(lambda d: delta_log.checkpoint(*d), due))
+    timings["tables"] = time.monotonic() - t_tables
     fault("changes_written")
     for name, t in prior_tables.items():
         if name not in tables:

@@ -764,22 +764,22 @@ def make_decoder(
     return run
 
 
-# Spark schema → its Arrow schema, by value: each batch builds its tables' schemas anew,
-# and pyspark's conversion costs ~0.3 ms a table where hashing the schema costs ~2 µs.
-_ARROW_SCHEMAS: dict[Any, pa.Schema] = {}
+# id(schema) → (schema, its Arrow schema): the schema is kept, so its id is not reused.
+_ARROW_SCHEMAS: dict[int, tuple[Any, pa.Schema]] = {}
 
 
 def arrow_schema_for(spark_schema) -> pa.Schema:  # type: ignore[no-untyped-def]
-    """The Arrow schema of a Spark schema (remembered)."""
-    hit = _ARROW_SCHEMAS.get(spark_schema)
-    if hit is not None:
-        return hit
+    """The Arrow schema of a Spark schema, remembered per schema object (the cached ones of
+    :func:`slotlake.ddltypes.parse_struct` and :func:`slotlake.delta.delta_schema`)."""
+    hit = _ARROW_SCHEMAS.get(id(spark_schema))
+    if hit is not None and hit[0] is spark_schema:
+        return hit[1]
     from pyspark.sql.pandas.types import to_arrow_schema
 
     out = to_arrow_schema(spark_schema, timezone="UTC", prefers_large_types=False)
     if len(_ARROW_SCHEMAS) >= 4096:
         _ARROW_SCHEMAS.clear()
-    _ARROW_SCHEMAS[spark_schema] = out
+    _ARROW_SCHEMAS[id(spark_schema)] = (spark_schema, out)
     return out
 
 

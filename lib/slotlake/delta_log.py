@@ -417,15 +417,15 @@ def _physical_fields(arrow: Any, delta: StructType) -> list[pa.Field]:
     return out
 
 
-# Table schema → its data files' Arrow schema, by value (as decode.arrow_schema_for).
-_PHYSICAL: dict[Any, pa.Schema] = {}
+# id(schema) → (schema, its data files' Arrow schema), as decode.arrow_schema_for.
+_PHYSICAL: dict[int, tuple[Any, pa.Schema]] = {}
 
 
 def physical_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema of the table's data files (physical names, field ids)."""
-    hit = _PHYSICAL.get(schema)
-    if hit is not None:
-        return hit
+    hit = _PHYSICAL.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
     import pyarrow as pa
 
     from slotlake.decode import arrow_schema_for
@@ -434,7 +434,7 @@ def physical_schema(schema: StructType) -> pa.Schema:
     out = pa.schema(_physical_fields(pa.struct(list(logical)), schema))
     if len(_PHYSICAL) >= 4096:
         _PHYSICAL.clear()
-    _PHYSICAL[schema] = out
+    _PHYSICAL[id(schema)] = (schema, out)
     return out
 
 

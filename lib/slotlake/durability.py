@@ -24,6 +24,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,6 +35,7 @@ SYNC_THREADS = 8
 _LOCK = threading.Lock()
 _PENDING: list[str] | None = None  # entries written since deferred() began, unsynced
 _DEPTH = 0
+_LAST_SYNC = 0.0
 _LOST = False  # entries were written where this process cannot list them (a dead worker)
 
 
@@ -54,15 +56,23 @@ def deferred(root: str) -> Iterator[None]:
         with _LOCK:
             paths, _PENDING = _PENDING or [], []
             whole, _LOST = _LOST, False
+        t0 = time.monotonic()
         if whole:
             sync_file_system(root)
         else:
             sync_paths(paths)
+        global _LAST_SYNC
+        _LAST_SYNC = time.monotonic() - t0
     finally:
         with _LOCK:
             _DEPTH -= 1
             if _DEPTH == 0:
                 _PENDING, _LOST = None, False
+
+
+def last_sync_seconds() -> float:
+    """How long the last batch's sync at its end took (0 before any)."""
+    return _LAST_SYNC
 
 
 def deferring() -> bool:
@@ -144,6 +154,7 @@ __all__ = [
     "deferred",
     "deferring",
     "fsync_path",
+    "last_sync_seconds",
     "lost",
     "mark",
     "register",
