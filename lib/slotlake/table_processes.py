@@ -65,8 +65,9 @@ _ONE_LANE = threading.Lock()
 # referenced so that no destructor runs on them in the worker.
 _ABANDONED: list[Any] = []
 # False in a worker whose parent had started deltalake's runtime before the fork: tokio
-# does not survive a fork, and deltalake refuses (a panic) to run in such a child.
-_DELTALAKE = True
+# does not survive a fork, and deltalake refuses (a panic) to run in such a child. None:
+# not tried yet (a worker tries on its first need, ~20 ms: most batches never need it).
+_DELTALAKE: bool | None = True
 # Checkpoints a worker without deltalake left to its parent: (table path, version).
 _CHECKPOINTS_DUE: list[tuple[str, int]] = []
 
@@ -90,7 +91,7 @@ def _start_worker(parent: int) -> None:
     _ABANDONED.append(dv_merge._duckdb)
     dv_merge._duckdb.cache_clear()
     global _DELTALAKE
-    _DELTALAKE = _deltalake_works()
+    _DELTALAKE = None
 
 
 # The smallest Delta table: loading it runs deltalake's runtime (a missing table does not).
@@ -126,16 +127,23 @@ def _deltalake_works() -> bool:
             os.close(null)
 
 
+def _deltalake_here() -> bool:
+    global _DELTALAKE
+    if _DELTALAKE is None:
+        _DELTALAKE = _deltalake_works()
+    return _DELTALAKE
+
+
 def need_deltalake(what: str) -> None:
     """Raise :class:`NeedsParent` in a worker where deltalake cannot run."""
-    if not _DELTALAKE:
+    if not _deltalake_here():
         raise NeedsParent(f"{what} through deltalake (its runtime stayed in the parent)")
 
 
 def checkpoint_here(path: str, version: int) -> bool:
     """Whether a checkpoint of ``path`` at ``version`` can be written now; if not (a
     worker without deltalake) it is left to the parent (:func:`checkpoints_due`)."""
-    if _DELTALAKE:
+    if _deltalake_here():
         return True
     _CHECKPOINTS_DUE.append((path, version))
     return False
