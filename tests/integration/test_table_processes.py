@@ -194,5 +194,5 @@ def test_entries_a_power_loss_left_torn_are_written_again(
     assert result.status == "committed" and result.resumed == 2
     warned = [r.getMessage() for r in caplog.records if "not whole on disk" in r.getMessage()]
     assert len(warned) == 2, warned
-    assert lake.last_commit().batch == 2
+    assert 2 in lake.commit_batches()  # (a later, empty batch may follow: WAL moved on)
     check(pg_dsn, cfg.lake.path)
