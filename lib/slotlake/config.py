@@ -54,7 +54,7 @@ class LakeConfig:
     # Tables of one batch written at once (threads over one SparkContext).
     table_workers: int = 4
     # Worker processes (forked) for a batch's tables done wholly on the driver, when it
-    # has at least 8 of them; "auto" (the default): one a core; 0: threads only.
+    # has at least 16 of them; "auto" (the default): one a core; 0: threads only.
     table_processes: int | None = None
     # A table whose batch has at most this many rows is done on the driver (decode,
     # TOAST fill, change log: no Spark job), as long as all such tables' payloads stay

@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from slotlake import batch as batch_module
-from slotlake import durability
+from slotlake import durability, table_processes
 from slotlake.config import Config
 from slotlake.lake import CHANGES, STATE, Lake, LocalFS
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
@@ -30,6 +30,13 @@ from .sync_helpers import (
 )
 
 pytestmark = pytest.mark.one_pg_version
+
+
+@pytest.fixture(autouse=True)
+def _ten_tables_are_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane's threshold (16 tables) lowered to these tests' ten."""
+    monkeypatch.setattr(table_processes, "MIN_TABLES", 8)
+
 
 # Eight keyed tables, one with a TOAST column its updates leave unchanged (filled from
 # the prior state), and a multiset (its prior state read through deltalake).

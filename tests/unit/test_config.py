@@ -147,7 +147,7 @@ def test_table_processes_are_one_a_core_by_default_and_only_for_enough_tables(
     assert table_processes.processes_for(None, table_processes.MIN_TABLES - 1) == 0
     assert table_processes.processes_for(None, table_processes.MIN_TABLES) == 2
     # Never more workers than tables to keep each busy for a few.
-    assert table_processes.processes_for(16, 12) == 3
+    assert table_processes.processes_for(16, table_processes.MIN_TABLES + 4) == 2
     assert table_processes.processes_for(0, 100) == 0
     assert table_processes.processes_for(1, 100) == 0  # one worker is no better than threads
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
