@@ -1045,22 +1045,26 @@ TABLE_WORKERS = 4
 _DRIVER_LANE = threading.BoundedSemaphore(2)
 
 
-# A worker's answer for a table: (name, commit, seconds), the log entries it left for the
-# batch's sync, the checkpoints it left to the parent.
-_WorkerDone = tuple[tuple[str, "TableCommit", float], list[str], list[tuple[str, int]]]
+# A worker's answer for a table: (name, commit, seconds) and the checkpoints it left to
+# the parent.
+_WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]]]
 
 
 def _spark_in_worker() -> SparkSession:
     raise NeedsParent("a Spark session (only the parent process has one)")
 
 
-def _worker_failed(fut: Future[tuple[bool, Any]]) -> str | None:
-    """Why a forked worker did not finish its table, None when it did."""
+def _from_worker(fut: Future[tuple[bool, Any, list[str]]]) -> tuple[_WorkerDone | None, str]:
+    """A forked worker's answer for its table, or None and why it did not finish. The log
+    entries it wrote go to the batch's sync either way; those of a worker that died
+    cannot be listed, so the file system is synced whole (slotlake.durability)."""
     exc = fut.exception()
     if exc is not None:  # the worker died (BrokenProcessPool) or the pool shut down
-        return f"{type(exc).__name__}: {exc}"
-    ok, value = fut.result()
-    return None if ok else str(value)
+        durability.lost()
+        return None, f"{type(exc).__name__}: {exc}"
+    ok, value, entries = fut.result()
+    durability.adopt(entries)
+    return (value, "") if ok else (None, str(value))
 
 
 @_raw_errors_in_one_line
@@ -1208,12 +1212,10 @@ def process_batch(
     n_procs = 0 if ddl_input.messages else processes_for(driver.processes, len(forkable))
 
     def in_worker(name: str) -> _WorkerDone:
-        """In a forked worker: the table's result, the log entries it left for the batch's
-        sync (slotlake.durability) and the checkpoints it could not write, which the
-        parent does."""
-        mark = durability.mark()
+        """In a forked worker: the table's result and the checkpoints it could not write,
+        which the parent does."""
         done = core(cats[name], LazySession(_spark_in_worker))
-        return done, durability.since(mark), table_processes.checkpoints_due()
+        return done, table_processes.checkpoints_due()
 
     t_tables = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -1226,7 +1228,8 @@ def process_batch(
         )
         # The workers fork on the first submit, before any of this batch's threads run.
         forked = {lane.submit(c.name): c for c in forkable} if lane is not None else {}
-        threaded = {pool.submit(one, c): c for c in order if c not in forked.values()}
+        in_lane = {c.name for c in forked.values()}
+        threaded = {pool.submit(one, c): c for c in order if c.name not in in_lane}
         pending: set[Future[Any]] = set(forked) | set(threaded)
         due: list[tuple[str, int]] = []
         try:
@@ -1235,10 +1238,8 @@ def process_batch(
                 for fut in finished:
                     if fut in forked:
                         cat = forked[fut]
-                        why = _worker_failed(fut)
-                        if why is not None:
-                            # What it wrote before failing is synced with the file system.
-                            durability.lost()
+                        answer, why = _from_worker(fut)
+                        if answer is None:
                             log.info(
                                 "batch %d: %s: done again by the driver's threads (its "
                                 "worker process: %s)",
@@ -1250,8 +1251,7 @@ def process_batch(
                             threaded[again] = cat
                             pending.add(again)
                             continue
-                        (name, out, seconds), entries, checkpoints = fut.result()[1]
-                        durability.adopt(entries)
+                        (name, out, seconds), checkpoints = answer
                         due += checkpoints
                         fault("table_written")
                     else:

@@ -165,3 +165,39 @@ def test_a_table_whose_creation_was_undone_is_created_again(tmp_path: Path) -> N
     got = ensure_local(lambda: pytest.fail("no Spark for a new table"), path, path, SCHEMA)
     assert [f.name for f in got.fields] == ["id", "v"]
     assert delta_log.snapshot(path).version == 0
+
+
+def test_a_workers_entries_are_synced_by_name_unless_it_died(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[str]
+) -> None:
+    """What the parent makes of a forked worker's answer (slotlake.batch._from_worker):
+    the entries a worker wrote, finished or failed, are synced by name; a dead worker's
+    cannot be listed, so the file system is synced whole."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from slotlake.batch import _from_worker
+
+    whole: list[str] = []
+    monkeypatch.setattr(durability, "sync_file_system", whole.append)
+    entry = tmp_path / "t" / "_delta_log" / f"{3:020d}.json"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("{}\n")
+    failed: Future = Future()
+    failed.set_result((False, "RuntimeError: boom", [str(entry)]))
+    with durability.deferred(str(tmp_path)):
+        assert _from_worker(failed) == (None, "RuntimeError: boom")
+    assert set(synced) == {str(entry), str(entry.parent)} and whole == []
+    done: Future = Future()
+    done.set_result((True, (("public.t", None, 0.1), []), [str(entry)]))
+    synced.clear()
+    with durability.deferred(str(tmp_path)):
+        assert _from_worker(done) == ((("public.t", None, 0.1), []), "")
+    assert str(entry) in synced and whole == []
+    died: Future = Future()
+    died.set_exception(BrokenProcessPool("a worker died"))
+    synced.clear()
+    with durability.deferred(str(tmp_path)):
+        answer, why = _from_worker(died)
+    assert answer is None and why == "BrokenProcessPool: a worker died"
+    assert whole == [str(tmp_path)] and synced == []
