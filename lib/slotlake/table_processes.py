@@ -53,10 +53,18 @@ def available() -> bool:
     return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def processes_for(setting: int | None, tables: int) -> int:
     """Worker processes for ``tables`` eligible tables: ``setting`` (None: one a core),
     none when there are too few tables to repay the forks or no fork here."""
-    wanted = (os.cpu_count() or 1) if setting is None else setting
+    wanted = cores() if setting is None else setting
     if wanted < 2 or tables < MIN_TABLES or not available():
         return 0
     return min(wanted, tables // (MIN_TABLES // 2))

@@ -142,7 +142,8 @@ def test_table_processes_are_one_a_core_by_default_and_only_for_enough_tables(
     cfg = load_config(write(tmp_path, TOML))
     assert cfg.lake.table_processes is None
     assert DriverWrites.of(cfg.lake).processes is None
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert table_processes.cores() == len(os.sched_getaffinity(0))  # a cpuset, not the host
+    monkeypatch.setattr(table_processes, "cores", lambda: 2)
     assert table_processes.processes_for(None, 100) == 2
     assert table_processes.processes_for(None, table_processes.MIN_TABLES - 1) == 0
     assert table_processes.processes_for(None, table_processes.MIN_TABLES) == 2
@@ -150,7 +151,7 @@ def test_table_processes_are_one_a_core_by_default_and_only_for_enough_tables(
     assert table_processes.processes_for(16, table_processes.MIN_TABLES + 4) == 2
     assert table_processes.processes_for(0, 100) == 0
     assert table_processes.processes_for(1, 100) == 0  # one worker is no better than threads
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(table_processes, "cores", lambda: 1)
     assert table_processes.processes_for(None, 100) == 0
     cfg = load_config(write(tmp_path, TOML), parse_overrides(["lake.table_processes=3"]))
     assert DriverWrites.of(cfg.lake).processes == 3
