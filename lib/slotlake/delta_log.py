@@ -117,8 +117,15 @@ def has_log(path: str) -> bool:
     """Whether a local table has a log entry or checkpoint: a creation cut short (the log
     directory made, its first entry not linked yet) or undone (slotlake.durability's
     repair) leaves an empty ``_delta_log``, which is no table yet."""
+    log_dir = os.path.join(path, "_delta_log")
+    # Two stats for nearly every table (a log of a month of batches is thousands of
+    # entries to list): its first entry, or the checkpoint hint once cleanup removed it.
+    if os.path.exists(os.path.join(log_dir, f"{0:020d}.json")) or os.path.exists(
+        os.path.join(log_dir, "_last_checkpoint")
+    ):
+        return True
     try:
-        return any(name[:20].isdigit() for name in os.listdir(os.path.join(path, "_delta_log")))
+        return any(name[:20].isdigit() for name in os.listdir(log_dir))
     except (FileNotFoundError, NotADirectoryError):
         return False
 
