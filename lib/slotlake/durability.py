@@ -42,10 +42,11 @@ _LOST = False  # entries were written where this process cannot list them (a dea
 @contextlib.contextmanager
 def deferred(root: str) -> Iterator[None]:
     """Delta log entries written meanwhile (by any thread of this process, or by its
-    forked workers: :func:`since`/:func:`adopt`) are not synced one by one; on a normal
-    exit they are all made durable, ``root``'s file system whole when some were written
-    by a worker that died (:func:`lost`). On an exception nothing is synced: the batch
-    did not commit."""
+    forked workers: :func:`since`/:func:`adopt`) are not synced one by one; at the end
+    they are all made durable, ``root``'s file system whole when some were written by a
+    worker that died (:func:`lost`). On an exception too: the batch did not commit, but
+    an attempt that follows in the same run (the raw pulled again) keeps what this one
+    committed, and its commit record names it."""
     global _PENDING, _DEPTH, _LOST
     with _LOCK:
         _DEPTH += 1
@@ -53,21 +54,32 @@ def deferred(root: str) -> Iterator[None]:
             _PENDING = []
     try:
         yield
-        with _LOCK:
-            paths, _PENDING = _PENDING or [], []
-            whole, _LOST = _LOST, False
-        t0 = time.monotonic()
-        if whole:
-            sync_file_system(root)
-        else:
-            sync_paths(paths)
-        global _LAST_SYNC
-        _LAST_SYNC = time.monotonic() - t0
+    except BaseException:
+        try:
+            _sync_pending(root)
+        except Exception:  # the batch's own error is the one to raise
+            log.warning("could not sync the failed batch's log entries", exc_info=True)
+        raise
+    else:
+        _sync_pending(root)
     finally:
         with _LOCK:
             _DEPTH -= 1
             if _DEPTH == 0:
                 _PENDING, _LOST = None, False
+
+
+def _sync_pending(root: str) -> None:
+    global _PENDING, _LOST, _LAST_SYNC
+    with _LOCK:
+        paths, _PENDING = _PENDING or [], []
+        whole, _LOST = _LOST, False
+    t0 = time.monotonic()
+    if whole:
+        sync_file_system(root)
+    else:
+        sync_paths(paths)
+    _LAST_SYNC = time.monotonic() - t0
 
 
 def last_sync_seconds() -> float:

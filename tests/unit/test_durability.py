@@ -71,12 +71,25 @@ def test_outside_a_batch_each_commit_is_synced_at_once(tmp_path: Path, synced: l
     assert len(synced) == 2 and synced[1] == str(Path(path) / "_delta_log")
 
 
-def test_a_failed_batch_syncs_nothing(tmp_path: Path, synced: list[str]) -> None:
+def test_a_failed_batch_syncs_what_it_wrote_and_raises_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[str]
+) -> None:
+    """A second attempt in the same run (the raw pulled again) keeps what the first one
+    committed: those entries are synced when the first fails."""
     path = str(tmp_path / "t")
     with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
         create_on_driver(path, SCHEMA)
         raise RuntimeError("boom")
-    assert synced == [] and not durability.deferring()
+    assert set(synced) == {str(_entry(path, 0)), str(_entry(path, 0).parent)}
+    assert not durability.deferring()
+
+    def broken(paths: list[str]) -> None:
+        raise OSError("EIO")
+
+    monkeypatch.setattr(durability, "sync_paths", broken)
+    with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
+        delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
+        raise RuntimeError("boom")
 
 
 def test_entries_of_a_dead_worker_sync_the_file_system(
