@@ -229,6 +229,14 @@ def scenario(
     return seconds
 
 
+def spread_tables(args: argparse.Namespace, prefix: str) -> tuple[dict[str, int], int]:
+    """The spread's ``--tables`` tables (name → rows) and the changes each gets: the
+    ``--changes`` shared among them, each table at least twice as big as its share."""
+    per = max(1, args.changes // args.tables)
+    rows = max(args.small // args.tables, per * 2)
+    return {f"{prefix}_{i:03d}": rows for i in range(args.tables)}, per
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--changes", type=int, default=10_000)
@@ -273,21 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{small_spark:.1f}s = {big_spark / small_spark:.2f}×"
             )
         if "spread" in steps:
-            per = max(1, args.changes // args.tables)
-            rows = max(args.small // args.tables, per * 2)
-            one = scenario(pg, spark, "one", {"t_one": rows * args.tables}, per * args.tables)
-            many = scenario(
-                pg, spark, "many", {f"t_{i:03d}": rows for i in range(args.tables)}, per
-            )
+            tables, per = spread_tables(args, "t")
+            whole = {"t_one": sum(tables.values())}
+            one = scenario(pg, spark, "one", whole, per * args.tables)
+            many = scenario(pg, spark, "many", tables, per)
             # The same tables written by the driver's threads only (no forked workers).
-            threads = scenario(
-                pg,
-                spark,
-                "many_threads",
-                {f"t_{i:03d}": rows for i in range(args.tables)},
-                per,
-                processes=0,
-            )
+            tables, per = spread_tables(args, "t")
+            threads = scenario(pg, spark, "many_threads", tables, per, processes=0)
             out["spread"] = {
                 "one_s": one,
                 "many_s": many,
@@ -301,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"= {threads / one:.2f}×"
             )
         if "rollback" in steps:
-            per = max(1, args.changes // args.tables)
-            rows = max(args.small // args.tables, per * 2)
             rolled: dict[str, Any] = {}
 
             def reprocess_newest(cfg: Config) -> None:
@@ -340,14 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                     batches=result.batches,
                 )
 
-            scenario(
-                pg,
-                spark,
-                "rollback",
-                {f"r_{i:03d}": rows for i in range(args.tables)},
-                per,
-                after=reprocess_newest,
-            )
+            tables, per = spread_tables(args, "r")
+            scenario(pg, spark, "rollback", tables, per, after=reprocess_newest)
             out["rollback"] = rolled
             log(
                 f"rollback: in-place reprocess of the newest batch over {args.tables} tables "

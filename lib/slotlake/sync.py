@@ -364,7 +364,8 @@ def _run_batch(
         raw_rel = plan.raw
         out = decode_write(raw_rel, None)
     timings["decode_write"] = time.monotonic() - t1
-    timings["entries_synced"] = durability.last_sync_seconds()
+    if lake.on_local_disk:  # (no deferred sync on other lakes: nothing of this batch's)
+        timings["entries_synced"] = durability.last_sync_seconds()
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
     snap_record = snapshot.for_record(lazy.started, lake, plan.snapshot, last, raw_rel)
     fault_point("before_commit")

@@ -183,13 +183,12 @@ def _run(name: str) -> tuple[bool, Any, list[str]]:
 
 
 class TableProcesses:
-    """``processes`` forked workers running ``job(name)`` for the tables submitted.
+    """``processes`` forked workers running ``job(name)`` for the tables submitted, from
+    :meth:`open` (None when another lane of this process is running: the module's job
+    slot is taken) to :meth:`close`."""
 
-    Use as a context manager; None from :meth:`open` when another lane of this process
-    is running (the module's job slot is taken)."""
-
-    def __init__(self, processes: int, job: Callable[[str], Any]) -> None:
-        self.processes, self._job = processes, job
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
 
     @classmethod
@@ -198,7 +197,7 @@ class TableProcesses:
             return None
         global _JOB
         _JOB = job
-        lane = cls(processes, job)
+        lane = cls(processes)
         try:
             lane._pool = ProcessPoolExecutor(
                 processes,
@@ -225,12 +224,6 @@ class TableProcesses:
         finally:
             _JOB = None
             _ONE_LANE.release()
-
-    def __enter__(self) -> TableProcesses:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = [
