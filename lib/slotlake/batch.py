@@ -1234,9 +1234,19 @@ def process_batch(
         due: list[tuple[str, int]] = []
         try:
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                timeout = None
+                if lane is not None and any(f in forked for f in pending):
+                    timeout = lane.patience()
+                finished, pending = wait(pending, timeout, FIRST_COMPLETED)
+                if not finished:  # only a wait on the lane has a timeout
+                    assert lane is not None
+                    # Killed when stalled: their tables come back failed, redone below.
+                    lane.stalled()
+                    continue
                 for fut in finished:
                     if fut in forked:
+                        assert lane is not None
+                        lane.answered()
                         cat = forked[fut]
                         answer, why = _from_worker(fut)
                         if answer is None:

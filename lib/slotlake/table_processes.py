@@ -16,7 +16,9 @@ each Delta commit carries the batch's transaction marker, so what the worker com
 not written twice, and a real error is raised by the parent as it would have been.
 
 A worker dies with its parent (``PR_SET_PDEATHSIG``): a job killed mid-batch leaves no
-process writing on.
+process writing on. A worker that stops answering is killed (:data:`STALL_SECONDS`):
+forked from a process with other threads, a child can block forever on a lock one of
+them held at the fork, and a batch must not hang on it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -42,6 +45,11 @@ log = logging.getLogger(__name__)
 # workers vs two threads): 8 tables 0.18-0.19 vs 0.17-0.18 s, 16 even (0.27-0.28 vs
 # 0.26-0.31 s), 32 0.35-0.40 vs 0.42-0.49 s, 100 0.76 vs 1.07 s.
 MIN_TABLES = 16
+# No answer from any worker for this long and the workers are killed, their tables left
+# to the parent's threads (which redo them under the same transaction markers). The
+# biggest table a worker gets is bounded by lake.driver_write_rows: a 1M-change table
+# takes ~3 s on this project's 2-core machine, so a worker this quiet is stuck, not busy.
+STALL_SECONDS = 300.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -190,6 +198,7 @@ class TableProcesses:
     def __init__(self, processes: int) -> None:
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
+        self._answered = time.monotonic()
 
     @classmethod
     def open(cls, processes: int, job: Callable[[str], Any]) -> TableProcesses | None:
@@ -214,13 +223,59 @@ class TableProcesses:
         """The first submit forks the workers (in the calling thread, which must outlive
         them: the parent-death signal follows the thread that forked)."""
         assert self._pool is not None
+        self._answered = time.monotonic()
         return self._pool.submit(_run, name)
 
+    def answered(self) -> None:
+        """A worker answered: the stall clock starts again."""
+        self._answered = time.monotonic()
+
+    def patience(self) -> float:
+        """Seconds left before the workers count as stalled (see :meth:`stalled`)."""
+        return max(0.0, self._answered + STALL_SECONDS - time.monotonic())
+
+    def stalled(self) -> bool:
+        """No worker answered for :data:`STALL_SECONDS` while tables were out: the
+        workers are killed, the tables they had fail with ``BrokenProcessPool``."""
+        if self.patience() > 0:
+            return False
+        log.warning(
+            "no worker process answered for %.0f s: stopping them (pids %s); the "
+            "parent's threads do their tables",
+            STALL_SECONDS,
+            ", ".join(str(p.pid) for p in self._workers()) or "none left",
+        )
+        self.kill()
+        self._answered = time.monotonic()
+        return True
+
+    def kill(self) -> None:
+        for process in self._workers():
+            process.kill()
+
+    def _workers(self) -> list[multiprocessing.Process]:
+        # The pool keeps them private: it has no way to stop a worker that never returns.
+        procs = getattr(self._pool, "_processes", None) or {}
+        return list(procs.values())
+
     def close(self) -> None:
+        """Stops the workers once their current tables are done, killing those still
+        busy after :data:`STALL_SECONDS` (a failed batch must not hang on a stuck one)."""
         global _JOB
         try:
             if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+                workers = self._workers()
+                manager = getattr(self._pool, "_executor_manager_thread", None)
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                if manager is not None:
+                    manager.join(self.patience())
+                    if manager.is_alive():
+                        log.warning(
+                            "worker processes still busy after %.0f s: killed", STALL_SECONDS
+                        )
+                        for process in workers:
+                            process.kill()
+                        manager.join()
         finally:
             _JOB = None
             _ONE_LANE.release()
@@ -228,6 +283,7 @@ class TableProcesses:
 
 __all__ = [
     "MIN_TABLES",
+    "STALL_SECONDS",
     "NeedsParent",
     "TableProcesses",
     "available",

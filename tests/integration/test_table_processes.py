@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,4 +204,86 @@ def test_entries_a_power_loss_left_torn_are_written_again(
     warned = [r.getMessage() for r in caplog.records if "not whole on disk" in r.getMessage()]
     assert len(warned) == 2, warned
     assert 2 in lake.commit_batches()  # (a later, empty batch may follow: WAL moved on)
+    check(pg_dsn, cfg.lake.path)
+
+
+def _hang_in_worker(monkeypatch: pytest.MonkeyPatch, table: str) -> Any:
+    """``table``'s worker blocks forever, as on a lock another thread of the parent held
+    at the fork; the stall limit lowered to 3 s. Returns the real ``_process_local``."""
+    parent = os.getpid()
+    real = batch_module._process_local
+
+    def blocks(spark: Any, lake: Any, cat: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.getpid() != parent and cat.name == table:
+            threading.Event().wait()
+        return real(spark, lake, cat, *args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "_process_local", blocks)
+    monkeypatch.setattr(table_processes, "STALL_SECONDS", 3.0)
+    return real
+
+
+def _children() -> set[int]:
+    """This process's live (not zombie) children, from /proc."""
+    me, out = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid …": comm may hold spaces and parentheses.
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == me and state != "Z":
+            out.add(int(entry.name))
+    return out
+
+
+def test_a_stuck_worker_is_killed_and_its_tables_done_by_the_parent(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """t4's worker never answers: after the stall limit the workers are killed, every
+    table they had is done by the parent's threads, and the mirror is right."""
+    _hang_in_worker(monkeypatch, "public.t4")
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+    before = _children()
+    with caplog.at_level(logging.INFO, logger="slotlake"):
+        result = run_sync(cfg)
+    assert result.status == "committed" and set(result.tables) == set(TABLES)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("no worker process answered for 3 s" in m for m in messages), messages
+    again = [m for m in messages if "done again" in m]
+    assert any("public.t4" in m and "BrokenProcessPool" in m for m in again), again
+    assert _children() <= before  # no worker left behind
+    check(pg_dsn, cfg.lake.path)
+
+
+def test_a_failed_batch_does_not_wait_for_a_stuck_worker(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The batch fails (a fault after the first table a worker answered) while big8's
+    worker (the batch's biggest table, so the first one out) is stuck: the workers are
+    stopped within the stall limit, the error is the batch's own, and the rerun
+    completes the batch."""
+    real = _hang_in_worker(monkeypatch, "public.big8")
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+    before = _children()
+    monkeypatch.setenv(FAULT_ENV, "table_written")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="slotlake"), pytest.raises(InjectedFault):
+        run_sync(cfg)
+    assert time.monotonic() - started < 60
+    assert any("still busy after 3 s: killed" in r.getMessage() for r in caplog.records)
+    assert _children() <= before
+    monkeypatch.delenv(FAULT_ENV)
+    monkeypatch.setattr(batch_module, "_process_local", real)
+    result = run_sync(cfg)
+    assert result.status == "committed" and result.resumed == 1
     check(pg_dsn, cfg.lake.path)
