@@ -760,11 +760,13 @@ def _commit_on_driver(path: str, version: int, actions: list[dict[str, Any]]) ->
 
     entry = f"{path}/_delta_log/{version:020d}.json"
     text = "".join(json.dumps(a) + "\n" for a in actions)
-    # A sync run's batch makes its entries durable together (slotlake.durability).
-    later = durability.deferring()
-    LocalFS().create_new(entry, text, durable=not later)
-    if later and not durability.register(entry):
-        durability.sync_paths([entry])
+    if durability.deferring():
+        # A sync's batch makes its files durable together at its end (slotlake.durability).
+        LocalFS().create_new(entry, text, durable=False)
+    else:
+        # What the entry names (data files, vectors) reaches the disk before the entry.
+        durability.sync_file_system(path)
+        LocalFS().create_new(entry, text)
 
 
 def _column_mapped(schema: StructType, last_id: int = 0) -> tuple[StructType, int]:

@@ -203,31 +203,63 @@ def snapshot(path: str, files: bool = False, version: int | None = None) -> Snap
     return Snapshot(path, latest, protocol, metadata, txns, live)
 
 
-def _torn(entry: str) -> bool:
-    """Whether a log entry is not whole: empty, or a line that is not a JSON action."""
+def _torn(path: str, entry: str) -> bool:
+    """Whether a log entry is not whole: empty, a line that is not a JSON action, or a
+    file it adds (data or deletion vector) missing or not of the size it says."""
     with open(entry, "rb") as f:
         data = f.read()
     if not data.strip():
         return True
     try:
-        return not all(
-            isinstance(json.loads(line), dict) for line in data.splitlines() if line.strip()
-        )
+        actions = [json.loads(line) for line in data.splitlines() if line.strip()]
     except ValueError:
         return True
+    if not all(isinstance(a, dict) for a in actions):
+        return True
+    return any(_not_whole(path, a["add"]) for a in actions if isinstance(a.get("add"), dict))
+
+
+def _not_whole(path: str, add: dict[str, Any]) -> bool:
+    from urllib.parse import unquote, urlparse
+
+    from slotlake import deletion_vector
+
+    where = add.get("path")
+    if not isinstance(where, str):
+        return True
+    url = urlparse(where)
+    if url.scheme and url.scheme != "file":
+        return False  # not on this disk: not this repair's to judge
+    data = unquote(url.path) if url.scheme else os.path.join(path, unquote(where))
+    # (file, the size it must have, or at least have)
+    files: list[tuple[str, int, bool]] = [(data, int(add.get("size", -1)), True)]
+    dv = add.get("deletionVector")
+    if isinstance(dv, dict) and dv.get("storageType") in ("u", "p"):
+        vector = deletion_vector.descriptor_path(path, dv)
+        if vector is not None:
+            files.append((vector, int(dv.get("offset") or 0) + int(dv["sizeInBytes"]), False))
+    for name, size, exact in files:
+        try:
+            have = os.path.getsize(name)
+        except OSError:
+            return True
+        if have != size if exact else have < size:
+            return True
+    return False
 
 
 def drop_torn_entries(path: str, after: int) -> list[int]:
     """Remove the local table's log entries after ``after`` from the first one that is not
-    whole on (what a power loss leaves of entries whose syncs were deferred:
-    slotlake.durability), with the checkpoints and checksums of those versions; the
-    versions removed. Entries after a torn one were written on top of it, so they go too."""
+    whole on disk, or adds a file that is not (what a power loss leaves of an unfinished
+    batch's writes: slotlake.durability), with the checkpoints and checksums of those
+    versions; the versions removed. Entries after a torn one were written on top of it,
+    so they go too."""
     log_dir = os.path.join(path, "_delta_log")
     if not os.path.isdir(log_dir):
         return []
     versions, _ = _names(log_dir)
     torn = next(
-        (v for v in versions if v > after and _torn(os.path.join(log_dir, f"{v:020d}.json"))),
+        (v for v in versions if v > after and _torn(path, os.path.join(log_dir, f"{v:020d}.json"))),
         None,
     )
     if torn is None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from slotlake import __version__
-from slotlake.durability import fsync_path
+from slotlake.durability import fsync_path, sync_file_system
 from slotlake.lsn import Lsn
 
 log = logging.getLogger(__name__)
@@ -385,6 +385,14 @@ class Lake:
         then pyarrow and ``deltalake`` can read and write them without Spark."""
         return self.local or self.uri.startswith("file://")
 
+    def _durable_so_far(self) -> None:
+        """Everything written to a local lake so far reaches the disk before a record
+        naming it (slotlake.durability): raw files before a plan, the tables' data files,
+        vectors, entries and checkpoints before a commit record. Writes to object stores
+        and HDFS are durable once they return."""
+        if self.on_local_disk:
+            sync_file_system(str(self.root))
+
     # -- paths -----------------------------------------------------------------------------
     def path(self, relative: str) -> str:
         return self.fs.join(self.uri, relative)
@@ -476,6 +484,7 @@ class Lake:
         self.ensure_layout()
         final = self._commit_path(record.batch)
         self.fs.mkdirs(self.path(COMMITS))
+        self._durable_so_far()
         try:
             self.fs.create_new(final, record.to_json())
         except FileExistsError:
@@ -488,6 +497,7 @@ class Lake:
         sees the old record or the new one, never a mix.
         """
         old = self.read_commit(record.batch)
+        self._durable_so_far()
         self.fs.replace(self._commit_path(record.batch), record.to_json())
         return old
 
@@ -497,6 +507,7 @@ class Lake:
 
     def write_plan(self, plan: BatchPlan) -> None:
         self.fs.mkdirs(self.path(PENDING))
+        self._durable_so_far()
         try:
             self.fs.create_new(self._plan_path(plan.batch), plan.to_json())
         except FileExistsError:
@@ -520,6 +531,7 @@ class Lake:
 
     def replace_plan(self, plan: BatchPlan) -> None:
         """Point an unfinished batch at a fresh pull of the same range (same target)."""
+        self._durable_so_far()
         self.fs.replace(self._plan_path(plan.batch), plan.to_json())
 
     # -- housekeeping ----------------------------------------------------------------------
@@ -587,8 +599,8 @@ class Lake:
 def drop_torn_entries(lake: Lake, last: CommitRecord | None) -> dict[str, list[int]]:
     """Before an unfinished batch is redone on a local lake: every Delta table's log
     entries after the version the newest commit record names (all of a table it does not
-    name) that a power loss left empty or torn are removed (slotlake.durability); the
-    versions removed, by table."""
+    name) that a power loss left empty or torn, or naming files that are not whole, are
+    removed (slotlake.durability); the versions removed, by table."""
     from slotlake import delta_log
 
     committed: dict[str, int | None] = {}
@@ -615,8 +627,9 @@ def drop_torn_entries(lake: Lake, last: CommitRecord | None) -> dict[str, list[i
         if gone:
             removed[rel] = gone
             log.warning(
-                "%s: log entries %s of an unfinished batch were not whole on disk (a power "
-                "loss before the batch's sync): removed, the batch writes them again",
+                "%s: log entries %s of an unfinished batch were not whole on disk, or named "
+                "files that were not (a power loss before the batch's sync): removed, the "
+                "batch writes them again",
                 rel,
                 ", ".join(map(str, gone)),
             )

@@ -36,8 +36,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from slotlake import durability
-
 log = logging.getLogger(__name__)
 
 # Below this many tables a batch keeps to the parent's threads: forking costs ~15 ms and
@@ -176,18 +174,14 @@ def checkpoints_due() -> list[tuple[str, int]]:
     return due
 
 
-def _run(name: str) -> tuple[bool, Any, list[str]]:
-    """(True, the job's answer) or (False, why it failed), with the Delta log entries
-    the job wrote for the batch's sync either way (slotlake.durability). Exceptions stay
-    here, where they may not pickle (deltalake's panics are BaseExceptions of a Rust
-    module)."""
+def _run(name: str) -> tuple[bool, Any]:
+    """(True, the job's answer) or (False, why it failed). Exceptions stay here, where
+    they may not pickle (deltalake's panics are BaseExceptions of a Rust module)."""
     assert _JOB is not None
-    mark = durability.mark()
     try:
-        return True, _JOB(name), durability.since(mark)
+        return True, _JOB(name)
     except BaseException as exc:  # every failure goes back to the parent
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return False, text, durability.since(mark)
+        return False, "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 class TableProcesses:
@@ -219,7 +213,7 @@ class TableProcesses:
             raise
         return lane
 
-    def submit(self, name: str) -> Future[tuple[bool, Any, list[str]]]:
+    def submit(self, name: str) -> Future[tuple[bool, Any]]:
         """The first submit forks the workers (in the calling thread, which must outlive
         them: the parent-death signal follows the thread that forked)."""
         assert self._pool is not None

@@ -6,6 +6,7 @@ twice, and entries a power loss left torn are redone by the rerun."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -19,6 +20,7 @@ from deltalake import DeltaTable
 
 from slotlake import batch as batch_module
 from slotlake import durability, table_processes
+from slotlake import lake as lake_module
 from slotlake.config import Config
 from slotlake.lake import CHANGES, STATE, Lake, LocalFS
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
@@ -139,16 +141,24 @@ def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
     real_create = LocalFS.create_new
     whole_syncs: list[str] = []
     real_sync = durability.sync_file_system
+    t3_failed = tmp_path / "t3-failed"
 
     def in_workers_fail(spark: Any, lake: Any, cat: Any, *args: Any, **kwargs: Any) -> Any:
         out = real(spark, lake, cat, *args, **kwargs)
         if os.getpid() != parent and cat.name == "public.t3":
+            t3_failed.touch()
             raise RuntimeError("t3 failed in its worker")
         return out
 
     def create_dies(self: LocalFS, p: str, text: str, durable: bool = True) -> None:
         if os.getpid() != parent and "changes/public.t5/_delta_log/" in p:
             Path(p).parent.mkdir(parents=True, exist_ok=True)
+            # Not before t3's failure is answered: the death breaks the pool, and t3's
+            # answer would be that instead.
+            deadline = time.monotonic() + 30
+            while not t3_failed.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)
             os._exit(3)
         real_create(self, p, text, durable)
 
@@ -159,6 +169,7 @@ def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
     monkeypatch.setattr(batch_module, "_process_local", in_workers_fail)
     monkeypatch.setattr(LocalFS, "create_new", create_dies)
     monkeypatch.setattr(durability, "sync_file_system", sync_whole)
+    monkeypatch.setattr(lake_module, "sync_file_system", sync_whole)
     cfg = config(pg_dsn, tmp_path, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup_source(c, slot)
@@ -169,8 +180,9 @@ def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
     again = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
     assert any("public.t3" in m and "t3 failed in its worker" in m for m in again), again
     assert any("public.t5" in m and "BrokenProcessPool" in m for m in again), again
-    # What the failed workers wrote was made durable with the file system whole.
-    assert whole_syncs == [str(Path(cfg.lake.path))]
+    # What the workers wrote, the dead one's too, was made durable with the lake's file
+    # system: before the plan (the raw), at the batch's end and before the commit record.
+    assert whole_syncs == [str(Path(cfg.lake.path))] * 3
     check(pg_dsn, cfg.lake.path)
 
 
@@ -178,9 +190,9 @@ def test_entries_a_power_loss_left_torn_are_written_again(
     pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
     """Every table of batch 2 is written, then the run stops before the commit record
-    (its entries not yet synced); as after a power loss, one table's newest state entry is
-    empty and another's change log entry cut in the middle. The rerun removes them and
-    writes the batch again, once."""
+    (its files not yet synced); as after a power loss, one table's newest state entry is
+    empty, another's change log entry cut in the middle, and a third's state entry names a
+    data file left empty. The rerun removes them and writes the batch again, once."""
     cfg = config(pg_dsn, tmp_path, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup_source(c, slot)
@@ -198,11 +210,16 @@ def test_entries_a_power_loss_left_torn_are_written_again(
     newest_state.write_bytes(b"")
     text = newest_changes.read_text()
     newest_changes.write_text(text[: len(text) // 2])
+    # The entry reached the disk, the data file it adds did not (zero length).
+    t6 = Path(cfg.lake.path) / Lake.table_path(STATE, "public.t6")
+    newest = max((t6 / "_delta_log").glob("*.json")).read_text().splitlines()
+    (added,) = [json.loads(line)["add"]["path"] for line in newest if '"add"' in line]
+    (t6 / added).write_bytes(b"")
     with caplog.at_level(logging.WARNING, logger="slotlake.lake"):
         result = run_sync(cfg)
     assert result.status == "committed" and result.resumed == 2
     warned = [r.getMessage() for r in caplog.records if "not whole on disk" in r.getMessage()]
-    assert len(warned) == 2, warned
+    assert len(warned) == 3, warned
     assert 2 in lake.commit_batches()  # (a later, empty batch may follow: WAL moved on)
     check(pg_dsn, cfg.lake.path)
 

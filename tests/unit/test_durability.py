@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -30,19 +31,25 @@ def _entry(path: str, version: int) -> Path:
 
 @pytest.fixture
 def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths fsynced (os.fsync still runs: the spy records which descriptor's path)."""
+    """What was synced, in order: a path fsynced (os.fsync still runs: the spy records
+    which descriptor's path), or ``fs:<root>`` for the file system of ``root``."""
     seen: list[str] = []
-    real = os.fsync
+    real_fsync, real_fs = os.fsync, durability.sync_file_system
 
     def spy(fd: int) -> None:
         seen.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
+        real_fsync(fd)
+
+    def spy_fs(root: str) -> None:
+        seen.append(f"fs:{root}")
+        real_fs(root)
 
     monkeypatch.setattr(os, "fsync", spy)
+    monkeypatch.setattr(durability, "sync_file_system", spy_fs)
     return seen
 
 
-def test_entries_of_a_deferring_batch_are_synced_together_at_its_end(
+def test_a_deferring_batch_syncs_its_file_system_once_at_its_end(
     tmp_path: Path, synced: list[str]
 ) -> None:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -51,61 +58,85 @@ def test_entries_of_a_deferring_batch_are_synced_together_at_its_end(
         for path in (a, b):
             create_on_driver(path, SCHEMA)
             delta_log.append(delta_log.snapshot(path), _rows(1, 2), "app", 1)
-        # Written and readable, not synced yet.
+        # Written and readable, nothing synced yet.
         assert DeltaTable(a).version() == 1 and DeltaTable(b).version() == 1
         assert synced == []
-    entries = {str(_entry(p, v)) for p in (a, b) for v in (0, 1)}
-    dirs = {str(Path(p) / "_delta_log") for p in (a, b)}
-    assert set(synced) == entries | dirs
-    # Each file before any directory: a name is made durable after what it names.
-    assert set(synced[: len(entries)]) == entries
-    assert not durability.deferring()
+    # Entries, data files and directories alike: the file system whole.
+    assert synced == [f"fs:{tmp_path}"]
+    assert not durability.deferring() and durability.last_sync_seconds() >= 0
 
 
-def test_outside_a_batch_each_commit_is_synced_at_once(tmp_path: Path, synced: list[str]) -> None:
+def test_outside_a_batch_a_commit_syncs_what_it_names_before_its_entry(
+    tmp_path: Path, synced: list[str]
+) -> None:
     path = str(tmp_path / "t")
     create_on_driver(path, SCHEMA)
     synced.clear()
     delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
-    # The temporary file (linked to the entry) and the directory holding the entry.
-    assert len(synced) == 2 and synced[1] == str(Path(path) / "_delta_log")
+    # The data file (by the file system) before the entry exists; then the entry's
+    # temporary file (linked to its name) and the directory holding it.
+    assert synced[0] == f"fs:{path}" and len(synced) == 3
+    assert synced[2] == str(Path(path) / "_delta_log")
 
 
 def test_a_failed_batch_syncs_what_it_wrote_and_raises_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[str]
 ) -> None:
     """A second attempt in the same run (the raw pulled again) keeps what the first one
-    committed: those entries are synced when the first fails."""
+    committed: it is synced when the first fails, and a sync error does not hide the
+    batch's own."""
     path = str(tmp_path / "t")
     with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
         create_on_driver(path, SCHEMA)
         raise RuntimeError("boom")
-    assert set(synced) == {str(_entry(path, 0)), str(_entry(path, 0).parent)}
+    assert synced == [f"fs:{tmp_path}"]
     assert not durability.deferring()
 
-    def broken(paths: list[str]) -> None:
+    def broken(root: str) -> None:
         raise OSError("EIO")
 
-    monkeypatch.setattr(durability, "sync_paths", broken)
+    monkeypatch.setattr(durability, "sync_file_system", broken)
     with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
         delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
         raise RuntimeError("boom")
+    assert not durability.deferring()
 
 
-def test_entries_of_a_dead_worker_sync_the_file_system(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[str]
+def test_plans_and_commit_records_come_after_what_they_name_is_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    whole: list[str] = []
-    monkeypatch.setattr(durability, "sync_file_system", whole.append)
-    path = str(tmp_path / "t")
-    with durability.deferred(str(tmp_path)):
-        create_on_driver(path, SCHEMA)
-        mark = durability.mark()
-        delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
-        # What a forked worker hands back: its entries since the mark.
-        assert durability.since(mark) == [str(_entry(path, 1))]
-        durability.lost()
-    assert whole == [str(tmp_path)] and synced == []
+    """The lake's file system is synced before a plan or a commit record is written
+    (raw files before the plan, every table's files before the record), each time with
+    the record not there yet."""
+    from slotlake import lake as lake_module
+    from slotlake.lake import BatchPlan, Lake, make_record
+
+    root = tmp_path / "lake"
+    lake = Lake(str(root))
+    lake.ensure_layout()
+    seen: list[list[str]] = []
+
+    def spy_fs(at: str) -> None:
+        assert at == str(root)
+        seen.append(sorted(p.name for p in root.rglob(f"{1:020d}.json")))
+
+    monkeypatch.setattr(lake_module, "sync_file_system", spy_fs)
+    plan = BatchPlan(1, "a1", "s", "0/10", "0/20", "0/20", "raw/x", 0, 0, "app")
+    lake.write_plan(plan)
+    record = make_record(
+        batch=1,
+        attempt="a1",
+        slot="s",
+        start_lsn="0/10",
+        end_lsn="0/20",
+        target_lsn="0/20",
+        raw="raw/x",
+    )
+    lake.write_commit(record)
+    lake.replace_commit(record)
+    plan_and_record = [f"{1:020d}.json"] * 2
+    assert seen == [[], [f"{1:020d}.json"], plan_and_record]
+    assert lake.read_plan(1) == plan and lake.read_commit(1).batch == 1
 
 
 def _table(path: str, versions: int) -> None:
@@ -180,37 +211,49 @@ def test_a_table_whose_creation_was_undone_is_created_again(tmp_path: Path) -> N
     assert delta_log.snapshot(path).version == 0
 
 
-def test_a_workers_entries_are_synced_by_name_unless_it_died(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[str]
-) -> None:
-    """What the parent makes of a forked worker's answer (slotlake.batch._from_worker):
-    the entries a worker wrote, finished or failed, are synced by name; a dead worker's
-    cannot be listed, so the file system is synced whole."""
-    from concurrent.futures import Future
-    from concurrent.futures.process import BrokenProcessPool
+def _added(path: str, version: int) -> list[dict[str, object]]:
+    lines = _entry(path, version).read_text().splitlines()
+    return [json.loads(line)["add"] for line in lines if '"add"' in line]
 
-    from slotlake.batch import _from_worker
 
-    whole: list[str] = []
-    monkeypatch.setattr(durability, "sync_file_system", whole.append)
-    entry = tmp_path / "t" / "_delta_log" / f"{3:020d}.json"
-    entry.parent.mkdir(parents=True)
-    entry.write_text("{}\n")
-    failed: Future = Future()
-    failed.set_result((False, "RuntimeError: boom", [str(entry)]))
-    with durability.deferred(str(tmp_path)):
-        assert _from_worker(failed) == (None, "RuntimeError: boom")
-    assert set(synced) == {str(entry), str(entry.parent)} and whole == []
-    done: Future = Future()
-    done.set_result((True, (("public.t", None, 0.1), []), [str(entry)]))
-    synced.clear()
-    with durability.deferred(str(tmp_path)):
-        assert _from_worker(done) == ((("public.t", None, 0.1), []), "")
-    assert str(entry) in synced and whole == []
-    died: Future = Future()
-    died.set_exception(BrokenProcessPool("a worker died"))
-    synced.clear()
-    with durability.deferred(str(tmp_path)):
-        answer, why = _from_worker(died)
-    assert answer is None and why == "BrokenProcessPool: a worker died"
-    assert whole == [str(tmp_path)] and synced == []
+def test_an_entry_naming_a_data_file_cut_short_is_removed(tmp_path: Path) -> None:
+    """A power loss can leave the entry on disk and not the data file it adds (written
+    before it, synced only with the batch): empty, or shorter than the entry says."""
+    path = str(tmp_path / "t")
+    _table(path, 4)  # versions 0..3
+    (add,) = _added(path, 2)
+    data = Path(path) / str(add["path"])
+    data.write_bytes(data.read_bytes()[:10])
+    assert delta_log.drop_torn_entries(path, after=1) == [2, 3]
+    assert DeltaTable(path).version() == 1
+    _table(str(tmp_path / "u"), 3)
+    (add,) = _added(str(tmp_path / "u"), 2)
+    (tmp_path / "u" / str(add["path"])).unlink()
+    assert delta_log.drop_torn_entries(str(tmp_path / "u"), after=1) == [2]
+
+
+def test_an_entry_naming_a_deletion_vector_not_on_disk_is_removed(tmp_path: Path) -> None:
+    """A state MERGEd with deletion vectors (slotlake.dv_merge): the vector file a power
+    loss did not keep makes its entry not whole."""
+    from slotlake import deletion_vector
+
+    path = str(tmp_path / "t")
+    create_on_driver(path, SCHEMA)
+    # A table with a vector: the first file's row 0 deleted by an entry written by hand.
+    delta_log.append(delta_log.snapshot(path), _rows(1, 2, 3), "app", 1)
+    (add,) = _added(path, 1)
+    vectors = deletion_vector.DeletionVectorFile.new()
+    descriptor = vectors.add(np.array([0], dtype=np.uint64))
+    vector_file = deletion_vector.descriptor_path(path, descriptor)
+    assert vector_file is not None
+    Path(vector_file).write_bytes(bytes(vectors.body))
+    with_vector = {**add, "deletionVector": descriptor}
+    remove = delta_log.removal(add, 0)
+    _entry(path, 2).write_text(json.dumps(remove) + "\n" + json.dumps({"add": with_vector}) + "\n")
+    ids = "SELECT id FROM t ORDER BY id"
+    assert delta_log.drop_torn_entries(path, after=1) == []  # whole
+    assert query_delta(path, 2, ids).column("id").to_pylist() == [2, 3]
+    Path(vector_file).unlink()
+    assert delta_log.drop_torn_entries(path, after=1) == [2]
+    assert DeltaTable(path).version() == 1
+    assert query_delta(path, 1, ids).column("id").to_pylist() == [1, 2, 3]
