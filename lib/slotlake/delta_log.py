@@ -57,6 +57,8 @@ SAFE_WRITER_FEATURES = frozenset(
 STRING_STATS_MAX = 32
 # One data file holds at most about this much of a write (delta-rs rolls at ~100 MB too).
 FILE_BYTES = 128 << 20
+# Files of at most this much are encoded in memory and written with one call.
+SMALL_FILE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -573,6 +575,7 @@ def write_files(path: str, data: pa.Table, now: int) -> list[dict[str, Any]]:
     """``data`` (physical) as new data files of the table at ``path``: their ``add``
     actions. Files are written before any commit names them; a failed commit leaves
     them unreferenced (VACUUM's to remove)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     parts = max(1, -(-data.nbytes // FILE_BYTES))
@@ -582,12 +585,23 @@ def write_files(path: str, data: pa.Table, now: int) -> list[dict[str, Any]]:
         piece = data.slice(i * step, step) if parts > 1 else data
         name = f"part-{i:05d}-{uuid.uuid4()}-c000.snappy.parquet"
         target = os.path.join(path, name)
-        pq.write_table(piece, target, compression="snappy")
+        if piece.nbytes <= SMALL_FILE_BYTES:
+            # Encoded in memory, written with one call: given a path, pyarrow resolves a
+            # file system and opens a stream of its own (~0.15 ms of a small file's 0.8).
+            encoded = pa.BufferOutputStream()
+            pq.write_table(piece, encoded, compression="snappy")
+            body = encoded.getvalue()
+            with open(target, "xb") as f:
+                f.write(body)
+            size = body.size
+        else:
+            pq.write_table(piece, target, compression="snappy")
+            size = os.path.getsize(target)
         adds.append(
             {
                 "path": name,
                 "partitionValues": {},
-                "size": os.path.getsize(target),
+                "size": size,
                 "modificationTime": now,
                 "dataChange": True,
                 "stats": json.dumps(file_stats(piece)),

@@ -228,9 +228,11 @@ def conform_arrow(table: pa.Table, target: pa.Schema) -> pa.Table:
             columns.append(pa.nulls(n, f.type))
             continue
         col = table.column(f.name).combine_chunks()
-        if pa.types.is_struct(f.type) and col.type != f.type:
-            col = _conform_struct(col, f.type)
-        columns.append(col.cast(f.type))
+        if col.type != f.type:
+            if pa.types.is_struct(f.type):
+                col = _conform_struct(col, f.type)
+            col = col.cast(f.type)
+        columns.append(col)
     return pa.Table.from_arrays(columns, schema=target)
 
 
