@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from slotlake import delta_log, fastdefault, table_processes
+from slotlake import delta_log, durability, fastdefault, table_processes
 from slotlake.catalog import ColumnIds, TableCatalog
 from slotlake.ddl import BatchDdl, TableColumns, read_catalog_file, write_ddl, write_ddl_local
 from slotlake.ddltypes import parse_struct
@@ -1054,12 +1054,16 @@ def _spark_in_worker() -> SparkSession:
     raise NeedsParent("a Spark session (only the parent process has one)")
 
 
-def _from_worker(fut: Future[tuple[bool, Any]]) -> tuple[_WorkerDone | None, str]:
-    """A forked worker's answer for its table, or None and why it did not finish."""
+def _from_worker(fut: Future[tuple[bool, Any, list[str]]]) -> tuple[_WorkerDone | None, str]:
+    """A forked worker's answer for its table, or None and why it did not finish. The files
+    it wrote go to the batch's sync either way; those of a worker that died cannot be
+    listed, so the file system is synced whole (slotlake.durability)."""
     exc = fut.exception()
     if exc is not None:  # the worker died (BrokenProcessPool) or the pool shut down
+        durability.unlisted()
         return None, f"{type(exc).__name__}: {exc}"
-    ok, value = fut.result()
+    ok, value, files = fut.result()
+    durability.adopt(files)
     return (value, "") if ok else (None, str(value))
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from slotlake import durability
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
@@ -526,6 +528,7 @@ def arrow_overwrite_stream(
             raise
 
     table = open_local(path)
+    durability.unlisted()  # deltalake's files: the batch's sync takes the file system
     try:
         write_deltalake(
             table,
@@ -557,6 +560,7 @@ def _arrow_write(
         return written
     # One log read: the write advances the table object it is given.
     table = open_local(path)
+    durability.unlisted()  # deltalake's files: the batch's sync takes the file system
     write_deltalake(table, data, mode=mode, commit_properties=_commit_properties(app_id, batch))
     return WriteResult(table.version(), {"numOutputRows": str(data.num_rows)})
 
@@ -614,6 +618,7 @@ def arrow_merge_keyed(
     if source.num_rows == 0:
         # deltalake would scan every file of the table to commit nothing.
         return WriteResult(table.version(), {"numTargetRowsInserted": "0"})
+    durability.unlisted()  # deltalake's files: the batch's sync takes the file system
     metrics = (
         table.merge(
             source,
@@ -755,17 +760,15 @@ def create_on_driver(path: str, schema: StructType) -> int:
 def _commit_on_driver(path: str, version: int, actions: list[dict[str, Any]]) -> None:
     """Write ``actions`` as the local table's log entry ``version``, put-if-absent as every
     Delta writer commits: FileExistsError when another writer committed that version."""
-    from slotlake import durability
     from slotlake.lake import LocalFS
 
     entry = f"{path}/_delta_log/{version:020d}.json"
     text = "".join(json.dumps(a) + "\n" for a in actions)
     if durability.deferring():
-        # A sync's batch makes its files durable together at its end (slotlake.durability).
+        # A sync's batch makes its files durable together (slotlake.durability).
         LocalFS().create_new(entry, text, durable=False)
+        durability.written(entry)
     else:
-        # What the entry names (data files, vectors) reaches the disk before the entry.
-        durability.sync_file_system(path)
         LocalFS().create_new(entry, text)
 
 

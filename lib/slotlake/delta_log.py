@@ -407,6 +407,23 @@ def checkpoint(path: str, version: int) -> None:
         open_local(path).create_checkpoint()
     except Exception as exc:
         log.warning("%s: no checkpoint at version %d (%s)", path, version, exc)
+        return
+    # A torn checkpoint that the hint names breaks readers: it is synced with the batch.
+    log_dir = os.path.join(path, "_delta_log")
+    hint = os.path.join(log_dir, "_last_checkpoint")
+    try:
+        with open(hint, encoding="utf-8") as f:
+            info = json.loads(f.read())
+        at, parts = int(info["version"]), info.get("parts")
+    except (OSError, ValueError, KeyError, TypeError):
+        durability.unlisted()
+        return
+    names = (
+        [f"{at:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)]
+        if parts
+        else [f"{at:020d}.checkpoint.parquet"]
+    )
+    durability.written(*(os.path.join(log_dir, n) for n in names), hint)
 
 
 def txn(app_id: str, batch: int, now: int) -> dict[str, Any]:
@@ -597,6 +614,7 @@ def write_files(path: str, data: pa.Table, now: int) -> list[dict[str, Any]]:
         else:
             pq.write_table(piece, target, compression="snappy")
             size = os.path.getsize(target)
+        durability.written(target)
         adds.append(
             {
                 "path": name,

@@ -1,18 +1,25 @@
 """When a local lake's files reach the disk: all at once, before the record naming them.
 
 What the exactly-once contract needs durable is what a record names, before the record:
-the raw files before the batch's plan, and every table's data files, deletion vectors,
-log entries and checkpoints before its commit record (the slot moves only after it).
-Neither Spark's Delta writes nor the data files the driver writes are fsynced one by
-one, so :class:`slotlake.lake.Lake` syncs the lake's file system (Linux ``syncfs``)
-before it writes a plan or a commit record: one call, the journal takes everything
-together (the spread's 100 tables, 200 entries and their data files: a few ms; a 1M-change
-batch's ~200 MB: ~0.1 s of writing the kernel would do anyway).
+the raw files (and any snapshot copy) before the batch's plan, and every table's data
+files, deletion vectors, log entries and checkpoints before its commit record (the slot
+moves only after it). :class:`slotlake.lake.Lake` makes them durable before it writes a
+plan or a commit record.
+
+A sync's batch (:func:`deferred`) lists what it writes: the raw directory, and each data
+file, deletion vector and log entry the driver writes (its forked workers hand theirs
+back). Those are fsynced side by side before the record, the journal taking them
+together (the spread's 100 tables: ~10 ms), and nothing else on the disk is waited for.
+Files written by a writer that does not list them (Spark, deltalake, a worker that died,
+a snapshot's copy) make it sync the lake's whole file system instead (``syncfs``), which
+also flushes whatever else was written there meanwhile (a PostgreSQL on the same disk:
+~0.1 s after 10k random updates of a 5M-row table). Outside a sync's batch (reprocessing,
+bootstrap, upkeep) the driver fsyncs each file it writes before the entry naming it, and
+the lake's file system is synced before each record (Spark's and deltalake's files).
 
 The driver's own Delta commits used to fsync their entry and its directory each: ~2 ms
-of waiting a table, a fifth of a small table's time. Inside a sync's batch
-(:func:`deferred`) they do not wait; the batch's end syncs the file system, on success or
-failure (an attempt that follows in the same run keeps what this one committed).
+of waiting a table, a fifth of a small table's time, while the data files they named
+were not synced at all.
 
 A job killed meanwhile loses nothing (the kernel still writes what it was given). A
 machine that loses power before the commit record may come back with entries of that
@@ -30,52 +37,115 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
+SYNC_THREADS = 8
+
 _LOCK = threading.Lock()
-_DEPTH = 0  # deferred() scopes open; a forked worker inherits its parent's
+_PENDING: list[str] | None = None  # files written in deferred() scopes, not synced yet
+_DEPTH = 0
 _LAST_SYNC = 0.0
+_UNLISTED = False  # files were written that nobody listed: sync the file system whole
 
 
 @contextlib.contextmanager
 def deferred(root: str) -> Iterator[None]:
-    """Driver Delta commits made meanwhile (by any thread of this process or its forked
-    workers) skip their fsyncs; at the end ``root``'s file system is synced whole, on an
-    exception too (a sync error there is logged, the exception raised)."""
-    global _DEPTH
+    """Files written meanwhile are listed (:func:`written`, by any thread of this process;
+    its forked workers' by :func:`since`/:func:`adopt`), not synced one by one; they are
+    made durable by :func:`flush` (a plan, a commit record) and at the end, on an
+    exception too (an attempt that follows in the same run keeps what this one
+    committed; a sync error there is logged, the exception raised)."""
+    global _PENDING, _DEPTH, _UNLISTED
     with _LOCK:
         _DEPTH += 1
+        if _PENDING is None:
+            _PENDING = []
     try:
         yield
     except BaseException:
         try:
-            _sync(root)
+            flush(root)
         except Exception:  # the batch's own error is the one to raise
             log.warning("could not sync the failed batch's files", exc_info=True)
         raise
     else:
-        _sync(root)
+        flush(root)
     finally:
         with _LOCK:
             _DEPTH -= 1
+            if _DEPTH == 0:
+                _PENDING, _UNLISTED = None, False
 
 
-def _sync(root: str) -> None:
-    global _LAST_SYNC
+def flush(root: str) -> None:
+    """Everything written since the last flush reaches the disk: the files listed, or
+    ``root``'s file system whole when some were not."""
+    global _PENDING, _UNLISTED, _LAST_SYNC
+    with _LOCK:
+        paths = _PENDING or []
+        if _PENDING is not None:
+            _PENDING = []
+        whole, _UNLISTED = _UNLISTED, False
     t0 = time.monotonic()
-    sync_file_system(root)
+    if whole:
+        sync_file_system(root)
+    else:
+        sync_paths(paths)
     _LAST_SYNC = time.monotonic() - t0
 
 
 def last_sync_seconds() -> float:
-    """How long the last batch's sync at its end took (0 before any)."""
+    """How long the last :func:`flush` took (0 before any)."""
     return _LAST_SYNC
 
 
 def deferring() -> bool:
-    """Whether a batch of this process defers its commits' syncs now."""
-    return _DEPTH > 0
+    """Whether a batch of this process lists its files for a later sync now."""
+    return _PENDING is not None
+
+
+def written(*paths: str) -> None:
+    """``paths`` (files just written, before any entry names them): listed for the
+    batch's sync, or made durable now when no batch defers."""
+    with _LOCK:
+        if _PENDING is not None:
+            _PENDING.extend(paths)
+            return
+    sync_paths(list(paths))
+
+
+def written_tree(directory: str) -> None:
+    """Every file under ``directory`` (a pull's raw files), as :func:`written`."""
+    written(*(os.path.join(d, f) for d, _, names in os.walk(directory) for f in names))
+
+
+def unlisted() -> None:
+    """Files were written that the batch cannot list (Spark, deltalake, a worker that
+    died): its next flush syncs the lake's file system whole."""
+    global _UNLISTED
+    with _LOCK:
+        # Outside a batch, the records' syncs take the file system whole anyway.
+        _UNLISTED = _PENDING is not None
+
+
+def mark() -> int:
+    with _LOCK:
+        return len(_PENDING or [])
+
+
+def since(mark_: int) -> list[str]:
+    """Files listed after ``mark_`` (a forked worker's, to hand to its parent)."""
+    with _LOCK:
+        return list((_PENDING or [])[mark_:])
+
+
+def adopt(paths: list[str]) -> None:
+    """A worker's files, now the parent's to sync."""
+    with _LOCK:
+        if _PENDING is not None:
+            _PENDING.extend(paths)
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -85,6 +155,16 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_paths(paths: list[str]) -> None:
+    """fsync each file, then each directory holding one (the names), side by side."""
+    if not paths:
+        return
+    dirs = sorted({os.path.dirname(p) for p in paths})
+    with ThreadPoolExecutor(min(SYNC_THREADS, len(paths))) as pool:
+        list(pool.map(fsync_path, paths))
+        list(pool.map(fsync_path, dirs))
 
 
 def sync_file_system(root: str) -> None:
@@ -106,9 +186,17 @@ def sync_file_system(root: str) -> None:
 
 
 __all__ = [
+    "adopt",
     "deferred",
     "deferring",
+    "flush",
     "fsync_path",
     "last_sync_seconds",
+    "mark",
+    "since",
     "sync_file_system",
+    "sync_paths",
+    "unlisted",
+    "written",
+    "written_tree",
 ]

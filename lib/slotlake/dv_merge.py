@@ -39,7 +39,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from slotlake import deletion_vector, delta_log
+from slotlake import deletion_vector, delta_log, durability
 from slotlake.deletion_vector import DeletionVectorFile
 from slotlake.delta import WriteResult, local_snapshot, remember
 from slotlake.local_table import conform_arrow
@@ -155,6 +155,7 @@ def merge_keyed(
             with open(target, "xb") as out:
                 out.write(dv_file.body)
             written.append(target)
+            durability.written(target)
         if new_rows.num_rows:
             adds = delta_log.write_files(path, new_rows, now)
             actions += [{"add": a} for a in adds]

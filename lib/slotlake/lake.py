@@ -40,8 +40,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from slotlake import __version__
-from slotlake.durability import fsync_path, sync_file_system
+from slotlake import __version__, durability
+from slotlake.durability import fsync_path
 from slotlake.lsn import Lsn
 
 log = logging.getLogger(__name__)
@@ -390,8 +390,21 @@ class Lake:
         naming it (slotlake.durability): raw files before a plan, the tables' data files,
         vectors, entries and checkpoints before a commit record. Writes to object stores
         and HDFS are durable once they return."""
-        if self.on_local_disk:
-            sync_file_system(str(self.root))
+        if not self.on_local_disk:
+            return
+        if durability.deferring():  # a sync's batch: what it listed (slotlake.durability)
+            durability.flush(str(self.root))
+        else:
+            durability.sync_file_system(str(self.root))
+
+    def _raw_durable(self, plan: BatchPlan) -> None:
+        """What a plan names on disk before the plan: its raw files, and the copies of
+        the tables it snapshots (written by no listing writer: the file system whole)."""
+        if self.on_local_disk and durability.deferring():
+            durability.written_tree(str(local_path(self.path(plan.raw))))
+            if plan.snapshot.get("tables"):
+                durability.unlisted()
+        self._durable_so_far()
 
     # -- paths -----------------------------------------------------------------------------
     def path(self, relative: str) -> str:
@@ -507,7 +520,7 @@ class Lake:
 
     def write_plan(self, plan: BatchPlan) -> None:
         self.fs.mkdirs(self.path(PENDING))
-        self._durable_so_far()
+        self._raw_durable(plan)
         try:
             self.fs.create_new(self._plan_path(plan.batch), plan.to_json())
         except FileExistsError:
@@ -531,7 +544,7 @@ class Lake:
 
     def replace_plan(self, plan: BatchPlan) -> None:
         """Point an unfinished batch at a fresh pull of the same range (same target)."""
-        self._durable_so_far()
+        self._raw_durable(plan)
         self.fs.replace(self._plan_path(plan.batch), plan.to_json())
 
     # -- housekeeping ----------------------------------------------------------------------

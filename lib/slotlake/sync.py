@@ -192,12 +192,12 @@ def run_sync(
                 log.info("removed %s left by an attempt that never committed", removed)
             for removed in snapshot.remove_orphans(lake):
                 log.info("removed snapshot copy %s (no plan names it, or its raw expired)", removed)
-            result = _run_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
+            result = _listed_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
             if result.resumed is not None and result.status == "committed":
                 # The unfinished batch is done; the run goes on to what arrived since.
                 assert result.end_lsn is not None
                 result.resumed = result.batch
-                following = _run_batch(
+                following = _listed_batch(
                     cfg, source, lake, result.end_lsn, target_lsn, spark, progress, t_start
                 )
                 if following.status == "committed":
@@ -211,6 +211,26 @@ def run_sync(
             raise
         finally:
             source.unlock()
+
+
+def _listed_batch(
+    cfg: Config,
+    source: SlotSource,
+    lake: Lake,
+    start: Lsn,
+    target_lsn: Lsn | None,
+    spark: SparkSession | None,
+    progress: Callable[[str], None],
+    t_start: float,
+) -> SyncResult:
+    """:func:`_run_batch` listing what it writes to a local lake, for the syncs before its
+    plan and its commit record (slotlake.durability)."""
+    with (
+        durability.deferred(str(local_path(lake.uri)))
+        if lake.on_local_disk
+        else contextlib.nullcontext()
+    ):
+        return _run_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
 
 
 def _run_batch(
@@ -324,14 +344,16 @@ def _run_batch(
 
     def decode_write(raw: str, local: str | None) -> BatchOutput:
         assert plan is not None
-        # The batch's Delta log entries are made durable together when its tables are
-        # written, before its commit record (slotlake.durability).
-        with (
-            durability.deferred(str(local_path(lake.uri)))
-            if lake.on_local_disk
-            else (contextlib.nullcontext())
-        ):
-            return _process(raw, local)
+        try:
+            out = _process(raw, local)
+        finally:
+            if lazy.started is not None:  # Spark's files are not listed: the whole disk
+                durability.unlisted()
+        if lake.on_local_disk:
+            # The batch's files made durable together once its tables are written
+            # (slotlake.durability): its commit record's sync finds nothing left.
+            durability.flush(str(local_path(lake.uri)))
+        return out
 
     def _process(raw: str, local: str | None) -> BatchOutput:
         assert plan is not None
@@ -365,7 +387,7 @@ def _run_batch(
         out = decode_write(raw_rel, None)
     timings["decode_write"] = time.monotonic() - t1
     if lake.on_local_disk:  # (no deferred sync on other lakes: nothing of this batch's)
-        timings["entries_synced"] = durability.last_sync_seconds()
+        timings["files_synced"] = durability.last_sync_seconds()
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
     snap_record = snapshot.for_record(lazy.started, lake, plan.snapshot, last, raw_rel)
     fault_point("before_commit")

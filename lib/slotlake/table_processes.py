@@ -36,6 +36,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from slotlake import durability
+
 log = logging.getLogger(__name__)
 
 # Below this many tables a batch keeps to the parent's threads: forking costs ~15 ms and
@@ -174,14 +176,17 @@ def checkpoints_due() -> list[tuple[str, int]]:
     return due
 
 
-def _run(name: str) -> tuple[bool, Any]:
-    """(True, the job's answer) or (False, why it failed). Exceptions stay here, where
+def _run(name: str) -> tuple[bool, Any, list[str]]:
+    """(True, the job's answer) or (False, why it failed), with the files the job wrote
+    for the batch's sync either way (slotlake.durability). Exceptions stay here, where
     they may not pickle (deltalake's panics are BaseExceptions of a Rust module)."""
     assert _JOB is not None
+    mark = durability.mark()
     try:
-        return True, _JOB(name)
+        return True, _JOB(name), durability.since(mark)
     except BaseException as exc:  # every failure goes back to the parent
-        return False, "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return False, text, durability.since(mark)
 
 
 class TableProcesses:
@@ -213,7 +218,7 @@ class TableProcesses:
             raise
         return lane
 
-    def submit(self, name: str) -> Future[tuple[bool, Any]]:
+    def submit(self, name: str) -> Future[tuple[bool, Any, list[str]]]:
         """The first submit forks the workers (in the calling thread, which must outlive
         them: the parent-death signal follows the thread that forked)."""
         assert self._pool is not None

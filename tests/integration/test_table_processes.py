@@ -20,7 +20,6 @@ from deltalake import DeltaTable
 
 from slotlake import batch as batch_module
 from slotlake import durability, table_processes
-from slotlake import lake as lake_module
 from slotlake.config import Config
 from slotlake.lake import CHANGES, STATE, Lake, LocalFS
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
@@ -169,7 +168,6 @@ def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
     monkeypatch.setattr(batch_module, "_process_local", in_workers_fail)
     monkeypatch.setattr(LocalFS, "create_new", create_dies)
     monkeypatch.setattr(durability, "sync_file_system", sync_whole)
-    monkeypatch.setattr(lake_module, "sync_file_system", sync_whole)
     cfg = config(pg_dsn, tmp_path, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup_source(c, slot)
@@ -180,9 +178,9 @@ def test_tables_a_worker_does_not_finish_are_done_by_the_parent(
     again = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
     assert any("public.t3" in m and "t3 failed in its worker" in m for m in again), again
     assert any("public.t5" in m and "BrokenProcessPool" in m for m in again), again
-    # What the workers wrote, the dead one's too, was made durable with the lake's file
-    # system: before the plan (the raw), at the batch's end and before the commit record.
-    assert whole_syncs == [str(Path(cfg.lake.path))] * 3
+    # What the failed workers wrote was made durable with the file system whole (the dead
+    # one's files cannot be listed), once.
+    assert whole_syncs == [str(Path(cfg.lake.path))]
     check(pg_dsn, cfg.lake.path)
 
 
@@ -303,4 +301,42 @@ def test_a_failed_batch_does_not_wait_for_a_stuck_worker(
     monkeypatch.setattr(batch_module, "_process_local", real)
     result = run_sync(cfg)
     assert result.status == "committed" and result.resumed == 1
+    check(pg_dsn, cfg.lake.path)
+
+
+def test_a_batch_syncs_the_files_it_wrote_by_name(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch done by the driver and its workers lists what it writes: the raw files, and
+    each table's data files and log entries are fsynced by name before the records that
+    name them, with nothing else of the disk (a PostgreSQL beside it) waited for."""
+    whole: list[str] = []
+    named: list[str] = []
+    real_paths = durability.sync_paths
+    monkeypatch.setattr(durability, "sync_file_system", whole.append)
+
+    def by_name(paths: list[str]) -> None:
+        named.extend(paths)
+        real_paths(paths)
+
+    monkeypatch.setattr(durability, "sync_paths", by_name)
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+    result = run_sync(cfg)
+    assert result.status == "committed" and result.timings["batch.table_processes"] == 2
+    assert whole == []
+    lake = Path(cfg.lake.path)
+    raw = {
+        str(p) for p in (lake / Lake(cfg.lake.path).read_commit(1).raw).rglob("*") if p.is_file()
+    }
+    tables = {
+        str(p)
+        for kind in (CHANGES, STATE)
+        for t in TABLES
+        for p in (lake / Lake.table_path(kind, t)).rglob("*")
+        if p.is_file() and (p.suffix == ".parquet" or p.parent.name == "_delta_log")
+    }
+    assert raw and tables and raw | tables <= set(named)
     check(pg_dsn, cfg.lake.path)

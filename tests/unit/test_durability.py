@@ -49,7 +49,11 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def test_a_deferring_batch_syncs_its_file_system_once_at_its_end(
+def _data_files(path: str) -> set[str]:
+    return {str(p) for p in Path(path).glob("*.parquet")}
+
+
+def test_a_deferring_batch_syncs_what_it_listed_at_its_end(
     tmp_path: Path, synced: list[str]
 ) -> None:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -61,8 +65,11 @@ def test_a_deferring_batch_syncs_its_file_system_once_at_its_end(
         # Written and readable, nothing synced yet.
         assert DeltaTable(a).version() == 1 and DeltaTable(b).version() == 1
         assert synced == []
-    # Entries, data files and directories alike: the file system whole.
-    assert synced == [f"fs:{tmp_path}"]
+    files = {str(_entry(p, v)) for p in (a, b) for v in (0, 1)} | _data_files(a) | _data_files(b)
+    dirs = {str(Path(p)) for p in (a, b)} | {str(Path(p) / "_delta_log") for p in (a, b)}
+    assert len(files) == 6 and set(synced) == files | dirs
+    # Each file before any directory: a name is made durable after what it names.
+    assert set(synced[: len(files)]) == files
     assert not durability.deferring() and durability.last_sync_seconds() >= 0
 
 
@@ -73,10 +80,24 @@ def test_outside_a_batch_a_commit_syncs_what_it_names_before_its_entry(
     create_on_driver(path, SCHEMA)
     synced.clear()
     delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
-    # The data file (by the file system) before the entry exists; then the entry's
-    # temporary file (linked to its name) and the directory holding it.
-    assert synced[0] == f"fs:{path}" and len(synced) == 3
-    assert synced[2] == str(Path(path) / "_delta_log")
+    # The data file and its directory before the entry exists; then the entry's temporary
+    # file (linked to its name) and the directory holding it.
+    assert synced[:2] == [*_data_files(path), path] and len(synced) == 4
+    assert synced[3] == str(Path(path) / "_delta_log")
+
+
+def test_files_nobody_listed_sync_the_file_system(tmp_path: Path, synced: list[str]) -> None:
+    """Spark or deltalake wrote, or a worker died: the next flush syncs the file system
+    whole (and is done: the one after it syncs what was listed since)."""
+    path = str(tmp_path / "t")
+    with durability.deferred(str(tmp_path)):
+        create_on_driver(path, SCHEMA)
+        durability.unlisted()
+        durability.flush(str(tmp_path))
+        assert synced == [f"fs:{tmp_path}"]
+        delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
+    listed = {str(_entry(path, 1)), *_data_files(path)}
+    assert set(synced[1:]) == listed | {path, str(Path(path) / "_delta_log")}
 
 
 def test_a_failed_batch_syncs_what_it_wrote_and_raises_its_error(
@@ -89,13 +110,13 @@ def test_a_failed_batch_syncs_what_it_wrote_and_raises_its_error(
     with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
         create_on_driver(path, SCHEMA)
         raise RuntimeError("boom")
-    assert synced == [f"fs:{tmp_path}"]
+    assert set(synced) == {str(_entry(path, 0)), str(_entry(path, 0).parent)}
     assert not durability.deferring()
 
-    def broken(root: str) -> None:
+    def broken(paths: list[str]) -> None:
         raise OSError("EIO")
 
-    monkeypatch.setattr(durability, "sync_file_system", broken)
+    monkeypatch.setattr(durability, "sync_paths", broken)
     with pytest.raises(RuntimeError, match="boom"), durability.deferred(str(tmp_path)):
         delta_log.append(delta_log.snapshot(path), _rows(1), "app", 1)
         raise RuntimeError("boom")
@@ -103,26 +124,21 @@ def test_a_failed_batch_syncs_what_it_wrote_and_raises_its_error(
 
 
 def test_plans_and_commit_records_come_after_what_they_name_is_on_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, synced: list[str]
 ) -> None:
-    """The lake's file system is synced before a plan or a commit record is written
-    (raw files before the plan, every table's files before the record), each time with
-    the record not there yet."""
-    from slotlake import lake as lake_module
+    """Before a plan: its raw files (in a sync's batch, by name; a plan with snapshot
+    copies, and anything outside a batch, with the file system whole); before a commit
+    record: what the batch listed. Each time the record is not there yet."""
     from slotlake.lake import BatchPlan, Lake, make_record
 
     root = tmp_path / "lake"
     lake = Lake(str(root))
     lake.ensure_layout()
-    seen: list[list[str]] = []
-
-    def spy_fs(at: str) -> None:
-        assert at == str(root)
-        seen.append(sorted(p.name for p in root.rglob(f"{1:020d}.json")))
-
-    monkeypatch.setattr(lake_module, "sync_file_system", spy_fs)
-    plan = BatchPlan(1, "a1", "s", "0/10", "0/20", "0/20", "raw/x", 0, 0, "app")
-    lake.write_plan(plan)
+    raw = root / "raw" / "batch=1"
+    raw.mkdir(parents=True)
+    (raw / "part-0.parquet").write_bytes(b"raw")
+    (raw / "catalog.json").write_text("{}")
+    plan = BatchPlan(1, "a1", "s", "0/10", "0/20", "0/20", "raw/batch=1", 0, 0, "app")
     record = make_record(
         batch=1,
         attempt="a1",
@@ -130,13 +146,25 @@ def test_plans_and_commit_records_come_after_what_they_name_is_on_disk(
         start_lsn="0/10",
         end_lsn="0/20",
         target_lsn="0/20",
-        raw="raw/x",
+        raw="raw/batch=1",
     )
-    lake.write_commit(record)
-    lake.replace_commit(record)
-    plan_and_record = [f"{1:020d}.json"] * 2
-    assert seen == [[], [f"{1:020d}.json"], plan_and_record]
-    assert lake.read_plan(1) == plan and lake.read_commit(1).batch == 1
+    with durability.deferred(str(root)):
+        synced.clear()
+        lake.write_plan(plan)
+        # The raw files and their directory, then the plan's own file and directory.
+        assert set(synced[:3]) == {str(raw / "part-0.parquet"), str(raw / "catalog.json"), str(raw)}
+        assert synced[3].endswith(".tmp") and synced[4:] == [str(root / "_pending")]
+        synced.clear()
+        with_copies = BatchPlan(**{**plan.__dict__, "snapshot": {"tables": {"public.t": {}}}})
+        lake.replace_plan(with_copies)
+        assert synced[0] == f"fs:{root}"
+        synced.clear()
+        lake.write_commit(record)
+        assert synced[0].endswith(".tmp")  # nothing listed since the plan: the record
+    synced.clear()
+    lake.replace_commit(record)  # outside a sync's batch (in-place reprocessing)
+    assert synced[0] == f"fs:{root}"
+    assert lake.read_plan(1) == with_copies and lake.read_commit(1).batch == 1
 
 
 def _table(path: str, versions: int) -> None:
@@ -257,3 +285,37 @@ def test_an_entry_naming_a_deletion_vector_not_on_disk_is_removed(tmp_path: Path
     assert delta_log.drop_torn_entries(path, after=1) == [2]
     assert DeltaTable(path).version() == 1
     assert query_delta(path, 1, ids).column("id").to_pylist() == [1, 2, 3]
+
+
+def test_a_workers_files_are_synced_by_name_unless_it_died(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    """What the parent makes of a forked worker's answer (slotlake.batch._from_worker):
+    the files a worker wrote, finished or failed, are synced by name; a dead worker's
+    cannot be listed, so the file system is synced whole."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from slotlake.batch import _from_worker
+
+    entry = tmp_path / "t" / "_delta_log" / f"{3:020d}.json"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("{}\n")
+    failed: Future = Future()
+    failed.set_result((False, "RuntimeError: boom", [str(entry)]))
+    with durability.deferred(str(tmp_path)):
+        assert _from_worker(failed) == (None, "RuntimeError: boom")
+    assert set(synced) == {str(entry), str(entry.parent)}
+    done: Future = Future()
+    done.set_result((True, (("public.t", None, 0.1), []), [str(entry)]))
+    synced.clear()
+    with durability.deferred(str(tmp_path)):
+        assert _from_worker(done) == ((("public.t", None, 0.1), []), "")
+    assert str(entry) in synced and f"fs:{tmp_path}" not in synced
+    died: Future = Future()
+    died.set_exception(BrokenProcessPool("a worker died"))
+    synced.clear()
+    with durability.deferred(str(tmp_path)):
+        answer, why = _from_worker(died)
+    assert answer is None and why == "BrokenProcessPool: a worker died"
+    assert synced == [f"fs:{tmp_path}"]
