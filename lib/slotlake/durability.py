@@ -7,15 +7,16 @@ moves only after it). :class:`slotlake.lake.Lake` makes them durable before it w
 plan or a commit record.
 
 A sync's batch (:func:`deferred`) lists what it writes: the raw directory, and each data
-file, deletion vector and log entry the driver writes (its forked workers hand theirs
-back). Those are fsynced side by side before the record, the journal taking them
-together (the spread's 100 tables: ~10 ms), and nothing else on the disk is waited for.
-Files written by a writer that does not list them (Spark, deltalake, a worker that died,
-a snapshot's copy) make it sync the lake's whole file system instead (``syncfs``), which
-also flushes whatever else was written there meanwhile (a PostgreSQL on the same disk:
-~0.1 s after 10k random updates of a 5M-row table). Outside a sync's batch (reprocessing,
-bootstrap, upkeep) the driver fsyncs each file it writes before the entry naming it, and
-the lake's file system is synced before each record (Spark's and deltalake's files).
+file, deletion vector, log entry and checkpoint the driver writes (its forked workers
+hand theirs back). Those are fsynced side by side before the record, the journal taking
+them together (the spread's 100 tables: 8-20 ms). Files written by a writer that does
+not list them (Spark, deltalake, a worker that died, a snapshot's copy) make it sync the
+lake's whole file system instead (``syncfs``), which also flushes whatever else was
+written there meanwhile. Even by name, on ext4 an fsync waits for the new blocks of
+every file (ordered mode): a PostgreSQL on the same disk makes it ~0.1 s slower after
+10k random updates of a 5M-row table. Outside a sync's batch (reprocessing, bootstrap,
+upkeep) the driver fsyncs each file it writes before the entry naming it, and the lake's
+file system is synced before each record (Spark's and deltalake's files).
 
 The driver's own Delta commits used to fsync their entry and its directory each: ~2 ms
 of waiting a table, a fifth of a small table's time, while the data files they named
