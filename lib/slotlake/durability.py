@@ -14,9 +14,10 @@ not list them (Spark, deltalake, a worker that died, a snapshot's copy) make it 
 lake's whole file system instead (``syncfs``), which also flushes whatever else was
 written there meanwhile. Even by name, on ext4 an fsync waits for the new blocks of
 every file (ordered mode): a PostgreSQL on the same disk makes it ~0.1 s slower after
-10k random updates of a 5M-row table. Outside a sync's batch (reprocessing, bootstrap,
-upkeep) the driver fsyncs each file it writes before the entry naming it, and the lake's
-file system is synced before each record (Spark's and deltalake's files).
+10k random updates of a 5M-row table. A reprocess lists its files the same way
+(``slotlake.reprocess``). Elsewhere (bootstrap, upkeep) the driver fsyncs each file it
+writes before the entry naming it, and the lake's file system is synced before each
+record (Spark's and deltalake's files).
 
 The driver's own Delta commits used to fsync their entry and its directory each: ~2 ms
 of waiting a table, a fifth of a small table's time, while the data files they named
@@ -150,8 +151,11 @@ def adopt(paths: list[str]) -> None:
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file or a directory by its path."""
-    fd = os.open(path, os.O_RDONLY)
+    """fsync a file or a directory by its path (gone since: nothing to keep)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
     try:
         os.fsync(fd)
     finally:

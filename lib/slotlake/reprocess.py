@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotlake import delta_log
+from slotlake import delta_log, durability
 from slotlake.batch import TABLE_WORKERS, process_batch
 from slotlake.delta import (
     ensure_table,
@@ -552,7 +552,9 @@ def run_reprocess(
                 f"batch {last + 1} has an unfinished sync attempt (plan {src.path('_pending')}, "
                 f"raw {plan.raw}): its tables may already hold it. Run sync to finish it first"
             )
-        return _in_place(src, first, last, has_prior, session, progress, workers)
+        # Its commits are not fsynced one by one: what each record names is, before it.
+        with durability.deferred(str(src.root)):
+            return _in_place(src, first, last, has_prior, session, progress, workers)
     assert output is not None
     out = Lake(output)
     if out.root.resolve() == src.root.resolve():
@@ -591,6 +593,39 @@ def run_reprocess(
     created = not resumed
     app_id = out.app_id()  # writes the new root's layout marker (its own lake_id)
     result = ReprocessResult(output=out.uri, in_place=False, txn_app_id=app_id)
+    with durability.deferred(str(out.root)):
+        return _into_new_root(
+            session,
+            src,
+            out,
+            records,
+            raw_files,
+            prior,
+            start,
+            app_id,
+            created,
+            result,
+            progress,
+            workers,
+        )
+
+
+def _into_new_root(
+    session: LazySession,
+    src: Lake,
+    out: Lake,
+    records: list[CommitRecord],
+    raw_files: dict[int, list[Path]],
+    prior: CommitRecord | None,
+    start: CommitRecord | None,
+    app_id: str,
+    created: bool,
+    result: ReprocessResult,
+    progress: Callable[[str], None],
+    workers: int,
+) -> ReprocessResult:
+    """The batches rebuilt into ``out``, one commit record each, listing what they write
+    (slotlake.durability)."""
     try:
         if start is not None:
             progress(f"copying the state as of batch {start.batch} from {src.uri}")
@@ -608,6 +643,8 @@ def run_reprocess(
             except BaseException:
                 shutil.rmtree(out.root / rec.raw, ignore_errors=True)
                 raise
+            # The raw linked in, the state seeded: no list has those, the whole disk.
+            durability.unlisted()
             out.write_commit(record)
             created = False
             prior = record
@@ -742,6 +779,8 @@ def _in_place(
         result.restored = _restore_all(spark, lake, targets, first, progress)
         for rec in records:
             record = _rebuild(spark, lake, rec, app_id, prior, raw_files, progress, workers)
+            if spark.started is not None:  # Spark's files are not listed: the whole disk
+                durability.unlisted()
             lake.replace_commit(record)
             prior = record
             _account(result, record)

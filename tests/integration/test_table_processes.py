@@ -340,3 +340,39 @@ def test_a_batch_syncs_the_files_it_wrote_by_name(
     }
     assert raw and tables and raw | tables <= set(named)
     check(pg_dsn, cfg.lake.path)
+
+
+def test_an_in_place_reprocess_syncs_what_it_wrote_by_name(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rolling the newest batch back and writing it again (no JVM): each table's restore
+    and rewrite are not fsynced one by one; the entries are synced by name before the
+    batch's record is swapped, with no sync of the whole disk."""
+    from slotlake.reprocess import run_reprocess
+
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        for round_ in range(2):
+            workload(c, round_ * 100)
+            assert run_sync(cfg).status == "committed"
+    whole: list[str] = []
+    named: list[str] = []
+    real_paths = durability.sync_paths
+    monkeypatch.setattr(durability, "sync_file_system", whole.append)
+
+    def by_name(paths: list[str]) -> None:
+        named.extend(paths)
+        real_paths(paths)
+
+    monkeypatch.setattr(durability, "sync_paths", by_name)
+    result = run_reprocess(cfg.lake.path, in_place=True, first=2)
+    assert result.batches == [2] and whole == []
+    lake = Path(cfg.lake.path)
+    newest = {
+        str(max((lake / Lake.table_path(kind, t) / "_delta_log").glob("*.json")))
+        for kind in (CHANGES, STATE)
+        for t in TABLES
+    }
+    assert newest <= set(named)
+    check(pg_dsn, cfg.lake.path)
