@@ -319,3 +319,15 @@ def test_a_workers_files_are_synced_by_name_unless_it_died(
         answer, why = _from_worker(died)
     assert answer is None and why == "BrokenProcessPool: a worker died"
     assert synced == [f"fs:{tmp_path}"]
+
+
+def test_an_added_file_given_by_an_absolute_uri_is_checked_where_it_is(tmp_path: Path) -> None:
+    """Delta allows absolute paths in add actions: a file:// one is checked on this disk,
+    an object store's is not this repair's to judge."""
+    data = tmp_path / "elsewhere" / "part-0.parquet"
+    data.parent.mkdir()
+    data.write_bytes(b"0123456789")
+    assert not delta_log._not_whole(str(tmp_path), {"path": data.as_uri(), "size": 10})
+    assert delta_log._not_whole(str(tmp_path), {"path": data.as_uri(), "size": 11})
+    assert not delta_log._not_whole(str(tmp_path), {"path": "s3://bucket/t/part-0.parquet"})
+    assert delta_log._not_whole(str(tmp_path), {"path": "part-9.parquet", "size": 1})
