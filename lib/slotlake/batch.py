@@ -1054,16 +1054,18 @@ def _spark_in_worker() -> SparkSession:
     raise NeedsParent("a Spark session (only the parent process has one)")
 
 
-def _from_worker(fut: Future[tuple[bool, Any, list[str]]]) -> tuple[_WorkerDone | None, str]:
-    """A forked worker's answer for its table, or None and why it did not finish. The files
-    it wrote go to the batch's sync either way; those of a worker that died cannot be
+def _from_worker(
+    fut: Future[tuple[bool, Any, durability.HandedBack]],
+) -> tuple[_WorkerDone | None, str]:
+    """A forked worker's answer for its table, or None and why it did not finish. What it
+    wrote goes to the batch's sync either way; the files of a worker that died cannot be
     listed, so the file system is synced whole (slotlake.durability)."""
     exc = fut.exception()
     if exc is not None:  # the worker died (BrokenProcessPool) or the pool shut down
         durability.unlisted()
         return None, f"{type(exc).__name__}: {exc}"
-    ok, value, files = fut.result()
-    durability.adopt(files)
+    ok, value, handed = fut.result()
+    durability.adopt(handed)
     return (value, "") if ok else (None, str(value))
 
 

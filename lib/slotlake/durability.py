@@ -55,7 +55,7 @@ _UNLISTED = False  # files were written that nobody listed: sync the file system
 @contextlib.contextmanager
 def deferred(root: str) -> Iterator[None]:
     """Files written meanwhile are listed (:func:`written`, by any thread of this process;
-    its forked workers' by :func:`since`/:func:`adopt`), not synced one by one; they are
+    its forked workers' by :func:`hand_back`/:func:`adopt`), not synced one by one; they are
     made durable by :func:`flush` (a plan, a commit record) and at the end, on an
     exception too (an attempt that follows in the same run keeps what this one
     committed; a sync error there is logged, the exception raised)."""
@@ -132,22 +132,33 @@ def unlisted() -> None:
         _UNLISTED = _PENDING is not None
 
 
+# What a forked worker hands back with each answer: the files it listed, and whether it
+# wrote files it could not list (its own unlisted(), which stays in its process).
+HandedBack = tuple[list[str], bool]
+
+
 def mark() -> int:
     with _LOCK:
         return len(_PENDING or [])
 
 
-def since(mark_: int) -> list[str]:
-    """Files listed after ``mark_`` (a forked worker's, to hand to its parent)."""
+def hand_back(mark_: int) -> HandedBack:
+    """In a forked worker: the files listed after ``mark_``, and whether unlisted ones were
+    written since the last hand-back, for its parent (:func:`adopt`)."""
+    global _UNLISTED
     with _LOCK:
-        return list((_PENDING or [])[mark_:])
+        whole, _UNLISTED = _UNLISTED, False
+        return list((_PENDING or [])[mark_:]), whole
 
 
-def adopt(paths: list[str]) -> None:
-    """A worker's files, now the parent's to sync."""
+def adopt(handed: HandedBack) -> None:
+    """A worker's files (:func:`hand_back`), now the parent's to sync."""
+    global _UNLISTED
+    paths, whole = handed
     with _LOCK:
         if _PENDING is not None:
             _PENDING.extend(paths)
+            _UNLISTED = _UNLISTED or whole
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -191,14 +202,15 @@ def sync_file_system(root: str) -> None:
 
 
 __all__ = [
+    "HandedBack",
     "adopt",
     "deferred",
     "deferring",
     "flush",
     "fsync_path",
+    "hand_back",
     "last_sync_seconds",
     "mark",
-    "since",
     "sync_file_system",
     "sync_paths",
     "unlisted",

@@ -176,17 +176,17 @@ def checkpoints_due() -> list[tuple[str, int]]:
     return due
 
 
-def _run(name: str) -> tuple[bool, Any, list[str]]:
-    """(True, the job's answer) or (False, why it failed), with the files the job wrote
-    for the batch's sync either way (slotlake.durability). Exceptions stay here, where
-    they may not pickle (deltalake's panics are BaseExceptions of a Rust module)."""
+def _run(name: str) -> tuple[bool, Any, durability.HandedBack]:
+    """(True, the job's answer) or (False, why it failed), with what the job wrote for the
+    batch's sync either way (slotlake.durability). Exceptions stay here, where they may
+    not pickle (deltalake's panics are BaseExceptions of a Rust module)."""
     assert _JOB is not None
     mark = durability.mark()
     try:
-        return True, _JOB(name), durability.since(mark)
+        return True, _JOB(name), durability.hand_back(mark)
     except BaseException as exc:  # every failure goes back to the parent
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return False, text, durability.since(mark)
+        return False, text, durability.hand_back(mark)
 
 
 class TableProcesses:
@@ -218,7 +218,7 @@ class TableProcesses:
             raise
         return lane
 
-    def submit(self, name: str) -> Future[tuple[bool, Any, list[str]]]:
+    def submit(self, name: str) -> Future[tuple[bool, Any, durability.HandedBack]]:
         """The first submit forks the workers (in the calling thread, which must outlive
         them: the parent-death signal follows the thread that forked)."""
         assert self._pool is not None

@@ -292,7 +292,8 @@ def test_a_workers_files_are_synced_by_name_unless_it_died(
 ) -> None:
     """What the parent makes of a forked worker's answer (slotlake.batch._from_worker):
     the files a worker wrote, finished or failed, are synced by name; a dead worker's
-    cannot be listed, so the file system is synced whole."""
+    cannot be listed, nor those of a worker that wrote unlisted ones (through deltalake),
+    so the file system is synced whole."""
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
@@ -302,12 +303,12 @@ def test_a_workers_files_are_synced_by_name_unless_it_died(
     entry.parent.mkdir(parents=True)
     entry.write_text("{}\n")
     failed: Future = Future()
-    failed.set_result((False, "RuntimeError: boom", [str(entry)]))
+    failed.set_result((False, "RuntimeError: boom", ([str(entry)], False)))
     with durability.deferred(str(tmp_path)):
         assert _from_worker(failed) == (None, "RuntimeError: boom")
     assert set(synced) == {str(entry), str(entry.parent)}
     done: Future = Future()
-    done.set_result((True, (("public.t", None, 0.1), []), [str(entry)]))
+    done.set_result((True, (("public.t", None, 0.1), []), ([str(entry)], False)))
     synced.clear()
     with durability.deferred(str(tmp_path)):
         assert _from_worker(done) == ((("public.t", None, 0.1), []), "")
@@ -319,6 +320,24 @@ def test_a_workers_files_are_synced_by_name_unless_it_died(
         answer, why = _from_worker(died)
     assert answer is None and why == "BrokenProcessPool: a worker died"
     assert synced == [f"fs:{tmp_path}"]
+    unlisted: Future = Future()
+    unlisted.set_result((True, (("public.t", None, 0.1), []), ([str(entry)], True)))
+    synced.clear()
+    with durability.deferred(str(tmp_path)):
+        assert _from_worker(unlisted) == ((("public.t", None, 0.1), []), "")
+    assert synced == [f"fs:{tmp_path}"]
+
+
+def test_a_worker_hands_back_its_files_and_its_unlisted_writes(tmp_path: Path) -> None:
+    """In a forked worker, unlisted() stays in its process: hand_back() carries it to
+    the parent, once."""
+    with durability.deferred(str(tmp_path)):
+        mark = durability.mark()
+        durability.written(str(tmp_path / "a"))
+        assert durability.hand_back(mark) == ([str(tmp_path / "a")], False)
+        durability.unlisted()
+        assert durability.hand_back(mark) == ([str(tmp_path / "a")], True)
+        assert durability.hand_back(mark + 1) == ([], False)
 
 
 def test_an_added_file_given_by_an_absolute_uri_is_checked_where_it_is(tmp_path: Path) -> None:
