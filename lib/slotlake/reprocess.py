@@ -593,68 +593,39 @@ def run_reprocess(
     created = not resumed
     app_id = out.app_id()  # writes the new root's layout marker (its own lake_id)
     result = ReprocessResult(output=out.uri, in_place=False, txn_app_id=app_id)
+    # What each batch writes is listed for the sync before its record (slotlake.durability).
     with durability.deferred(str(out.root)):
-        return _into_new_root(
-            session,
-            src,
-            out,
-            records,
-            raw_files,
-            prior,
-            start,
-            app_id,
-            created,
-            result,
-            progress,
-            workers,
-        )
-
-
-def _into_new_root(
-    session: LazySession,
-    src: Lake,
-    out: Lake,
-    records: list[CommitRecord],
-    raw_files: dict[int, list[Path]],
-    prior: CommitRecord | None,
-    start: CommitRecord | None,
-    app_id: str,
-    created: bool,
-    result: ReprocessResult,
-    progress: Callable[[str], None],
-    workers: int,
-) -> ReprocessResult:
-    """The batches rebuilt into ``out``, one commit record each, listing what they write
-    (slotlake.durability)."""
-    try:
-        if start is not None:
-            progress(f"copying the state as of batch {start.batch} from {src.uri}")
-            prior = _seed_output(session, src, out, start, app_id, workers, progress)
-        result.from_batch_state = prior.batch if prior else None
-        for rec in records:
-            assert rec.raw is not None  # check_raw refused records without raw
-            _link_tree(src.root / rec.raw, out.root / rec.raw)
-            for snap in rec.snapshot.get("tables", {}).values():
-                # A batch that re-based a table on a copy replays it from the same copy.
-                if (src.root / snap["staging"]).is_dir():
-                    _link_tree(src.root / snap["staging"], out.root / snap["staging"])
-            try:
-                record = _rebuild(session, out, rec, app_id, prior, raw_files, progress, workers)
-            except BaseException:
-                shutil.rmtree(out.root / rec.raw, ignore_errors=True)
-                raise
-            # The raw linked in, the state seeded: no list has those, the whole disk.
-            durability.unlisted()
-            out.write_commit(record)
-            created = False
-            prior = record
-            _account(result, record)
-    except BaseException:
-        if created:
-            # Nothing was committed in a root this run created: leave no half-made lake.
-            shutil.rmtree(out.root, ignore_errors=True)
-        raise
-    return result
+        try:
+            if start is not None:
+                progress(f"copying the state as of batch {start.batch} from {src.uri}")
+                prior = _seed_output(session, src, out, start, app_id, workers, progress)
+            result.from_batch_state = prior.batch if prior else None
+            for rec in records:
+                assert rec.raw is not None  # check_raw refused records without raw
+                _link_tree(src.root / rec.raw, out.root / rec.raw)
+                for snap in rec.snapshot.get("tables", {}).values():
+                    # A batch that re-based a table on a copy replays it from the same copy.
+                    if (src.root / snap["staging"]).is_dir():
+                        _link_tree(src.root / snap["staging"], out.root / snap["staging"])
+                try:
+                    record = _rebuild(
+                        session, out, rec, app_id, prior, raw_files, progress, workers
+                    )
+                except BaseException:
+                    shutil.rmtree(out.root / rec.raw, ignore_errors=True)
+                    raise
+                # The raw linked in, the state seeded: no list has those, the whole disk.
+                durability.unlisted()
+                out.write_commit(record)
+                created = False
+                prior = record
+                _account(result, record)
+        except BaseException:
+            if created:
+                # Nothing was committed in a root this run created: leave no half-made lake.
+                shutil.rmtree(out.root, ignore_errors=True)
+            raise
+        return result
 
 
 def _rebuild(

@@ -192,17 +192,24 @@ def run_sync(
                 log.info("removed %s left by an attempt that never committed", removed)
             for removed in snapshot.remove_orphans(lake):
                 log.info("removed snapshot copy %s (no plan names it, or its raw expired)", removed)
-            result = _listed_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
-            if result.resumed is not None and result.status == "committed":
-                # The unfinished batch is done; the run goes on to what arrived since.
-                assert result.end_lsn is not None
-                result.resumed = result.batch
-                following = _listed_batch(
-                    cfg, source, lake, result.end_lsn, target_lsn, spark, progress, t_start
-                )
-                if following.status == "committed":
-                    following.resumed = result.resumed
-                    result = following
+            # What each batch writes to a local lake is listed for the syncs before its
+            # plan and its commit record (slotlake.durability).
+            with (
+                durability.deferred(str(local_path(lake.uri)))
+                if lake.on_local_disk
+                else contextlib.nullcontext()
+            ):
+                result = _run_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
+                if result.resumed is not None and result.status == "committed":
+                    # The unfinished batch is done; the run goes on to what arrived since.
+                    assert result.end_lsn is not None
+                    result.resumed = result.batch
+                    following = _run_batch(
+                        cfg, source, lake, result.end_lsn, target_lsn, spark, progress, t_start
+                    )
+                    if following.status == "committed":
+                        following.resumed = result.resumed
+                        result = following
             return result
         except Exception as exc:
             # Errors can quote the DSN (psycopg does): never let a password through.
@@ -211,26 +218,6 @@ def run_sync(
             raise
         finally:
             source.unlock()
-
-
-def _listed_batch(
-    cfg: Config,
-    source: SlotSource,
-    lake: Lake,
-    start: Lsn,
-    target_lsn: Lsn | None,
-    spark: SparkSession | None,
-    progress: Callable[[str], None],
-    t_start: float,
-) -> SyncResult:
-    """:func:`_run_batch` listing what it writes to a local lake, for the syncs before its
-    plan and its commit record (slotlake.durability)."""
-    with (
-        durability.deferred(str(local_path(lake.uri)))
-        if lake.on_local_disk
-        else contextlib.nullcontext()
-    ):
-        return _run_batch(cfg, source, lake, start, target_lsn, spark, progress, t_start)
 
 
 def _run_batch(

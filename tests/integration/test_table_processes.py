@@ -304,12 +304,9 @@ def test_a_failed_batch_does_not_wait_for_a_stuck_worker(
     check(pg_dsn, cfg.lake.path)
 
 
-def test_a_batch_syncs_the_files_it_wrote_by_name(
-    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch done by the driver and its workers lists what it writes: the raw files, and
-    each table's data files and log entries are fsynced by name before the records that
-    name them, with nothing else of the disk (a PostgreSQL beside it) waited for."""
+def _spy_syncs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """From now on: the roots whose file system is synced whole (not done), and the
+    files synced by name (done)."""
     whole: list[str] = []
     named: list[str] = []
     real_paths = durability.sync_paths
@@ -320,6 +317,16 @@ def test_a_batch_syncs_the_files_it_wrote_by_name(
         real_paths(paths)
 
     monkeypatch.setattr(durability, "sync_paths", by_name)
+    return whole, named
+
+
+def test_a_batch_syncs_the_files_it_wrote_by_name(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch done by the driver and its workers lists what it writes: the raw files, and
+    each table's data files and log entries are fsynced by name before the records that
+    name them, with nothing else of the disk (a PostgreSQL beside it) waited for."""
+    whole, named = _spy_syncs(monkeypatch)
     cfg = config(pg_dsn, tmp_path, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup_source(c, slot)
@@ -356,16 +363,7 @@ def test_an_in_place_reprocess_syncs_what_it_wrote_by_name(
         for round_ in range(2):
             workload(c, round_ * 100)
             assert run_sync(cfg).status == "committed"
-    whole: list[str] = []
-    named: list[str] = []
-    real_paths = durability.sync_paths
-    monkeypatch.setattr(durability, "sync_file_system", whole.append)
-
-    def by_name(paths: list[str]) -> None:
-        named.extend(paths)
-        real_paths(paths)
-
-    monkeypatch.setattr(durability, "sync_paths", by_name)
+    whole, named = _spy_syncs(monkeypatch)
     result = run_reprocess(cfg.lake.path, in_place=True, first=2)
     assert result.batches == [2] and whole == []
     lake = Path(cfg.lake.path)
