@@ -233,11 +233,11 @@ class TableProcesses:
         """Seconds left before the workers count as stalled (see :meth:`stalled`)."""
         return max(0.0, self._answered + STALL_SECONDS - time.monotonic())
 
-    def stalled(self) -> bool:
-        """No worker answered for :data:`STALL_SECONDS` while tables were out: the
-        workers are killed, the tables they had fail with ``BrokenProcessPool``."""
+    def stalled(self) -> None:
+        """When no worker answered for :data:`STALL_SECONDS` while tables were out, the
+        workers are killed: the tables they had fail with ``BrokenProcessPool``."""
         if self.patience() > 0:
-            return False
+            return
         log.warning(
             "no worker process answered for %.0f s: stopping them (pids %s); the "
             "parent's threads do their tables",
@@ -246,7 +246,6 @@ class TableProcesses:
         )
         self.kill()
         self._answered = time.monotonic()
-        return True
 
     def kill(self) -> None:
         for process in self._workers():
