@@ -301,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
             one = scenario(pg, spark, "one", whole, per * args.tables)
             many = scenario(pg, spark, "many", tables, per)
             # The same tables written by the driver's threads only (no forked workers).
-            tables, per = spread_tables(args, "t")
             threads = scenario(pg, spark, "many_threads", tables, per, processes=0)
             out["spread"] = {
                 "one_s": one,
