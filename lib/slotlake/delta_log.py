@@ -786,6 +786,91 @@ def restore(path: str, version: int) -> Snapshot:
     )
 
 
+def clone(
+    source: str,
+    target: str,
+    version: int,
+    marker: tuple[str, int] | None = None,
+    with_files: bool = True,
+) -> Snapshot:
+    """A new table at local ``target`` holding what the table at local ``source`` held as
+    of ``version``: its schema (physical column names included), properties and protocol,
+    and (``with_files``) its live files and deletion vectors, hard-linked (copied across
+    file systems). One commit, version 0, carrying ``marker`` (txn app id, version).
+
+    What Delta's CLONE commits, without rewriting a row, and the target owns its files: a
+    VACUUM of the source never breaks it. LookupError: a log or protocol not followed here
+    (nothing written: Spark's copy then), or ``version`` no longer in the log;
+    FileNotFoundError: a file of ``version`` that VACUUM removed; FileExistsError: a
+    table at ``target`` already."""
+    import shutil
+    from urllib.parse import unquote
+
+    from slotlake.deletion_vector import descriptor_file
+
+    if has_log(target):
+        raise FileExistsError(f"Delta table {target}: there is one already")
+    old = snapshot(source, files=with_files, version=version)
+    why = unwritable(old)
+    if why is not None:
+        raise LookupError(f"Delta table {source}: not cloned on the driver: {why}")
+    adds = list((old.files or {}).values())
+    needed: dict[str, None] = {}  # relative paths, once each (a vector file serves many)
+    for add in adds:
+        rel = unquote(add["path"])
+        vector = add.get("deletionVector") or {}
+        if "://" in rel or os.path.isabs(rel) or vector.get("storageType") == "p":
+            raise LookupError(f"Delta table {source}: not cloned on the driver: absolute paths")
+        needed[rel] = None
+        if vector.get("storageType") == "u":
+            needed[descriptor_file(vector)] = None
+    for rel in needed:
+        if not os.path.exists(os.path.join(source, rel)):
+            raise FileNotFoundError(
+                f"Delta table {source}: version {version}'s file {rel} is gone (vacuumed)"
+            )
+    linked: list[str] = []
+    try:
+        for rel in needed:
+            to = os.path.join(target, rel)
+            os.makedirs(os.path.dirname(to), exist_ok=True)
+            try:
+                os.link(os.path.join(source, rel), to)
+            except FileExistsError:
+                raise
+            except OSError:  # another file system, or no hard links there
+                shutil.copy2(os.path.join(source, rel), to)
+            linked.append(to)
+            durability.written(to)
+        now = now_ms()
+        metadata = {**old.metadata, "id": str(uuid.uuid4()), "createdTime": now}
+        size = sum(int(a.get("size") or 0) for a in adds)
+        metrics = {
+            "sourceTableSize": str(size),
+            "sourceNumOfFiles": str(len(adds)),
+            "numCopiedFiles": str(len(adds)),
+            "copiedFilesSize": str(size),
+        }
+        parameters = {"source": source, "sourceVersion": str(version), "isShallow": "false"}
+        info = commit_info(-1, "CLONE", now, parameters, metrics)
+        del info["commitInfo"]["readVersion"]  # a new table: nothing was read
+        txns = dict([marker]) if marker is not None else {}
+        actions = [
+            info,
+            {"protocol": dict(old.protocol)},
+            {"metaData": metadata},
+            *(txn(app_id, v, now) for app_id, v in txns.items()),
+            *({"add": {**a, "dataChange": True}} for a in adds),
+        ]
+        _commit_on_driver(target, 0, actions)
+    except BaseException:
+        for to in linked:
+            os.remove(to)
+        raise
+    live = {a["path"]: a for a in adds} if with_files else None
+    return Snapshot(target, 0, dict(old.protocol), metadata, txns, live)
+
+
 def _removable(current: Snapshot, doing: str) -> None:
     """LookupError naming ``doing`` when a commit removing files may not be written here."""
     why = unwritable(current, deletes=True)

@@ -530,3 +530,64 @@ def test_the_drivers_restore_is_sparks_restore(spark: Any, tmp_path: Path) -> No
     )
     assert after.version == DeltaTable(twin).version()
     assert _read_both(spark, path, "id") == (model, model)
+
+
+def test_clone_owns_a_versions_files_and_vectors(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delta_log.clone`` (a reprocess's new root starts from it): the table as of an older
+    version, deletion vectors included, in files of its own (hard links) under one commit
+    with the new root's marker; it outlives its source, and the driver merges on into it."""
+    import shutil
+
+    source, target = str(tmp_path / "source"), str(tmp_path / "target")
+    model = _seed(spark, source, 600, 3)
+    at: dict[int, tuple[int, Model]] = {}
+    for batch in (1, 2, 3):
+        changes = [(k, f"b{batch}", {}, False) for k in range(batch, 600, 7)]
+        changes += [(k, None, {}, True) for k in range(batch * 100, batch * 100 + 5)]
+        assert dv_merge.merge_keyed(
+            source, _rows(LONG_KEY, changes), CAT, "app", batch, rewrite_up_to=0
+        )
+        _apply(model, changes)
+        at[batch] = (DeltaTable(source).version(), dict(model))
+    version, expected = at[2]
+    then = delta_log.snapshot(source, files=True, version=version)
+    assert then.files and any(a.get("deletionVector") for a in then.files.values())
+
+    clone = delta_log.clone(source, target, version, ("new-root", 2))
+    assert clone.version == 0 and DeltaTable(target).version() == 0
+    assert delta_log.snapshot(target).txns == {"new-root": 2}
+    assert DeltaTable(target).history()[0]["operation"] == "CLONE"
+    assert _read_both(spark, target, "id") == (expected, expected)
+    for add in then.files.values():
+        name = add["path"]
+        assert os.stat(Path(target, name)).st_ino == os.stat(Path(source, name)).st_ino
+    # The same columns, physical names included, as the source had then.
+    assert delta_log.snapshot(target).schema == then.schema
+
+    # A table already there is never overwritten; a log the driver does not follow is
+    # left to Spark with nothing written.
+    with pytest.raises(FileExistsError):
+        delta_log.clone(source, target, version, ("new-root", 2))
+    monkeypatch.setattr(delta_log, "unwritable", lambda snap, deletes=False: "refused")
+    with pytest.raises(LookupError, match="not cloned on the driver: refused"):
+        delta_log.clone(source, str(tmp_path / "other"), version)
+    assert not (tmp_path / "other").exists()
+    monkeypatch.undo()
+
+    # Empty, with the columns only (a reprocess's change log).
+    empty = delta_log.clone(source, str(tmp_path / "empty"), version, with_files=False)
+    empty_rows = query_delta(str(tmp_path / "empty"), 0, "SELECT count(*) AS n FROM t")
+    assert empty.files is None and empty_rows.column("n").to_pylist() == [0]
+    assert delta_log.snapshot(str(tmp_path / "empty")).schema == then.schema
+
+    # Its own files: the source's removal leaves it whole, and it takes the next batch.
+    shutil.rmtree(source)
+    assert _read_deltalake(target, "id") == expected
+    changes = [(k, "after", {}, False) for k in range(0, 600, 11)] + [(5000, "new", {}, False)]
+    assert dv_merge.merge_keyed(
+        target, _rows(LONG_KEY, changes), CAT, "new-root", 3, rewrite_up_to=0
+    )
+    _apply(expected, changes)
+    assert _read_both(spark, target, "id") == (expected, expected)

@@ -189,7 +189,7 @@ def _writers(root: str, table: str, kind: str = "state") -> set[str]:
         "driver-dv",
         "dv-merge",
         pytest.param("spark-merge", marks=pytest.mark.one_pg_version),
-        "spark",
+        pytest.param("spark", marks=pytest.mark.one_pg_version),
     ],
 )
 def test_varied_workload_in_batches(
