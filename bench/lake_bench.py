@@ -28,7 +28,10 @@ SparkSession (the issue's targets in brackets):
   rollback  an in-place reprocess of the newest batch of ``--tables`` tables (100 changes
           each): every change log, state and the transactions table restored to its
           version before that batch (the driver's RESTORE commits), then the batch
-          decoded and written again; timed whole, and the restores apart
+          decoded and written again; timed whole, and the restores apart. Before it, the
+          same batch reprocessed into a new root, whose states and change logs start as
+          clones of their versions before the batch (timed whole, and the seeding apart),
+          beside Spark's copy of a state as the seed was made before
 
 Each table is first loaded and bootstrapped (``slotlake bootstrap``: slot + copy, not
 timed), then the timed batch is written and one ``run_sync`` measured. Not a test: run by
@@ -53,6 +56,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -329,6 +333,19 @@ def main(argv: list[str] | None = None) -> int:
                     stamps.append((time.monotonic(), msg))
 
                 newest = Lake(cfg.lake.path).commit_batches()[-1]
+                # Into a new root first: every table's state and change log as of the batch
+                # before, cloned by the driver, then the batch decoded and written again.
+                out_root = os.path.join(tempfile.mkdtemp(prefix="lake-reseed-"), "lake")
+                t0 = time.monotonic()
+                run_reprocess(
+                    cfg.lake.path, output=out_root, first=newest, spark=spark, progress=progress
+                )
+                rolled["new_root_s"] = time.monotonic() - t0
+                rolled["seed_s"] = (
+                    next((t for t, m in stamps if m.startswith("reprocessing batch")), t0) - t0
+                )
+                shutil.rmtree(os.path.dirname(out_root), ignore_errors=True)
+                stamps.clear()
                 t0 = time.monotonic()
                 result = run_reprocess(
                     cfg.lake.path, in_place=True, first=newest, spark=spark, progress=progress
@@ -344,6 +361,20 @@ def main(argv: list[str] | None = None) -> int:
                     spark.sql(
                         f"RESTORE TABLE delta.`{lake.path(rel)}` TO VERSION AS OF {version - 1}"
                     )
+                # And Spark's copy of a few states as the new root's seed was made before:
+                # the version read (time travel) and written to a new table.
+                from slotlake.delta import ensure_table, overwrite
+
+                copies = tempfile.mkdtemp(prefix="lake-copies-")
+                t2 = time.monotonic()
+                for i, rel in enumerate(sample):
+                    version = int(DeltaTable(lake.path(rel)).version())
+                    df = spark.read.format("delta").option("versionAsOf", version - 1)
+                    df = df.load(lake.path(rel))
+                    ensure_table(spark, f"{copies}/{i}", df.schema)
+                    overwrite(df, f"{copies}/{i}", "bench", 1)
+                rolled["spark_seed_s_per_table"] = (time.monotonic() - t2) / len(sample)
+                shutil.rmtree(copies, ignore_errors=True)
                 rolled.update(
                     seconds=seconds,
                     restored=len(restores),
@@ -360,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rolled['seconds']:.2f}s, of which {rolled['restored']} tables restored in "
                 f"{rolled['restore_s']:.2f}s; Spark's RESTORE "
                 f"{rolled['spark_restore_s_per_table']:.2f}s a table"
+            )
+            log(
+                f"rollback: the same batch into a new root {rolled['new_root_s']:.2f}s, of which "
+                f"{2 * args.tables} tables seeded (cloned) in {rolled['seed_s']:.2f}s; "
+                f"Spark's copy of a state {rolled['spark_seed_s_per_table']:.2f}s a table"
             )
         if "process" in steps:
             tables = {f"p_{i}": args.small for i in range(8)}
