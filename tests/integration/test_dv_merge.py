@@ -543,21 +543,23 @@ def test_clone_owns_a_versions_files_and_vectors(
     source, target = str(tmp_path / "source"), str(tmp_path / "target")
     model = _seed(spark, source, 600, 3)
     at: dict[int, tuple[int, Model]] = {}
-    for batch in (1, 2, 3):
-        changes = [(k, f"b{batch}", {}, False) for k in range(batch, 600, 7)]
-        changes += [(k, None, {}, True) for k in range(batch * 100, batch * 100 + 5)]
+    for batch in range(1, 13):  # past the checkpoint at version 10
+        gone = range(batch * 40, batch * 40 + 5)  # a batch's final rows: a key once
+        changes = [(k, f"b{batch}", {}, False) for k in range(batch, 600, 7) if k not in gone]
+        changes += [(k, None, {}, True) for k in gone]
         assert dv_merge.merge_keyed(
             source, _rows(LONG_KEY, changes), CAT, "app", batch, rewrite_up_to=0
         )
         _apply(model, changes)
         at[batch] = (DeltaTable(source).version(), dict(model))
-    version, expected = at[2]
+    version, expected = at[11]  # the checkpoint and the entries after it
+    assert (Path(source) / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
     then = delta_log.snapshot(source, files=True, version=version)
     assert then.files and any(a.get("deletionVector") for a in then.files.values())
 
-    clone = delta_log.clone(source, target, version, ("new-root", 2))
+    clone = delta_log.clone(source, target, version, ("new-root", 11))
     assert clone.version == 0 and DeltaTable(target).version() == 0
-    assert delta_log.snapshot(target).txns == {"new-root": 2}
+    assert delta_log.snapshot(target).txns == {"new-root": 11}
     assert DeltaTable(target).history()[0]["operation"] == "CLONE"
     assert _read_both(spark, target, "id") == (expected, expected)
     for add in then.files.values():
@@ -569,7 +571,7 @@ def test_clone_owns_a_versions_files_and_vectors(
     # A table already there is never overwritten; a log the driver does not follow is
     # left to Spark with nothing written.
     with pytest.raises(FileExistsError):
-        delta_log.clone(source, target, version, ("new-root", 2))
+        delta_log.clone(source, target, version, ("new-root", 11))
     monkeypatch.setattr(delta_log, "unwritable", lambda snap, deletes=False: "refused")
     with pytest.raises(LookupError, match="not cloned on the driver: refused"):
         delta_log.clone(source, str(tmp_path / "other"), version)
@@ -587,7 +589,7 @@ def test_clone_owns_a_versions_files_and_vectors(
     assert _read_deltalake(target, "id") == expected
     changes = [(k, "after", {}, False) for k in range(0, 600, 11)] + [(5000, "new", {}, False)]
     assert dv_merge.merge_keyed(
-        target, _rows(LONG_KEY, changes), CAT, "new-root", 3, rewrite_up_to=0
+        target, _rows(LONG_KEY, changes), CAT, "new-root", 12, rewrite_up_to=0
     )
     _apply(expected, changes)
     assert _read_both(spark, target, "id") == (expected, expected)
