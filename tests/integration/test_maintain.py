@@ -25,6 +25,9 @@ from slotlake.cli import main as cli_main
 from slotlake.lake import BatchPlan, Lake, read_state
 from slotlake.maintain import (
     CLOCK_SKEW_HOURS,
+    LISTING_PARALLELISM,
+    SPARK_DEFAULT_LISTING_PARALLELISM,
+    bound_listing,
     interval_hours,
     run_maintain,
     vacuum_retention,
@@ -178,6 +181,19 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
         assert_mirror(c, root, TABLES)
         assert _rows(read_state(root, "public.kv", batch=LAST)) == states[LAST]["public.kv"]
         took("sync after maintain")
+
+
+def test_vacuum_listing_is_bounded_by_the_cluster_unless_set(spark) -> None:  # type: ignore[no-untyped-def]
+    """A cluster's session left at Spark's 10000 listing partitions gets its own
+    parallelism for VACUUM; slotlake's local sessions start at 4; a value set is kept."""
+    assert spark.conf.get(LISTING_PARALLELISM) == "4"
+    session = spark.newSession()
+    session.conf.set(LISTING_PARALLELISM, SPARK_DEFAULT_LISTING_PARALLELISM)
+    bound_listing(session)
+    assert session.conf.get(LISTING_PARALLELISM) == str(spark.sparkContext.defaultParallelism)
+    session.conf.set(LISTING_PARALLELISM, "64")
+    bound_listing(session)
+    assert session.conf.get(LISTING_PARALLELISM) == "64"
 
 
 def test_vacuum_retention_covers_the_window() -> None:
