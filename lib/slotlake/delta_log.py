@@ -803,10 +803,10 @@ def clone(
     (nothing written: Spark's copy then), or ``version`` no longer in the log;
     FileNotFoundError: a file of ``version`` that VACUUM removed; FileExistsError: a
     table at ``target`` already."""
-    import shutil
     from urllib.parse import unquote
 
     from slotlake.deletion_vector import descriptor_file
+    from slotlake.lake import link_or_copy
 
     if has_log(target):
         raise FileExistsError(f"Delta table {target}: there is one already")
@@ -824,22 +824,17 @@ def clone(
         needed[rel] = None
         if vector.get("storageType") == "u":
             needed[descriptor_file(vector)] = None
-    for rel in needed:
-        if not os.path.exists(os.path.join(source, rel)):
-            raise FileNotFoundError(
-                f"Delta table {source}: version {version}'s file {rel} is gone (vacuumed)"
-            )
     linked: list[str] = []
     try:
         for rel in needed:
             to = os.path.join(target, rel)
             os.makedirs(os.path.dirname(to), exist_ok=True)
             try:
-                os.link(os.path.join(source, rel), to)
-            except FileExistsError:
-                raise
-            except OSError:  # another file system, or no hard links there
-                shutil.copy2(os.path.join(source, rel), to)
+                link_or_copy(os.path.join(source, rel), to)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"Delta table {source}: version {version}'s file {rel} is gone (vacuumed)"
+                ) from None
             linked.append(to)
             durability.written(to)
         now = now_ms()

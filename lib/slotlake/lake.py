@@ -219,6 +219,18 @@ def local_path(root: str) -> Path:
     return Path(root[len("file://") :] if root.startswith("file://") else root)
 
 
+def link_or_copy(source: str, target: str) -> None:
+    """``source`` hard-linked as ``target`` (a lake's files never change once written),
+    copied where links are impossible (another file system). FileExistsError and
+    FileNotFoundError are not for a copy to hide."""
+    try:
+        os.link(source, target)
+    except (FileExistsError, FileNotFoundError):
+        raise
+    except OSError:
+        shutil.copy2(source, target)
+
+
 class LocalFS:
     """File operations of a lake on the local file system (plain paths)."""
 

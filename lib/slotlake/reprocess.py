@@ -74,6 +74,7 @@ from slotlake.lake import (
     Lake,
     OldLayoutError,
     TableCommit,
+    link_or_copy,
     local_path,
     make_record,
     new_attempt,
@@ -324,13 +325,6 @@ def _version0_is_empty(lake: Lake, rel: str) -> bool:
 
 def _link_tree(src: Path, dst: Path) -> None:
     """Hard-link a directory's files into ``dst`` (copy where links are impossible)."""
-
-    def link_or_copy(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
     if dst.exists():
         shutil.rmtree(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -638,7 +632,8 @@ def run_reprocess(
                 except BaseException:
                     shutil.rmtree(out.root / rec.raw, ignore_errors=True)
                     raise
-                # The raw linked in, the state seeded: no list has those, the whole disk.
+                # The raw and copies linked in (no list has them; the clones listed
+                # theirs), and any state Spark seeded: the whole disk.
                 durability.unlisted()
                 out.write_commit(record)
                 created = False

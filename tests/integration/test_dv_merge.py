@@ -584,6 +584,12 @@ def test_clone_owns_a_versions_files_and_vectors(
     assert empty.files is None and empty_rows.column("n").to_pylist() == [0]
     assert delta_log.snapshot(str(tmp_path / "empty")).schema == then.schema
 
+    # A file of the version vacuumed: named, and no table left half-made.
+    os.remove(Path(source, next(iter(then.files))))
+    with pytest.raises(FileNotFoundError, match=r"is gone \(vacuumed\)"):
+        delta_log.clone(source, str(tmp_path / "late"), version)
+    assert not delta_log.has_log(str(tmp_path / "late"))
+
     # Its own files: the source's removal leaves it whole, and it takes the next batch.
     shutil.rmtree(source)
     assert _read_deltalake(target, "id") == expected
