@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from slotlake import delta_log, durability, fastdefault, table_processes
-from slotlake.catalog import ColumnIds, TableCatalog
+from slotlake.catalog import TARGET_SEQ, ColumnIds, TableCatalog, target_versions
 from slotlake.ddl import BatchDdl, TableColumns, read_catalog_file, write_ddl, write_ddl_local
 from slotlake.ddltypes import parse_struct
 from slotlake.decode import (
@@ -90,6 +90,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from slotlake.local_table import RawRows
+    from slotlake.pgoutput import Relation, Type
     from slotlake.snapshot import TableSnapshot
 
 # Who merges a driver-lane table's state, which the driver holds in every case:
@@ -160,6 +161,27 @@ def column_ids(
     before = {n: t.attnums for n, t in prior.tables.items()} if prior is not None else {}
     after = {n: t.attnums for n, t in target.items()} if target is not None else {}
     return {n: ColumnIds(before.get(n, {}), after.get(n, {})) for n in {*before, *after}}
+
+
+def versions_at_target(
+    relations: list[tuple[int, Relation]],
+    prior: CommitRecord | None,
+    target: dict[str, TableColumns] | None,
+) -> list[tuple[int, Relation | Type]]:
+    """The batch's tables brought to their shape at its target (a column change after a
+    table's last change, :func:`slotlake.catalog.target_versions`); nothing for a batch
+    whose catalog file predates the Relation shapes in it."""
+    if not target:
+        return []
+    shapes = {n: t.relation for n, t in target.items() if t.relation is not None}
+    schemas = prior_schemas(prior)
+    lake_tables = {
+        n: ([c for c, _ in schemas.get(n, [])], t.attnums)
+        for n, t in (prior.tables.items() if prior is not None else ())
+        if t.state is not None
+    }
+    attnums = {n: t.attnums for n, t in target.items()}
+    return target_versions(relations, shapes, attnums, lake_tables)
 
 
 def conform(df: DataFrame, target: StructType) -> DataFrame:
@@ -1103,6 +1125,7 @@ def process_batch(
         prior_schemas(prior),
         stream_content=scan.stream_content,
         column_ids=column_ids(prior, target_catalog),
+        at_target=lambda relations: versions_at_target(relations, prior, target_catalog),
     )
     counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0
@@ -1114,6 +1137,7 @@ def process_batch(
         if any(counts.get(o) for o in c.oids)
         or any(c.name in t.tables for t in bcat.truncates)
         or c.name in (snapshots or {})
+        or c.versions[-1].seq == TARGET_SEQ
     ]
     if snapshots:
         from slotlake.snapshot import catalog_for

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from slotlake.pgoutput import Relation, Type
+from slotlake.pgoutput import Relation, RelationColumn, Type
 from slotlake.pgtypes import resolve_type
 
 _INT_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
@@ -222,6 +222,104 @@ def build_catalogs(
     for cat in catalogs.values():
         _resolve_columns(cat, prior_schemas.get(cat.name, []))
     return catalogs
+
+
+# Where a table's shape at the batch's target goes in the batch (after every payload of
+# it): its Type messages, then its Relation message.
+TARGET_SEQ = 1 << 61
+
+
+@dataclass(frozen=True)
+class TargetRelation:
+    """A table as pgoutput would describe it at the batch's target (read from the catalog
+    with the target LSN): its Relation message (xid None) and the Type messages of its
+    user-defined column types."""
+
+    relation: Relation
+    types: tuple[Type, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        r = self.relation
+        return {
+            "oid": r.oid,
+            "namespace": r.namespace,
+            "name": r.name,
+            "replica_identity": r.replica_identity,
+            "columns": [[c.flags, c.name, c.type_oid, c.typmod] for c in r.columns],
+            "types": [[t.oid, t.namespace, t.name] for t in self.types],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, object]) -> TargetRelation:
+        columns = tuple(
+            RelationColumn(int(f), str(n), int(o), int(m))
+            for f, n, o, m in obj["columns"]  # type: ignore[attr-defined]
+        )
+        relation = Relation(
+            None,
+            int(obj["oid"]),  # type: ignore[call-overload]
+            str(obj["namespace"]),
+            str(obj["name"]),
+            str(obj["replica_identity"]),
+            columns,
+        )
+        types = tuple(
+            Type(None, int(o), str(ns), str(n))
+            for o, ns, n in obj.get("types", [])  # type: ignore[attr-defined]
+        )
+        return cls(relation, types)
+
+
+def _shape(rel: Relation) -> tuple[object, ...]:
+    return (
+        rel.replica_identity,
+        tuple((c.name, c.type_oid, c.typmod, c.is_key) for c in rel.columns),
+    )
+
+
+def target_versions(
+    relations: Iterable[tuple[int, Relation]],
+    at_target: Mapping[str, TargetRelation],
+    target_attnums: Mapping[str, Mapping[str, int]],
+    lake_tables: Mapping[str, tuple[Sequence[str], Mapping[str, int]]],
+) -> list[tuple[int, Relation | Type]]:
+    """The Relation (and Type) messages that bring each table to its shape at the batch's
+    target, where the batch's own do not.
+
+    pgoutput describes a table only before a change of it: a column added, renamed or
+    dropped after the table's last change of the batch (or in a batch without any) would
+    otherwise reach the state only with the table's next change — its older rows missing
+    a fast default's value, a renamed column's values under the old name. A table gets a
+    version at :data:`TARGET_SEQ` when its latest Relation message of the batch differs
+    from its shape at the target (same oid: a table dropped and created again is left to
+    its own messages), or, with none in the batch, when the lake's columns of it
+    (``lake_tables``: state column names and attnums) differ from the target's by name
+    or attnum (a type alone is not compared there: the lake may keep a column as text).
+    """
+    latest: dict[str, Relation] = {}
+    for _, rel in sorted(relations, key=lambda p: p[0]):
+        latest[table_name(rel)] = rel
+    out: list[tuple[int, Relation | Type]] = []
+    for name, target in sorted(at_target.items()):
+        rel = target.relation
+        if name in latest:
+            seen = latest[name]
+            if seen.oid != rel.oid or _shape(seen) == _shape(rel):
+                continue
+        elif name in lake_tables:
+            names, attnums = lake_tables[name]
+            published = [c.name for c in rel.columns]
+            ids = target_attnums.get(name, {})
+            renumbered = bool(attnums) and any(
+                attnums.get(n) is not None and attnums.get(n) != ids.get(n) for n in published
+            )
+            if set(published) == set(names) and not renumbered:
+                continue
+        else:
+            continue
+        out += [(TARGET_SEQ - 1, t) for t in target.types]
+        out.append((TARGET_SEQ, rel))
+    return out
 
 
 def _latest_name(cat: TableCatalog, name: str) -> str:

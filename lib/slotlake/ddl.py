@@ -39,6 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slotlake.catalog import TargetRelation
+from slotlake.pgoutput import Relation, RelationColumn, Type
+
 if TYPE_CHECKING:
     import psycopg
     import pyarrow as pa
@@ -489,24 +492,67 @@ WHERE c.oid IN (
 """
 
 
+# What pgoutput's Relation message would say of each published table (and its Type
+# messages): the published columns in attnum order (no dropped or generated column, the
+# publication's column list applied), each flagged as part of the replica identity as
+# logicalrep_write_attrs flags it (every column under FULL; else the primary key's for
+# DEFAULT, the identity index's for INDEX, none for NOTHING or a missing index).
+RELATION_SQL = """
+WITH published AS (
+    SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass AS rel,
+           {attnames} AS attnames
+    FROM pg_publication_tables WHERE pubname = ANY(%s)
+)
+SELECT n.nspname::text || '.' || c.relname::text, c.oid::int8, n.nspname::text,
+       c.relname::text, c.relreplident::text, a.attname::text, a.atttypid::int8,
+       a.atttypmod::int, c.relreplident = 'f' OR a.attnum = ANY(ident.indkey),
+       CASE WHEN a.atttypid >= 10000 THEN
+           CASE WHEN bn.nspname = 'pg_catalog' THEN '' ELSE bn.nspname::text END END,
+       CASE WHEN a.atttypid >= 10000 THEN b.typname::text END
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    AND a.attgenerated = ''
+JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+JOIN pg_namespace bn ON bn.oid = b.typnamespace
+LEFT JOIN LATERAL (
+    SELECT i.indkey::int2[] AS indkey FROM pg_index i
+    WHERE i.indrelid = c.oid
+      AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
+    LIMIT 1
+) ident ON true
+WHERE c.oid IN (SELECT rel FROM published)
+  AND a.attname = ANY(ARRAY(SELECT unnest(attnames) FROM published WHERE rel = c.oid))
+ORDER BY c.oid, a.attnum
+"""
+
+
 @dataclass
 class TableColumns:
-    """One table's columns at one point: attnum of each, fast-default text of some."""
+    """One table's columns at one point: attnum of each, fast-default text of some, and
+    (in a catalog file of this release on) what its Relation message would say."""
 
     attnums: dict[str, int] = field(default_factory=dict)
     missing: dict[str, str | None] = field(default_factory=dict)
+    relation: TargetRelation | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"attnums": self.attnums, "missing": self.missing}
+        out: dict[str, Any] = {"attnums": self.attnums, "missing": self.missing}
+        if self.relation is not None:
+            out["relation"] = self.relation.to_json()
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TableColumns:
+        relation = obj.get("relation")
         return cls(
             {str(k): int(v) for k, v in (obj.get("attnums") or {}).items()},
             {
                 str(k): (None if v is None else str(v))
                 for k, v in (obj.get("missing") or {}).items()
             },
+            None if relation is None else TargetRelation.from_json(relation),
         )
 
 
@@ -524,6 +570,40 @@ def read_catalog(conn: psycopg.Connection[Any], publications: list[str]) -> dict
         tc.attnums[column] = attnum
         if has_missing:
             tc.missing[column] = missing
+    for table, relation in read_relations(conn, publications).items():
+        out.setdefault(table, TableColumns()).relation = relation
+    return out
+
+
+def read_relations(
+    conn: psycopg.Connection[Any], publications: list[str]
+) -> dict[str, TargetRelation]:
+    """What pgoutput's Relation and Type messages would say of each published table now."""
+    # Column lists (pg_publication_tables.attnames) came with PostgreSQL 15.
+    attnames = "attnames" if conn.info.server_version >= 150000 else "NULL::name[]"
+    rows: dict[str, list[Any]] = {}
+    query = RELATION_SQL.format(attnames=attnames)
+    if attnames != "attnames":
+        query = query.replace(
+            "AND a.attname = ANY(ARRAY(SELECT unnest(attnames) FROM published WHERE rel = c.oid))",
+            "",
+        )
+    for row in conn.execute(query, (publications,)):
+        rows.setdefault(row[0], []).append(row)
+    out = {}
+    for table, cols in rows.items():
+        _, oid, namespace, name, identity = cols[0][:5]
+        columns = tuple(
+            RelationColumn(1 if is_key else 0, col, type_oid, typmod)
+            for *_, col, type_oid, typmod, is_key, _, _ in cols
+        )
+        types = {
+            type_oid: Type(None, type_oid, type_ns, type_name)
+            for *_, type_oid, _, _, type_ns, type_name in cols
+            if type_name is not None
+        }
+        relation = Relation(None, oid, namespace, name, identity, columns)
+        out[table] = TargetRelation(relation, tuple(types[o] for o in sorted(types)))
     return out
 
 

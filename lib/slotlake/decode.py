@@ -210,13 +210,17 @@ def collect_catalog(
     prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
     stream_content: set[int] | None = None,
     column_ids: Mapping[str, ColumnIds] | None = None,
+    at_target: Callable[[list[tuple[int, Relation]]], list[tuple[int, Relation | Type]]]
+    | None = None,
 ) -> BatchCatalog:
     """Decode the batch's descriptive messages on the driver (a few per table).
 
     ``stream_content`` (:attr:`RawScan.stream_content`): the streams that delivered
     something; the other committed ones become ``streams.empty``. None: none is empty.
     ``column_ids``: the tables' attnums before and after the batch
-    (:func:`slotlake.catalog.build_catalogs`).
+    (:func:`slotlake.catalog.build_catalogs`). ``at_target``: given the batch's Relation
+    messages, the messages that bring each table to its shape at the batch's target
+    (:func:`slotlake.catalog.target_versions`).
     """
     relations: list[tuple[int, Relation]] = []
     types: list[tuple[int, Type]] = []
@@ -242,6 +246,9 @@ def collect_catalog(
             origins[r.commit_lsn] = msg.name
     if stream_content is not None:
         streams.empty = {x for x in streams.commits if x not in stream_content}
+    if at_target is not None:
+        for seq, extra in at_target(relations):
+            (relations if isinstance(extra, Relation) else types).append((seq, extra))  # type: ignore[arg-type]
     catalog = BatchCatalog(
         build_catalogs(relations, types, prior_schemas, column_ids), [], streams, origins
     )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from slotlake.catalog import ColumnIds, build_catalogs, widens_to
+from slotlake.catalog import (
+    TARGET_SEQ,
+    ColumnIds,
+    TargetRelation,
+    build_catalogs,
+    target_versions,
+    widens_to,
+)
 from slotlake.pgoutput import Relation, RelationColumn, Type
 
 INT2, INT4, INT8, TEXT, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 25, 700, 701, 1700
@@ -362,3 +369,67 @@ def test_may_fall_back_once_any_version_may() -> None:
     assert not cat.may_fall_back("w")
     # A column no version names: the state may hold values of an earlier type.
     assert cat.may_fall_back("gone")
+
+
+# -- a table's shape at the batch's target (columns changed after its last change) --------
+
+MOOD = 16500
+
+
+def _target(*columns: RelationColumn, oid: int = OID, identity: str = "d") -> TargetRelation:
+    return TargetRelation(
+        rel(*columns, oid=oid, identity=identity), (Type(None, MOOD, "", "mood"),)
+    )
+
+
+def test_target_version_only_where_the_batch_left_a_table_behind() -> None:
+    seen = rel(col("id", INT4, key=True), col("v", TEXT))
+    same = _target(col("id", INT4, key=True), col("v", TEXT))
+    added = _target(col("id", INT4, key=True), col("v", TEXT), col("m", MOOD))
+    # The batch's last Relation of the table is its shape at the target: nothing to add.
+    assert target_versions([(5, seen)], {"public.t": same}, {}, {}) == []
+    # A column added after the table's last change: its Types, then the Relation, after
+    # every payload of the batch.
+    out = target_versions([(5, seen)], {"public.t": added}, {}, {})
+    assert out == [(TARGET_SEQ - 1, Type(None, MOOD, "", "mood")), (TARGET_SEQ, added.relation)]
+    # The key or the replica identity alone count too; a table dropped and created again
+    # (another oid) is left to its own messages, and so is a table the lake lacks.
+    rekeyed = _target(col("id", INT4, key=True), col("v", TEXT, key=True))
+    assert target_versions([(5, seen)], {"public.t": rekeyed}, {}, {})[-1][1] == rekeyed.relation
+    full = _target(col("id", INT4, key=True), col("v", TEXT), identity="f")
+    assert target_versions([(5, seen)], {"public.t": full}, {}, {})
+    other_oid = _target(col("id", INT4, key=True), oid=OID + 1)
+    assert target_versions([(5, seen)], {"public.t": other_oid}, {}, {}) == []
+    assert target_versions([], {"public.t": added}, {}, {}) == []
+
+
+def test_target_version_of_a_table_without_changes_in_the_batch() -> None:
+    target = _target(col("id", INT4, key=True), col("v", TEXT))
+    ids = {"public.t": {"id": 1, "v": 2}}
+    # The lake's state has the same names and attnums (its types are not compared: the
+    # lake may keep a column as text): nothing to do, batch after batch.
+    lake = {"public.t": (["id", "v"], {"id": 1, "v": 2})}
+    assert target_versions([], {"public.t": target}, ids, lake) == []
+    # A column added, renamed or dropped since the lake last wrote the table.
+    for names in (["id"], ["id", "v", "w"], ["id", "w"]):
+        assert target_versions([], {"public.t": target}, ids, {"public.t": (names, {})})
+    # Same names, another attnum: dropped and added again.
+    readded = {"public.t": (["id", "v"], {"id": 1, "v": 3})}
+    assert target_versions([], {"public.t": target}, ids, readded)
+
+
+def test_a_target_version_renames_by_attnum_and_keeps_older_rows_shapes() -> None:
+    cats = build_catalogs(
+        [
+            (5, rel(col("id", INT4, key=True), col("a", TEXT), col("b", TEXT))),
+            (TARGET_SEQ, rel(col("id", INT4, key=True), col("b2", TEXT), col("c", INT4))),
+        ],
+        [],
+        None,
+        {"public.t": ColumnIds({"id": 1, "a": 2, "b": 3}, {"id": 1, "b2": 3, "c": 4})},
+    )
+    cat = cats["public.t"]
+    assert cat.renames == {"b": "b2"}
+    assert cat.state_columns == ["id", "b2", "c"]
+    # The batch's rows are still shaped by the version in force at their position.
+    assert [c.name for c in cat.version_at(OID, 6).columns] == ["id", "a", "b2"]

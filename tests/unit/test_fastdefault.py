@@ -199,5 +199,21 @@ def test_messages_from_raw_rows_keep_only_committed_ddl() -> None:
 
 
 def test_catalog_file_round_trip() -> None:
-    tables = {"public.t": TableColumns({"id": 1, "c": 3}, {"c": None})}
+    from slotlake.catalog import TargetRelation
+    from slotlake.pgoutput import Relation, RelationColumn, Type
+
+    relation = Relation(
+        None,
+        16400,
+        "public",
+        "t",
+        "d",
+        (RelationColumn(1, "id", 23, -1), RelationColumn(0, "c", 16500, -1)),
+    )
+    shape = TargetRelation(relation, (Type(None, 16500, "", "mood"),))
+    tables = {
+        "public.t": TableColumns({"id": 1, "c": 3}, {"c": None}, shape),
+        # A catalog file written before the Relation shapes were recorded reads as None.
+        "public.old": TableColumns({"id": 1}, {}),
+    }
     assert catalog_from_json(catalog_to_json("0/1", tables)) == tables
