@@ -91,7 +91,8 @@ class TableCatalog:
     state_columns: list[str] = field(default_factory=list)  # columns of the latest version
     key_columns: list[str] = field(default_factory=list)
     replica_identity: str = "d"
-    renames: dict[str, str] = field(default_factory=dict)  # old name → latest name
+    # Each earlier name of a column → its latest: one lookup, never chained.
+    renames: dict[str, str] = field(default_factory=dict)
     text_columns: set[str] = field(default_factory=set)  # forced to string by a type change
 
     @property
@@ -179,6 +180,67 @@ class ColumnIds:
     after: Mapping[str, int]
 
 
+@dataclass
+class _Lineage:
+    """A table's columns followed through the versions of a batch, by identity.
+
+    Names alone are ambiguous across versions: ``RENAME a TO b`` then ``RENAME c TO a``
+    leaves a name that meant two columns, and ``a → b → b2`` a name that is neither the
+    first nor the last. Each column gets an identity when first seen (the lake's columns
+    before the batch, else the version that adds it); a step between two versions keeps
+    an identity under its name, or moves it to the name a rename gives it."""
+
+    names: list[list[str]] = field(default_factory=list)  # identity → its names, in order
+    at: dict[str, int] = field(default_factory=dict)  # name in the latest version → identity
+    prior: dict[str, int] = field(default_factory=dict)  # the lake's name → identity
+    versions: list[list[int]] = field(default_factory=list)  # each version's identities
+
+    @classmethod
+    def of(cls, prior: Sequence[tuple[str, str]]) -> _Lineage:
+        lineage = cls()
+        for name, _ in prior:
+            lineage.prior[name] = lineage.at[name] = lineage._new(name)
+        return lineage
+
+    def _new(self, name: str) -> int:
+        self.names.append([name])
+        return len(self.names) - 1
+
+    def step(self, names: Sequence[str], renamed: Mapping[str, str]) -> None:
+        came_from = {new: old for old, new in renamed.items()}
+        at: dict[str, int] = {}
+        for name in names:
+            old = came_from.get(name)
+            if old is not None and old in self.at:
+                ident = self.at[old]
+                self.names[ident].append(name)
+            elif name in self.at and name not in renamed:
+                ident = self.at[name]
+            else:
+                ident = self._new(name)
+            at[name] = ident
+        self.at = at
+        self.versions.append([at[n] for n in names])
+
+    def final(self, ident: int) -> str:
+        return self.names[ident][-1]
+
+    def renames(self) -> dict[str, str]:
+        """Every earlier name of a column → its latest, looked up once (never chained); the
+        lake's own names decide where a name meant two columns."""
+        out: dict[str, str] = {}
+        for names in self.names:
+            for name in names[:-1]:
+                if name != names[-1]:
+                    out[name] = names[-1]
+        for name, ident in self.prior.items():
+            if self.final(ident) != name:
+                out[name] = self.final(ident)
+            else:
+                out.pop(name, None)
+        return out
+
+
 def build_catalogs(
     relations: Iterable[tuple[int, Relation]],
     types: Iterable[tuple[int, Type]],
@@ -195,16 +257,21 @@ def build_catalogs(
     type_list = sorted(types, key=lambda p: p[0])
     prior_schemas = prior_schemas or {}
     catalogs: dict[str, TableCatalog] = {}
+    lineages: dict[str, _Lineage] = {}
     previous: dict[str, list[tuple[str, str]]] = {k: list(v) for k, v in prior_schemas.items()}
     for seq, rel in sorted(relations, key=lambda p: p[0]):
         tname = table_name(rel)
         cat = catalogs.setdefault(tname, TableCatalog(name=tname))
+        lineage = lineages.get(tname)
+        if lineage is None:
+            lineage = lineages[tname] = _Lineage.of(prior_schemas.get(tname, []))
         type_names = {t.oid: (t.namespace, t.name) for s, t in type_list if s < seq}
         ddls = [resolve_type(c.type_oid, c.typmod, type_names).spark_ddl for c in rel.columns]
         shape = [(c.name, ddl) for c, ddl in zip(rel.columns, ddls, strict=True)]
+        renamed: dict[str, str] = {}
         if tname in previous:
-            ids = (column_ids or {}).get(tname)
-            cat.renames.update(_renames(previous[tname], shape, ids))
+            renamed = _renames(previous[tname], shape, (column_ids or {}).get(tname))
+        lineage.step([c.name for c in rel.columns], renamed)
         previous[tname] = shape
         cat.versions.append(
             RelationVersion(
@@ -220,7 +287,7 @@ def build_catalogs(
             )
         )
     for cat in catalogs.values():
-        _resolve_columns(cat, prior_schemas.get(cat.name, []))
+        _resolve_columns(cat, prior_schemas.get(cat.name, []), lineages[cat.name])
     return catalogs
 
 
@@ -322,49 +389,42 @@ def target_versions(
     return out
 
 
-def _latest_name(cat: TableCatalog, name: str) -> str:
-    seen = set()
-    while name in cat.renames and name not in seen:
-        seen.add(name)
-        name = cat.renames[name]
-    return name
-
-
-def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]]) -> None:
+def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _Lineage) -> None:
     latest = cat.versions[-1]
     cat.replica_identity = latest.replica_identity
     cat.key_columns = list(latest.key_columns)
     cat.state_columns = [c.name for c in latest.columns]
+    cat.renames = lineage.renames()
     # Every type each output column has had, in order: prior lake schema first.
     history: dict[str, list[str]] = {}
     order: list[str] = []
     for name, ddl in prior:
-        out = _latest_name(cat, name)
-        history.setdefault(out, []).append(ddl)
-    for v in cat.versions:
-        for c in v.columns:
-            out = _latest_name(cat, c.name)
-            history.setdefault(out, []).append(c.spark_ddl)
+        history.setdefault(lineage.final(lineage.prior[name]), []).append(ddl)
+    for v, idents in zip(cat.versions, lineage.versions, strict=True):
+        for c, ident in zip(v.columns, idents, strict=True):
+            history.setdefault(lineage.final(ident), []).append(c.spark_ddl)
     for c in latest.columns:
         order.append(c.name)
     for name in history:
         if name not in order:
             order.append(name)
     # Versions shape rows with output names, so renames resolve at decode time.
-    cat.versions = [
-        RelationVersion(
-            seq=v.seq,
-            oid=v.oid,
-            replica_identity=v.replica_identity,
-            columns=tuple(
-                ColumnSpec(_latest_name(cat, c.name), c.type_oid, c.typmod, c.spark_ddl)
-                for c in v.columns
-            ),
-            key_columns=tuple(_latest_name(cat, k) for k in v.key_columns),
-            type_names=v.type_names,
+    versions = []
+    for v, idents in zip(cat.versions, lineage.versions, strict=True):
+        out = {c.name: lineage.final(i) for c, i in zip(v.columns, idents, strict=True)}
+        versions.append(
+            RelationVersion(
+                seq=v.seq,
+                oid=v.oid,
+                replica_identity=v.replica_identity,
+                columns=tuple(
+                    ColumnSpec(out[c.name], c.type_oid, c.typmod, c.spark_ddl) for c in v.columns
+                ),
+                key_columns=tuple(out[k] for k in v.key_columns),
+                type_names=v.type_names,
+            )
         )
-        for v in cat.versions
-    ]
+    cat.versions = versions
     columns = []
     for name in order:
         types = history[name]

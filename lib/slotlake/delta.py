@@ -185,13 +185,12 @@ def ensure_table(
     if not needs_evolution(current, schema, renames or {}, drop_missing):
         return  # the usual batch: no DDL since the last one, no schema read more
     names = set(current.fieldNames())
-    for old, new in (renames or {}).items():
-        if old in names and new not in names:
-            spark.sql(f"ALTER TABLE {ref} RENAME COLUMN {quote(old)} TO {quote(new)}")
-        if "_old" in names:
-            old_fields = set(_struct_fields(current, "_old"))
-            if old in old_fields and new not in old_fields:
-                spark.sql(f"ALTER TABLE {ref} RENAME COLUMN _old.{quote(old)} TO {quote(new)}")
+    for old, new in rename_order(renames or {}, names):
+        spark.sql(f"ALTER TABLE {ref} RENAME COLUMN {quote(old)} TO {quote(new)}")
+    if "_old" in names:
+        old_fields = set(_struct_fields(current, "_old"))
+        for old, new in rename_order(renames or {}, old_fields):
+            spark.sql(f"ALTER TABLE {ref} RENAME COLUMN _old.{quote(old)} TO {quote(new)}")
     current = spark.read.format("delta").load(path).schema
     names = set(current.fieldNames())
     adds = [f for f in schema.fields if f.name not in names]
@@ -222,6 +221,25 @@ def ensure_table(
     ]
     if changed:
         _rewrite_with_types(spark, path, current, want_types, changed)
+
+
+def rename_order(renames: dict[str, str], names: set[str]) -> list[tuple[str, str]]:
+    """The renames of ``names`` one ALTER at a time, each new name free when its turn
+    comes: ``a → b`` before ``c → a``. A rename whose new name stays taken is left out."""
+    pending = {old: new for old, new in renames.items() if old in names and old != new}
+    have, out = set(names), []
+    while pending:
+        ready = [old for old, new in pending.items() if new not in have]
+        if not ready:
+            break
+        for old in ready:
+            new = pending.pop(old)
+            if new in have:
+                continue
+            have.discard(old)
+            have.add(new)
+            out.append((old, new))
+    return out
 
 
 def needs_evolution(
@@ -852,12 +870,15 @@ def evolve_on_driver(
     last_id = int(configuration.get("delta.columnMapping.maxColumnId", "0"))
 
     def renamed(fields: list[Any]) -> list[Any]:
+        # A name given up by one rename may be taken by another (a → b, c → a).
         names = {f.name for f in fields}
+        taken = names - {old for old in renames if old in names}
         out = []
         for f in fields:
             new = renames.get(f.name)
-            if new is not None and new not in names:
+            if new is not None and new not in taken:
                 f = StructField(new, f.dataType, f.nullable, f.metadata)
+            taken.add(f.name)
             out.append(f)
         return out
 

@@ -69,11 +69,8 @@ class FastDefault:
 
 
 def _latest(renames: dict[str, str], name: str) -> str:
-    seen: set[str] = set()
-    while name in renames and name not in seen:
-        seen.add(name)
-        name = renames[name]
-    return name
+    # TableCatalog.renames maps every earlier name to the latest: one lookup.
+    return renames.get(name, name)
 
 
 def _version_after(cat: TableCatalog, column: str, seq: int) -> tuple[RelationVersion, ColumnSpec]:

@@ -433,3 +433,25 @@ def test_a_target_version_renames_by_attnum_and_keeps_older_rows_shapes() -> Non
     assert cat.state_columns == ["id", "b2", "c"]
     # The batch's rows are still shaped by the version in force at their position.
     assert [c.name for c in cat.version_at(OID, 6).columns] == ["id", "a", "b2"]
+
+
+def test_renames_chained_and_a_name_taken_again() -> None:
+    """a → b, then c → a, then b → b2: each version's columns under their latest names,
+    and the lake's names mapped once each (never chained: c ends as a, not b2)."""
+    prior = {"public.t": [("id", "int"), ("a", "string"), ("c", "string")]}
+    ids = ColumnIds({"id": 1, "a": 2, "c": 3}, {"id": 1, "b2": 2, "a": 3})
+    cats = build_catalogs(
+        [
+            (10, rel(col("id", INT4, key=True), col("a", TEXT), col("c", TEXT))),
+            (20, rel(col("id", INT4, key=True), col("b", TEXT), col("c", TEXT))),
+            (30, rel(col("id", INT4, key=True), col("b", TEXT), col("a", TEXT))),
+            (40, rel(col("id", INT4, key=True), col("b2", TEXT), col("a", TEXT))),
+        ],
+        [],
+        prior,
+        {"public.t": ids},
+    )
+    cat = cats["public.t"]
+    assert [[c.name for c in v.columns] for v in cat.versions] == [["id", "b2", "a"]] * 4
+    assert cat.renames == {"a": "b2", "b": "b2", "c": "a"}
+    assert cat.columns == [("id", "int"), ("b2", "string"), ("a", "string")]

@@ -88,3 +88,12 @@ def test_create_on_driver_writes_sparks_first_entry(tmp_path: Path) -> None:
     # Put-if-absent: a second creation fails instead of replacing the table.
     with pytest.raises(FileExistsError):
         create_on_driver(path, schema)
+
+
+def test_rename_order_frees_a_name_before_it_is_taken() -> None:
+    from slotlake.delta import rename_order
+
+    assert rename_order({"c": "a", "a": "b"}, {"a", "c", "v"}) == [("a", "b"), ("c", "a")]
+    # A rename whose new name stays taken, or of a column the table lacks, is left out.
+    assert rename_order({"a": "v", "x": "y"}, {"a", "v"}) == []
+    assert rename_order({"a": "b", "b": "b2"}, {"a"}) == [("a", "b")]
