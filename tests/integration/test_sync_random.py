@@ -4,11 +4,13 @@ log equals the audit trail.
 The hand-written end-to-end tests pin the cases someone thought of; this one mixes them
 the way production does: keyed, composite-key, index-identity and REPLICA IDENTITY FULL
 tables with out-of-line (TOAST) values; updates that leave TOAST unchanged, change a
-key, or hit a duplicate of a multiset; transactions that roll back, savepoints rolled
-back inside them, several tables in one transaction, TRUNCATE followed by inserts in the
-same transaction; and columns added (with and without defaults), renamed and dropped
-between and inside the batches. The oracle is the source itself (every row compared as a
-multiset, :func:`slotlake.verify.compare_table`) and the audit triggers.
+key, or hit one or all of a multiset's equal rows; statements over many rows, bulk
+inserts big enough to be streamed; transactions that roll back, savepoints rolled back
+inside them, several tables in one transaction, TRUNCATE followed by inserts in the same
+transaction; and columns added (with and without defaults), renamed, dropped and widened
+(a table rewrite) between and inside the batches. The oracle is the source itself
+(every row compared as a multiset, :func:`slotlake.verify.compare_table`) and the audit
+triggers.
 
 A failure names the seed and round; ``SLOTLAKE_RANDOM_SEED`` and
 ``SLOTLAKE_RANDOM_ROUNDS`` replay or widen a run by hand.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 import string
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,7 @@ CREATE PUBLICATION pub FOR TABLE k1, k2, ix, ms;
 """
 # The audit trail's key column of each table (for k2, one part of its key).
 KEYS = {"public.k1": "id", "public.k2": "a", "public.ix": "code", "public.ms": "a"}
-ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "8"))
+ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "12"))
 
 
 @dataclass
@@ -68,6 +71,8 @@ class Workload:
     # k1's columns added so far (name → SQL type), renamed and dropped as the run goes.
     extra: dict[str, str] = field(default_factory=dict)
     serial: int = 0
+    # What was done, committed or not: the test checks that a run covers its cases.
+    done: Counter[str] = field(default_factory=Counter)
 
     def _fresh(self, prefix: str) -> str:
         self.serial += 1
@@ -129,11 +134,13 @@ class Workload:
             c.execute(
                 "UPDATE k1 SET v = coalesce(v, 0) + 1 WHERE id %% 3 = %s", [rng.randint(0, 2)]
             )
+        elif roll < 0.85:
+            c.execute("DELETE FROM k1 WHERE v > %s", [rng.randint(2, 6)])
         else:
             c.execute("DELETE FROM k1 WHERE id = %s", [key])
 
     def _extra_value(self, typ: str) -> Any:
-        if typ == "int":
+        if typ in ("int", "bigint"):
             return self.rng.choice([None, self.rng.randint(0, 1000)])
         return self.rng.choice([None, "e", self.big()])
 
@@ -148,22 +155,32 @@ class Workload:
         """A column of k1 added (maybe with a default: a fast default), renamed or dropped."""
         c, rng = self.conn, self.rng
         roll = rng.random()
-        if roll < 0.5 or not self.extra:
+        ints = sorted(n for n, t in self.extra.items() if t == "int")
+        if roll < 0.1 and ints:
+            # A widening type change: PostgreSQL rewrites the table (a new relfilenode).
+            name = rng.choice(ints)
+            c.execute(f"ALTER TABLE k1 ALTER COLUMN {name} TYPE bigint")
+            self.extra[name] = "bigint"
+            self.done["widen"] += 1
+        elif roll < 0.5 or not self.extra:
             name, typ = self._fresh("c"), rng.choice(["int", "text"])
             default = ""
             if rng.random() < 0.5:
                 default = " DEFAULT 7" if typ == "int" else " DEFAULT 'dflt'"
             c.execute(f"ALTER TABLE k1 ADD COLUMN {name} {typ}{default}")
             self.extra[name] = typ
+            self.done["add default" if default else "add"] += 1
         elif roll < 0.75:
             old = rng.choice(sorted(self.extra))
             new = self._fresh("r")
             c.execute(f"ALTER TABLE k1 RENAME COLUMN {old} TO {new}")
             self.extra[new] = self.extra.pop(old)
+            self.done["rename"] += 1
         else:
             name = rng.choice(sorted(self.extra))
             c.execute(f"ALTER TABLE k1 DROP COLUMN {name}")
             del self.extra[name]
+            self.done["drop"] += 1
 
     # -- k2: a composite key -----------------------------------------------------------------
     def k2(self) -> None:
@@ -224,11 +241,22 @@ class Workload:
     def ms(self) -> None:
         c, rng = self.conn, self.rng
         roll = rng.random()
-        if roll < 0.4:
+        if roll < 0.35:
             # Few distinct values: duplicates are common, and each must stay one row.
             row = [rng.randint(0, 4), rng.choice(["p", "q"]), rng.choice([None, "s", self.big()])]
             for _ in range(rng.choice([1, 1, 2, 3])):
                 c.execute("INSERT INTO ms VALUES (%s, %s, %s)", row)
+            return
+        if roll < 0.4:  # past 64 kB of decoding memory: streamed, when streaming is on
+            self.done["bulk"] += 1
+            c.execute(
+                "INSERT INTO ms SELECT g %% 5, 'bulk', repeat(md5(g::text || %s), 80)"
+                " FROM generate_series(1, %s) g",
+                [self._fresh("s"), rng.randint(20, 40)],
+            )
+            return
+        if roll < 0.45:  # one statement over equal rows
+            c.execute("UPDATE ms SET b = %s WHERE a = %s", [rng.choice("pqr"), rng.randint(0, 4)])
             return
         # One physical row of possibly several equal ones.
         target = self._pick("SELECT ctid::text FROM ms")
@@ -252,15 +280,18 @@ class Workload:
         rng = self.rng
         extra_before = dict(self.extra)
         rollback = rng.random() < 0.15
+        self.done["rollback" if rollback else "commit"] += 1
         try:
             with self.conn.transaction(force_rollback=rollback):
                 for _ in range(rng.randint(1, 8)):
                     roll = rng.random()
                     if roll < 0.04:
                         self.conn.execute(f"TRUNCATE {rng.choice(['k1', 'k2', 'ms', 'ix'])}")
+                        self.done["truncate"] += 1
                     elif roll < 0.08:
                         self.k1_ddl()
                     elif roll < 0.18:  # a savepoint (DML only), kept or rolled back
+                        self.done["savepoint"] += 1
                         with self.conn.transaction(force_rollback=rng.random() < 0.5):
                             self.operation()
                             self.operation()
@@ -331,6 +362,8 @@ def test_random_workload_mirror_equals_source(
     # What the run covered, so that a change of the generator cannot quietly stop
     # exercising the cases the test is for.
     assert len(present) >= 3, present
+    covered = {"commit", "rollback", "savepoint", "truncate", "bulk", "add default", "drop"}
+    assert covered <= set(work.done), f"seed {seed}: {dict(work.done)}"
     ops = {t: set(read_changes(lake, t).column("_op").to_pylist()) for t in present}
     assert {"I", "U", "D"} <= ops["public.k1"] and {"I", "U", "D"} <= set().union(*ops.values())
     # The prior state always had the TOAST values an update left unchanged.
