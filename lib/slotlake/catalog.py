@@ -337,11 +337,10 @@ class TargetRelation:
         return cls(relation, types)
 
 
-def _shape(rel: Relation) -> tuple[object, ...]:
-    return (
-        rel.replica_identity,
-        tuple((c.name, c.type_oid, c.typmod, c.is_key) for c in rel.columns),
-    )
+def _columns(rel: Relation) -> tuple[tuple[str, int, int], ...]:
+    # Keys are not compared: an identity changed after a table's last change matters only
+    # to its next change, whose own Relation message brings it.
+    return tuple((c.name, c.type_oid, c.typmod) for c in rel.columns)
 
 
 def target_versions(
@@ -358,8 +357,9 @@ def target_versions(
     otherwise reach the state only with the table's next change — its older rows missing
     a fast default's value, a renamed column's values under the old name. A table gets a
     version at :data:`TARGET_SEQ` when its latest Relation message of the batch differs
-    from its shape at the target (same oid: a table dropped and created again is left to
-    its own messages), or, with none in the batch, when the lake's columns of it
+    from its shape at the target in its columns' names, types or order (same oid: a table
+    dropped and created again is left to its own messages), or, with none in the batch,
+    when the lake's columns of it
     (``lake_tables``: state column names and attnums) differ from the target's by name
     or attnum (a type alone is not compared there: the lake may keep a column as text).
     """
@@ -371,7 +371,7 @@ def target_versions(
         rel = target.relation
         if name in latest:
             seen = latest[name]
-            if seen.oid != rel.oid or _shape(seen) == _shape(rel):
+            if seen.oid != rel.oid or _columns(seen) == _columns(rel):
                 continue
         elif name in lake_tables:
             names, attnums = lake_tables[name]

@@ -496,7 +496,8 @@ WHERE c.oid IN (
 # messages): the published columns in attnum order (no dropped or generated column, the
 # publication's column list applied), each flagged as part of the replica identity as
 # logicalrep_write_attrs flags it (every column under FULL; else the primary key's for
-# DEFAULT, the identity index's for INDEX, none for NOTHING or a missing index).
+# DEFAULT, the identity index's for INDEX, none for NOTHING or a missing index; never an
+# INCLUDE column).
 RELATION_SQL = """
 WITH published AS (
     SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass AS rel,
@@ -517,13 +518,18 @@ JOIN pg_type t ON t.oid = a.atttypid
 JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
 JOIN pg_namespace bn ON bn.oid = b.typnamespace
 LEFT JOIN LATERAL (
-    SELECT i.indkey::int2[] AS indkey FROM pg_index i
+    -- The key columns only: an INCLUDE column is not part of the identity.
+    SELECT ARRAY(
+        SELECT k FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS u(k, n)
+        WHERE n <= i.indnkeyatts) AS indkey
+    FROM pg_index i
     WHERE i.indrelid = c.oid
       AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
     LIMIT 1
 ) ident ON true
-WHERE c.oid IN (SELECT rel FROM published)
-  AND a.attname = ANY(ARRAY(SELECT unnest(attnames) FROM published WHERE rel = c.oid))
+WHERE EXISTS (
+    SELECT 1 FROM published p
+    WHERE p.rel = c.oid AND (p.attnames IS NULL OR a.attname = ANY(p.attnames)))
 ORDER BY c.oid, a.attnum
 """
 
@@ -582,13 +588,7 @@ def read_relations(
     # Column lists (pg_publication_tables.attnames) came with PostgreSQL 15.
     attnames = "attnames" if conn.info.server_version >= 150000 else "NULL::name[]"
     rows: dict[str, list[Any]] = {}
-    query = RELATION_SQL.format(attnames=attnames)
-    if attnames != "attnames":
-        query = query.replace(
-            "AND a.attname = ANY(ARRAY(SELECT unnest(attnames) FROM published WHERE rel = c.oid))",
-            "",
-        )
-    for row in conn.execute(query, (publications,)):
+    for row in conn.execute(RELATION_SQL.format(attnames=attnames), (publications,)):
         rows.setdefault(row[0], []).append(row)
     out = {}
     for table, cols in rows.items():

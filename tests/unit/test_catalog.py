@@ -392,12 +392,15 @@ def test_target_version_only_where_the_batch_left_a_table_behind() -> None:
     # every payload of the batch.
     out = target_versions([(5, seen)], {"public.t": added}, {}, {})
     assert out == [(TARGET_SEQ - 1, Type(None, MOOD, "", "mood")), (TARGET_SEQ, added.relation)]
-    # The key or the replica identity alone count too; a table dropped and created again
-    # (another oid) is left to its own messages, and so is a table the lake lacks.
+    # A type counts; the key or the replica identity alone do not (the table's next change
+    # brings them). A table dropped and created again (another oid) is left to its own
+    # messages, and so is a table the lake lacks.
+    widened = _target(col("id", INT8, key=True), col("v", TEXT))
+    assert target_versions([(5, seen)], {"public.t": widened}, {}, {})[-1][1] == widened.relation
     rekeyed = _target(col("id", INT4, key=True), col("v", TEXT, key=True))
-    assert target_versions([(5, seen)], {"public.t": rekeyed}, {}, {})[-1][1] == rekeyed.relation
+    assert target_versions([(5, seen)], {"public.t": rekeyed}, {}, {}) == []
     full = _target(col("id", INT4, key=True), col("v", TEXT), identity="f")
-    assert target_versions([(5, seen)], {"public.t": full}, {}, {})
+    assert target_versions([(5, seen)], {"public.t": full}, {}, {}) == []
     other_oid = _target(col("id", INT4, key=True), oid=OID + 1)
     assert target_versions([(5, seen)], {"public.t": other_oid}, {}, {}) == []
     assert target_versions([], {"public.t": added}, {}, {}) == []
