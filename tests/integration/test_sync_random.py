@@ -8,7 +8,7 @@ key, or hit one or all of a multiset's equal rows; statements over many rows, bu
 inserts big enough to be streamed; transactions that roll back, savepoints rolled back
 inside them, several tables in one transaction, TRUNCATE followed by inserts in the same
 transaction; and columns added (with and without defaults), renamed, dropped and widened
-(a table rewrite) between and inside the batches. The oracle is the source itself
+(a table rewrite) between and inside the batches, on the keyed tables and the multiset. The oracle is the source itself
 (every row compared as a multiset, :func:`slotlake.verify.compare_table`) and the audit
 triggers.
 
@@ -71,6 +71,8 @@ class Workload:
     # k1's columns added so far (name → SQL type), renamed and dropped as the run goes.
     extra: dict[str, str] = field(default_factory=dict)
     serial: int = 0
+    # Columns added to k2 and the multiset, by table.
+    more: dict[str, list[str]] = field(default_factory=dict)
     # What was done, committed or not: the test checks that a run covers its cases.
     done: Counter[str] = field(default_factory=Counter)
 
@@ -182,6 +184,32 @@ class Workload:
             del self.extra[name]
             self.done["drop"] += 1
 
+    def other_ddl(self) -> None:
+        """A column of k2 or of the multiset added (a fast default or not), renamed or
+        dropped: their inserts name only their first columns, so later ones take their
+        defaults."""
+        c, rng = self.conn, self.rng
+        table = rng.choice(["k2", "ms"])
+        added = self.more.setdefault(table, [])
+        roll = rng.random()
+        if roll < 0.5 or not added:
+            name = self._fresh("x")
+            default = rng.choice(["", " DEFAULT 3", " DEFAULT 'd'"])
+            typ = "text" if "'" in default or rng.random() < 0.5 else "int"
+            c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {typ}{default}")
+            added.append(name)
+            self.done["add default" if default else "add"] += 1
+        elif roll < 0.75:
+            old = added.pop(rng.randrange(len(added)))
+            new = self._fresh("y")
+            c.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
+            added.append(new)
+            self.done["rename"] += 1
+        else:
+            name = added.pop(rng.randrange(len(added)))
+            c.execute(f"ALTER TABLE {table} DROP COLUMN {name}")
+            self.done["drop"] += 1
+
     # -- k2: a composite key -----------------------------------------------------------------
     def k2(self) -> None:
         c, rng = self.conn, self.rng
@@ -279,6 +307,7 @@ class Workload:
         rolled back inside it; now and then a TRUNCATE or a column change among them."""
         rng = self.rng
         extra_before = dict(self.extra)
+        more_before = {t: list(cols) for t, cols in self.more.items()}
         rollback = rng.random() < 0.15
         self.done["rollback" if rollback else "commit"] += 1
         try:
@@ -288,8 +317,10 @@ class Workload:
                     if roll < 0.04:
                         self.conn.execute(f"TRUNCATE {rng.choice(['k1', 'k2', 'ms', 'ix'])}")
                         self.done["truncate"] += 1
-                    elif roll < 0.08:
+                    elif roll < 0.07:
                         self.k1_ddl()
+                    elif roll < 0.09:
+                        self.other_ddl()
                     elif roll < 0.18:  # a savepoint (DML only), kept or rolled back
                         self.done["savepoint"] += 1
                         with self.conn.transaction(force_rollback=rng.random() < 0.5):
@@ -299,7 +330,7 @@ class Workload:
                         self.operation()
         finally:
             if rollback:
-                self.extra = extra_before
+                self.extra, self.more = extra_before, more_before
 
 
 def _in_lake(conn: psycopg.Connection[Any], lake: str, tables: list[str]) -> list[str]:
@@ -327,7 +358,7 @@ def test_random_workload_mirror_equals_source(
     sync of nothing), each followed by a sync; ``streaming``: pgoutput streams the big
     transactions (64 kB of decoding memory) and sends binary tuples."""
     seed = int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or (
-        pg_cluster.version * 1000 + (1 if mode == "plain" else 2)
+        pg_cluster.version * 1000 + (1 if mode == "plain" else 3)
     )
     rng = random.Random(seed)
     lake = str(tmp_path / "lake")
@@ -349,6 +380,8 @@ def test_random_workload_mirror_equals_source(
                 work.transaction()
             if rng.random() < 0.2:
                 work.k1_ddl()  # outside any transaction of DML
+            if rng.random() < 0.15:
+                work.other_ddl()
             where = f"seed {seed}, round {round_no}"
             result = run_sync(cfg, spark=spark)
             assert result.status == "committed", where
