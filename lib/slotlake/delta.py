@@ -225,21 +225,30 @@ def ensure_table(
 
 def rename_order(renames: dict[str, str], names: set[str]) -> list[tuple[str, str]]:
     """The renames of ``names`` one ALTER at a time, each new name free when its turn
-    comes: ``a → b`` before ``c → a``. A rename whose new name stays taken is left out."""
+    comes: ``a → b`` before ``c → a``. A rename whose new name stays taken is left out,
+    a cycle (``a → b``, ``b → a``) too: by names alone a rerun could not tell it done
+    from not done. The one decision of which renames apply, for Spark's ALTERs and the
+    driver's one entry (:func:`renamed_names`)."""
     pending = {old: new for old, new in renames.items() if old in names and old != new}
     have, out = set(names), []
-    while pending:
-        ready = [old for old, new in pending.items() if new not in have]
-        if not ready:
-            break
+    while ready := sorted(old for old, new in pending.items() if new not in have):
         for old in ready:
-            new = pending.pop(old)
-            if new in have:
+            new = pending[old]
+            if new in have:  # an earlier rename of this round took it
                 continue
+            del pending[old]
             have.discard(old)
             have.add(new)
             out.append((old, new))
     return out
+
+
+def renamed_names(renames: dict[str, str], names: set[str]) -> dict[str, str]:
+    """Each of ``names`` that :func:`rename_order` renames → its name after all of them."""
+    origin = {n: n for n in names}  # current name → the name it started as
+    for old, new in rename_order(renames, names):
+        origin[new] = origin.pop(old)
+    return {start: now for now, start in origin.items() if start != now}
 
 
 def needs_evolution(
@@ -870,17 +879,12 @@ def evolve_on_driver(
     last_id = int(configuration.get("delta.columnMapping.maxColumnId", "0"))
 
     def renamed(fields: list[Any]) -> list[Any]:
-        # A name given up by one rename may be taken by another (a → b, c → a).
-        names = {f.name for f in fields}
-        taken = names - {old for old in renames if old in names}
-        out = []
-        for f in fields:
-            new = renames.get(f.name)
-            if new is not None and new not in taken:
-                f = StructField(new, f.dataType, f.nullable, f.metadata)
-            taken.add(f.name)
-            out.append(f)
-        return out
+        # The renames Spark's ALTERs would make, as one change of the schema.
+        to = renamed_names(renames, {f.name for f in fields})
+        return [
+            StructField(to[f.name], f.dataType, f.nullable, f.metadata) if f.name in to else f
+            for f in fields
+        ]
 
     def added(fields: list[Any], wanted: list[Any]) -> list[Any]:
         nonlocal last_id

@@ -91,9 +91,18 @@ def test_create_on_driver_writes_sparks_first_entry(tmp_path: Path) -> None:
 
 
 def test_rename_order_frees_a_name_before_it_is_taken() -> None:
-    from slotlake.delta import rename_order
+    from slotlake.delta import rename_order, renamed_names
 
     assert rename_order({"c": "a", "a": "b"}, {"a", "c", "v"}) == [("a", "b"), ("c", "a")]
     # A rename whose new name stays taken, or of a column the table lacks, is left out.
     assert rename_order({"a": "v", "x": "y"}, {"a", "v"}) == []
     assert rename_order({"a": "b", "b": "b2"}, {"a"}) == [("a", "b")]
+    # A name two renames want goes to the first; a cycle is left out; the driver's one
+    # entry makes the same renames.
+    assert rename_order({"c": "a", "b": "a"}, {"a", "b", "c"}) == []
+    assert rename_order({"a": "x", "b": "a", "c": "a"}, {"a", "b", "c"}) == [
+        ("a", "x"),
+        ("b", "a"),
+    ]
+    assert rename_order({"a": "b", "b": "a"}, {"a", "b"}) == []
+    assert renamed_names({"a": "b", "c": "a"}, {"a", "c", "v"}) == {"a": "b", "c": "a"}
