@@ -166,15 +166,16 @@ def column_ids(
 def versions_at_target(
     relations: list[tuple[int, Relation]],
     prior: CommitRecord | None,
+    schemas: dict[str, list[tuple[str, str]]],
     target: dict[str, TableColumns] | None,
 ) -> list[tuple[int, Relation | Type]]:
     """The batch's tables brought to their shape at its target (a column change after a
     table's last change, :func:`slotlake.catalog.target_versions`); nothing for a batch
-    whose catalog file predates the Relation shapes in it."""
+    whose catalog file predates the Relation shapes in it. ``schemas``:
+    :func:`prior_schemas` of ``prior``."""
     if not target:
         return []
     shapes = {n: t.relation for n, t in target.items() if t.relation is not None}
-    schemas = prior_schemas(prior)
     lake_tables = {
         n: ([c for c, _ in schemas.get(n, [])], t.attnums)
         for n, t in (prior.tables.items() if prior is not None else ())
@@ -1119,13 +1120,14 @@ def process_batch(
     t0 = time.monotonic()
     scan = _scan(lake, raw_rel, raw_local)
     target_catalog = read_catalog_file(lake, raw_rel)
+    schemas = prior_schemas(prior)
     bcat = collect_catalog(
         scan.catalog_rows,
         batch,
-        prior_schemas(prior),
+        schemas,
         stream_content=scan.stream_content,
         column_ids=column_ids(prior, target_catalog),
-        at_target=lambda relations: versions_at_target(relations, prior, target_catalog),
+        at_target=lambda relations: versions_at_target(relations, prior, schemas, target_catalog),
     )
     counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0

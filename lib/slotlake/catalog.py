@@ -359,9 +359,9 @@ def target_versions(
     version at :data:`TARGET_SEQ` when its latest Relation message of the batch differs
     from its shape at the target in its columns' names, types or order (same oid: a table
     dropped and created again is left to its own messages), or, with none in the batch,
-    when the lake's columns of it
-    (``lake_tables``: state column names and attnums) differ from the target's by name
-    or attnum (a type alone is not compared there: the lake may keep a column as text).
+    when the lake's columns of it (``lake_tables``: state column names and attnums)
+    differ from the target's by name or attnum (a type alone is not compared there: the
+    lake may keep a column as text).
     """
     latest: dict[str, Relation] = {}
     for _, rel in sorted(relations, key=lambda p: p[0]):
@@ -395,14 +395,19 @@ def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _
     cat.key_columns = list(latest.key_columns)
     cat.state_columns = [c.name for c in latest.columns]
     cat.renames = lineage.renames()
+    # Each version's names → the output names of its columns.
+    outputs = [
+        {c.name: lineage.final(i) for c, i in zip(v.columns, idents, strict=True)}
+        for v, idents in zip(cat.versions, lineage.versions, strict=True)
+    ]
     # Every type each output column has had, in order: prior lake schema first.
     history: dict[str, list[str]] = {}
     order: list[str] = []
     for name, ddl in prior:
         history.setdefault(lineage.final(lineage.prior[name]), []).append(ddl)
-    for v, idents in zip(cat.versions, lineage.versions, strict=True):
-        for c, ident in zip(v.columns, idents, strict=True):
-            history.setdefault(lineage.final(ident), []).append(c.spark_ddl)
+    for v, out in zip(cat.versions, outputs, strict=True):
+        for c in v.columns:
+            history.setdefault(out[c.name], []).append(c.spark_ddl)
     for c in latest.columns:
         order.append(c.name)
     for name in history:
@@ -410,8 +415,7 @@ def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _
             order.append(name)
     # Versions shape rows with output names, so renames resolve at decode time.
     versions = []
-    for v, idents in zip(cat.versions, lineage.versions, strict=True):
-        out = {c.name: lineage.final(i) for c, i in zip(v.columns, idents, strict=True)}
+    for v, out in zip(cat.versions, outputs, strict=True):
         versions.append(
             RelationVersion(
                 seq=v.seq,

@@ -246,9 +246,11 @@ def collect_catalog(
             origins[r.commit_lsn] = msg.name
     if stream_content is not None:
         streams.empty = {x for x in streams.commits if x not in stream_content}
-    if at_target is not None:
-        for seq, extra in at_target(relations):
-            (relations if isinstance(extra, Relation) else types).append((seq, extra))  # type: ignore[arg-type]
+    for seq, extra in at_target(relations) if at_target is not None else ():
+        if isinstance(extra, Relation):
+            relations.append((seq, extra))
+        else:
+            types.append((seq, extra))
     catalog = BatchCatalog(
         build_catalogs(relations, types, prior_schemas, column_ids), [], streams, origins
     )
