@@ -40,6 +40,15 @@ def audit(conn: psycopg.Connection, table: str, key: str) -> None:
     )
 
 
+def audited_schema(conn: psycopg.Connection, schema: str, keys: dict[str, str]) -> None:
+    """The audit table and trigger function, ``schema``, then the audit triggers of each
+    table in ``keys`` (qualified name → key column)."""
+    conn.execute(AUDIT_SQL)
+    conn.execute(schema)
+    for qualified, key in keys.items():
+        audit(conn, qualified.split(".")[1], key)
+
+
 def audited_ops(conn: psycopg.Connection, table: str) -> list[tuple[str, str | None]]:
     return [
         (op, k)

@@ -190,6 +190,16 @@ def test_changes_the_driver_leaves_to_spark(tmp_path: Path) -> None:
     assert local_version(path) == 1
 
 
+def _config(dsn: str, lake: str, slot: str, path: str) -> Any:
+    """A sync's config; ``path`` "spark": every table through Spark."""
+    from .sync_helpers import make_config
+
+    cfg = make_config(dsn, lake, slot)
+    if path == "spark":
+        cfg.lake.driver_write_rows = 0
+    return cfg
+
+
 @pytest.mark.parametrize(
     "path", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
 )
@@ -206,12 +216,10 @@ def test_drop_add_and_rename_in_one_transaction(
     from slotlake.lake import Lake, read_changes
     from slotlake.sync import run_sync
 
-    from .sync_helpers import assert_mirror, make_config
+    from .sync_helpers import assert_mirror
 
     lake = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, lake, slot)
-    if path == "spark":
-        cfg.lake.driver_write_rows = 0
+    cfg = _config(pg_dsn, lake, slot, path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, a text, b text)")
         c.execute("INSERT INTO t SELECT g, 'v', 'a' || g, 'b' || g FROM generate_series(1, 6) g")
@@ -255,12 +263,10 @@ def test_column_changes_after_a_tables_last_change(
     from slotlake.lake import Lake, read_changes
     from slotlake.sync import run_sync
 
-    from .sync_helpers import assert_mirror, make_config
+    from .sync_helpers import assert_mirror
 
     lake = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, lake, slot)
-    if path == "spark":
-        cfg.lake.driver_write_rows = 0
+    cfg = _config(pg_dsn, lake, slot, path)
     tables = ["public.t", "public.q", "public.m"]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, w text)")
@@ -327,12 +333,10 @@ def test_renames_that_chain_and_reuse_a_name_in_one_batch(
     from slotlake.lake import Lake, read_changes
     from slotlake.sync import run_sync
 
-    from .sync_helpers import assert_mirror, make_config
+    from .sync_helpers import assert_mirror
 
     lake = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, lake, slot)
-    if path == "spark":
-        cfg.lake.driver_write_rows = 0
+    cfg = _config(pg_dsn, lake, slot, path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY, a text, c text, v text)")
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")

@@ -24,6 +24,7 @@ from .sync_helpers import (
     assert_log_matches_audit,
     assert_mirror,
     audit,
+    audited_schema,
     make_config,
     slot_confirmed,
 )
@@ -219,10 +220,7 @@ def test_varied_workload_in_batches(
         cfg.lake.driver_deletion_vectors = writer == "dv-merge"
     tables = list(KEYS)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        c.execute(SCHEMA)
-        for qualified, key in KEYS.items():
-            audit(c, qualified.split(".")[1], key)
+        audited_schema(c, SCHEMA, KEYS)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
 
         for step in (_batch1, _batch2, _batch3):

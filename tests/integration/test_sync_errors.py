@@ -32,10 +32,9 @@ from slotlake.source import SlotSource, SourceError
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
 
 from .sync_helpers import (
-    AUDIT_SQL,
     assert_log_matches_audit,
     assert_mirror,
-    audit,
+    audited_schema,
     make_config,
     slot_confirmed,
 )
@@ -49,10 +48,7 @@ KEYS = {"public.t": "id", "public.u": "k"}
 
 
 def setup_source(c: psycopg.Connection[Any]) -> None:
-    c.execute(AUDIT_SQL)
-    c.execute(SCHEMA)
-    for qualified, key in KEYS.items():
-        audit(c, qualified.split(".")[1], key)
+    audited_schema(c, SCHEMA, KEYS)
 
 
 def workload(c: psycopg.Connection[Any], start: int = 0) -> None:

@@ -46,10 +46,9 @@ from slotlake.sync import (
 )
 
 from .sync_helpers import (
-    AUDIT_SQL,
     assert_log_matches_audit,
     assert_mirror,
-    audit,
+    audited_schema,
     logged_ops,
     make_config,
     slot_confirmed,
@@ -74,10 +73,7 @@ def big(seed: int) -> str:
 
 
 def setup_source(c: psycopg.Connection[Any], slot: str) -> None:
-    c.execute(AUDIT_SQL)
-    c.execute(SCHEMA)
-    for qualified, key in KEYS.items():
-        audit(c, qualified.split(".")[1], key)
+    audited_schema(c, SCHEMA, KEYS)
     c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
 
 

@@ -34,14 +34,13 @@ from slotlake.lake import Lake, read_changes
 from slotlake.sync import run_sync
 
 from .sync_helpers import (
-    AUDIT_SQL,
     assert_log_matches_audit,
     assert_mirror,
-    audit,
+    audited_schema,
     make_config,
     slot_confirmed,
 )
-from .test_sync_streaming import STREAM_SETTINGS
+from .test_sync_streaming import streaming_config
 
 SCHEMA = """
 CREATE TABLE k1 (id int PRIMARY KEY, v int, t text, big text, n numeric(10,2));
@@ -362,17 +361,13 @@ def test_random_workload_mirror_equals_source(
     )
     rng = random.Random(seed)
     lake = str(tmp_path / "lake")
-    extra: dict[str, Any] = {}
     if mode == "streaming":
-        extra = {"proto_version": 2, "streaming": True, "binary": True}
-        extra["settings"] = dict(STREAM_SETTINGS)
-    cfg = make_config(pg_dsn, lake, slot, **extra)
+        cfg = streaming_config(pg_dsn, lake, slot, 2, binary=True)
+    else:
+        cfg = make_config(pg_dsn, lake, slot)
     tables = list(KEYS)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        c.execute(SCHEMA)
-        for qualified, key in KEYS.items():
-            audit(c, qualified.split(".")[1], key)
+        audited_schema(c, SCHEMA, KEYS)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         work = Workload(rng, c)
         for round_no in range(1, ROUNDS + 1):

@@ -24,7 +24,7 @@ from slotlake.raw import read_raw
 from slotlake.source import SourceError
 from slotlake.sync import run_sync
 
-from .sync_helpers import AUDIT_SQL, assert_log_matches_audit, assert_mirror, audit, make_config
+from .sync_helpers import assert_log_matches_audit, assert_mirror, audited_schema, make_config
 
 SCHEMA = """
 CREATE TABLE big_t (id int PRIMARY KEY, v text, big text);
@@ -112,10 +112,7 @@ def test_streamed_workload(  # type: ignore[no-untyped-def]
     lake = str(tmp_path / "lake")
     cfg = streaming_config(pg_dsn, lake, slot, proto, messages=True)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(AUDIT_SQL)
-        c.execute(SCHEMA)
-        for qualified, key in KEYS.items():
-            audit(c, qualified.split(".")[1], key)
+        audited_schema(c, SCHEMA, KEYS)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         if proto == 4 and server_major(c) < 16:
             _assert_proto4_refused(c, cfg, slot)
