@@ -467,11 +467,13 @@ class DriverWrites:
             size = table_bytes(str(local_path(state_path)))
         # None: created by this batch.
         if size is None or size <= self.max_state_bytes:
-            if self.deletion_vectors and not cat.is_multiset and (size or 0) > self.DV_FROM_BYTES:
+            rebuilt = cat.is_multiset or cat.identity_switches
+            if self.deletion_vectors and not rebuilt and (size or 0) > self.DV_FROM_BYTES:
                 return "driver-dv"
             return "driver"
-        # A multiset's state is rebuilt whole on the driver: a big one stays with Spark.
-        if cat.is_multiset:
+        # A multiset's state, and one whose identity changed, is rebuilt whole on the
+        # driver: a big one stays with Spark.
+        if cat.is_multiset or cat.identity_switches:
             return None
         return "dv" if self.deletion_vectors else "spark"
 
@@ -596,6 +598,8 @@ def process_table(
         if snap is not None:  # the re-based state's rows are not a MERGE's delta
             commit.state_rows = local_table_rows(lake, state_rel, s.version)
         return commit
+    if cat.identity_switches and snap is None:
+        _resnapshot_after_identity_change(lake, cat, batch)
     session = table_session(lazy())
     if cat.versions:
         events = decode_table(raw_dml(session.read.parquet(lake.path(raw_rel))), cat, bcat, batch)
@@ -620,6 +624,11 @@ def process_table(
             events, prior_df, cat, truncs, expected_rows, persisted=persisted
         )
         state_source = fastdefault.fill_finals(state_source, events, cat.key_columns, defaults)
+        if cat.identity_switches:
+            # An image of another identity may lack this one's key: such a row cannot be
+            # merged (the next run's copy repairs the table: _resnapshot_after_identity_change).
+            keyed = [F.col(f"_key.{quote(k)}").isNotNull() for k in cat.key_columns]
+            state_source = state_source.filter(functools.reduce(lambda a, b: a & b, keyed))
     steps("planned")
     markers = _markers(session, cat, bcat, batch)
     if markers is not None:
@@ -636,6 +645,7 @@ def process_table(
         ensure_table(session, changes_path, changes.schema, renames=cat.renames)
         target = session.read.format("delta").load(changes_path).schema
         ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
+        _count_keyed_rows_once(session, lake, cat, prior, state_path)
         if fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None:
             assert ddl_input is not None
             ddl_input.fault(fastdefault.FAULT_STEP)
@@ -656,6 +666,47 @@ def process_table(
     if snap is not None:
         commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
     return commit
+
+
+def _resnapshot_after_identity_change(lake: Lake, cat: TableCatalog, batch: int) -> None:
+    """Spark applies a batch with the table's final identity: the events of another one
+    (slotlake.identity_segments, which the driver runs on states it can hold) may leave
+    rows off. The next run copies the table again (a request file, written before the
+    table, so a rerun that finds the table written has it already)."""
+    from slotlake.snapshot import request
+
+    reason = f"replica identity changed within batch {batch} (a state Spark merges)"
+    log.warning(
+        "batch %d: %s: the replica identity changed within the batch; its state is merged by "
+        "Spark with the final identity, so rows changed before the change may be off until "
+        "the next sync re-snapshots the table",
+        batch,
+        cat.name,
+    )
+    request(lake, cat.name, reason)
+
+
+def _count_keyed_rows_once(
+    session: SparkSession, lake: Lake, cat: TableCatalog, prior: TableCommit | None, path: str
+) -> None:
+    """A multiset whose prior state was stored keyed (its identity became FULL, or its key
+    was dropped): the ``_copies`` column just added is NULL, and each of those rows is one
+    copy. Judged by the prior version, which a rerun reads too; the UPDATE touches only
+    NULLs, so a rerun after it committed changes nothing."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not cat.is_multiset or prior is None or not prior.state or prior.state_version is None:
+        return
+    before = (
+        session.read.format("delta")
+        .option("versionAsOf", prior.state_version)
+        .load(lake.path(prior.state))
+    )
+    if COPIES in before.columns:
+        return
+    log.info("%s: the keyed state's rows counted once each (the table is now a multiset)", path)
+    DeltaTable.forPath(session, path).update(F.col(COPIES).isNull(), {COPIES: F.lit(1)})
 
 
 def _no_fault(step: str) -> None:
@@ -716,7 +767,24 @@ def _process_local(
     state_arrow = arrow_schema_for(state_struct)
     version = prior.state_version if prior is not None and prior.state else None
     fast, fault = defaults
-    if cat.is_multiset:
+    # Events of two identities (slotlake.identity_segments): the whole state is rebuilt.
+    switched = cat.identity_switches and snap is None
+    if switched:
+        from slotlake.identity_segments import replay
+
+        keyed_arrow = arrow_schema_for(parse_struct(state_schema_ddl(cat)))
+        counted_arrow = arrow_schema_for(
+            parse_struct(state_schema_ddl(cat) + f", `{COPIES}` bigint")
+        )
+        whole = None
+        if version is not None:
+            read = read_delta(lake.uri, state_rel, version)
+            counted = COPIES in read.column_names
+            aligned = counted_arrow if counted else keyed_arrow
+            whole = local_table.align_prior_arrow(read, cat, aligned)
+            whole = fastdefault.apply_arrow(whole, [d for d in fast if d.update_prior], None)
+        changes, finals = replay(events, whole, cat, truncs, keyed_arrow, counted_arrow, fast)
+    elif cat.is_multiset:
         from slotlake.multiset_arrow import multiset_state
 
         at = events.schema.get_field_index("_missing_toast")
@@ -795,7 +863,7 @@ def _process_local(
         del copy, base
         _fault("snapshot_rebased")
 
-    if fast and not cat.is_multiset:
+    if fast and not cat.is_multiset and not switched:
         assert state_merge in ON_DRIVER and snap is None, cat.name
         state_now = arrow_schema_for(schemas[1])
         if fastdefault.update_state_local(state_path, state_now, fast, app_id, batch):
@@ -833,6 +901,7 @@ def _process_local(
         (schemas[0], schemas[1]),
         merge_state,
         concurrent=state_merge != "driver",
+        whole=switched,
     )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slotlake.pgoutput import Relation, RelationColumn, Type
@@ -80,6 +80,14 @@ class RelationVersion:
     ]  # (oid, namespace, name) of Type messages before it
 
 
+def identity(version: RelationVersion) -> tuple[str, ...] | None:
+    """A version's replica identity as the state uses it: its key columns (output names),
+    or None for a multiset (FULL identity, or no key)."""
+    if version.replica_identity == "f" or not version.key_columns:
+        return None
+    return version.key_columns
+
+
 @dataclass
 class TableCatalog:
     """Everything the executors need to shape one table's rows of one batch."""
@@ -94,6 +102,8 @@ class TableCatalog:
     # Each earlier name of a column → its latest: one lookup, never chained.
     renames: dict[str, str] = field(default_factory=dict)
     text_columns: set[str] = field(default_factory=set)  # forced to string by a type change
+    # A renamed column's name in the lake before the batch (latest → the lake's).
+    lake_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def oids(self) -> set[int]:
@@ -103,6 +113,26 @@ class TableCatalog:
     def is_multiset(self) -> bool:
         """FULL identity or no key: rows are matched by their whole value."""
         return self.replica_identity == "f" or not self.key_columns
+
+    def prior_name(self, name: str, have: Collection[str] | None = None) -> str:
+        """The name the prior state has for the column ``name`` (its latest name):
+        ``have``, the prior's columns, when known. Several earlier names lead to one
+        latest (``a → b → c``): only the lake's is in the prior."""
+        if have is not None and name in have:
+            return name
+        if name in self.lake_names:
+            return self.lake_names[name]
+        for old, new in self.renames.items():
+            if new == name and (have is None or old in have):
+                return old
+        return name
+
+    @property
+    def identity_switches(self) -> bool:
+        """Whether the batch's versions of the table differ in replica identity (keyed by
+        other columns, or keyed and a multiset): its events are then applied one identity
+        at a time (:mod:`slotlake.identity_segments`)."""
+        return len({identity(v) for v in self.versions}) > 1
 
     def may_fall_back(self, column: str) -> bool:
         """Whether a value of ``column`` can have been kept as ``_fallback`` text.
@@ -136,13 +166,17 @@ def _renames(
     prev: Sequence[tuple[str, str]],
     new: Sequence[tuple[str, str]],
     ids: ColumnIds | None = None,
+    origin: Callable[[str], str | None] = lambda name: name,
 ) -> dict[str, str]:
     """Columns of ``prev`` that ``new`` has under another name (old name → new name).
 
     Both are (name, spark ddl) lists in attnum order. A Relation message names no attnum,
     so a rename is told from a DROP plus an ADD by the attnums when ``ids`` knows them
     for every column that went and every one that came (a column's identity: the same
-    attnum under another name is a rename, whatever its type became). Else by position:
+    attnum under another name is a rename, whatever its type became); ``origin`` gives
+    the lake's name of a column of ``prev`` (``a`` for ``b`` after ``a → b`` inside the
+    batch: only the lake's names and the target's have attnums), None for one the batch
+    added. Else by position:
     a rename keeps the position and the type; ADD appends and DROP removes, so any other
     difference is not a rename (which a DROP and an ADD in one step can fool).
     """
@@ -153,7 +187,11 @@ def _renames(
     if not gone or not came:
         return {}
     if ids is not None:
-        old_ids = {n: ids.before.get(n, ids.after.get(n)) for n in gone}
+        lake_names = {n: origin(n) for n in gone}
+        old_ids = {
+            n: ids.after.get(n) if lake is None else ids.before.get(lake, ids.after.get(n))
+            for n, lake in lake_names.items()
+        }
         new_ids = {n: ids.after.get(n, ids.before.get(n)) for n in came}
         if None not in old_ids.values() and None not in new_ids.values():
             by_id = {i: n for n, i in new_ids.items()}
@@ -194,6 +232,7 @@ class _Lineage:
     at: dict[str, int] = field(default_factory=dict)  # name in the latest version → identity
     prior: dict[str, int] = field(default_factory=dict)  # the lake's name → identity
     versions: list[list[int]] = field(default_factory=list)  # each version's identities
+    added: set[int] = field(default_factory=set)  # identities a version after the first added
 
     @classmethod
     def of(cls, prior: Sequence[tuple[str, str]]) -> _Lineage:
@@ -218,9 +257,19 @@ class _Lineage:
                 ident = self.at[name]
             else:
                 ident = self._new(name)
+                if self.versions or self.prior:
+                    self.added.add(ident)
             at[name] = ident
         self.at = at
         self.versions.append([at[n] for n in names])
+
+    def origin(self, name: str) -> str | None:
+        """The lake's name of the column the latest version has as ``name`` (None: a
+        column the batch added)."""
+        ident = self.at.get(name)
+        if ident is None:
+            return name
+        return None if ident in self.added else self.names[ident][0]
 
     def final(self, ident: int) -> str:
         return self.names[ident][-1]
@@ -270,7 +319,8 @@ def build_catalogs(
         shape = [(c.name, ddl) for c, ddl in zip(rel.columns, ddls, strict=True)]
         renamed: dict[str, str] = {}
         if tname in previous:
-            renamed = _renames(previous[tname], shape, (column_ids or {}).get(tname))
+            ids = (column_ids or {}).get(tname)
+            renamed = _renames(previous[tname], shape, ids, lineage.origin)
         lineage.step([c.name for c in rel.columns], renamed)
         previous[tname] = shape
         cat.versions.append(
@@ -395,6 +445,11 @@ def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _
     cat.key_columns = list(latest.key_columns)
     cat.state_columns = [c.name for c in latest.columns]
     cat.renames = lineage.renames()
+    cat.lake_names = {
+        lineage.final(ident): name
+        for name, ident in lineage.prior.items()
+        if lineage.final(ident) != name
+    }
     # Each version's names → the output names of its columns.
     outputs = [
         {c.name: lineage.final(i) for c, i in zip(v.columns, idents, strict=True)}

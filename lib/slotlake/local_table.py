@@ -250,13 +250,18 @@ def _conform_struct(col: pa.Array, target: pa.StructType) -> pa.Array:
 def align_prior_arrow(prior: pa.Table, cat: TableCatalog, state: pa.Schema) -> pa.Table:
     """The prior state's rows renamed/cast/trimmed to this batch's state columns (the
     Arrow twin of :func:`slotlake.state.align_prior`)."""
-    renamed_from = {new: old for old, new in cat.renames.items()}
+    import pyarrow as pa
+
+    from slotlake.lake import COPIES
+
     have = set(prior.column_names)
-    pairs = [
-        (f.name, f.name if f.name in have else renamed_from.get(f.name, f.name)) for f in state
-    ]
+    pairs = [(f.name, cat.prior_name(f.name, have)) for f in state]
     pairs = [(name, src) for name, src in pairs if src in have]
     picked = prior.select([src for _, src in pairs]).rename_columns([n for n, _ in pairs])
+    if COPIES in state.names and COPIES not in have:
+        # The table was keyed until its identity became FULL (or lost its key): each
+        # row of the keyed state is one copy.
+        picked = picked.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), len(picked)))
     return conform_arrow(picked, state)
 
 
@@ -288,7 +293,7 @@ def prior_reader(
         if version is None:
             return state.empty_table()
         first = cat.key_columns[0]
-        old_first = {new: old for old, new in cat.renames.items()}.get(first, first)
+        old_first = cat.prior_name(first)
         literals = [_literal(v) for v in values]
         sql = "SELECT * FROM t"
         if all(lit is not None for lit in literals):
@@ -344,6 +349,7 @@ def write_local(
     schemas: tuple[StructType, StructType],
     merge_state: Callable[[pa.Table], WriteResult] | None = None,
     concurrent: bool = True,
+    whole: bool = False,
 ) -> tuple[WriteResult, WriteResult]:
     """A table's change log and state at local paths, each one Delta commit.
 
@@ -352,14 +358,16 @@ def write_local(
     the state (:mod:`slotlake.dv_merge`, or Spark's MERGE), else deltalake's MERGE does;
     with ``concurrent`` the change log is appended meanwhile (a big state's MERGE spends
     its time outside the GIL). An overwrite after TRUNCATE writes only the rows left, so
-    it stays here."""
+    it stays here. ``whole``: ``finals`` are the whole new state (a multiset's always are),
+    written as one overwrite."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow.compute as pc
 
     changes = conform_arrow(changes, arrow_schema_for(schemas[0]))
     data = list(cat.state_columns)
-    if merge_state is not None and not truncated and not cat.is_multiset:
+    whole = whole or cat.is_multiset
+    if merge_state is not None and not truncated and not whole:
         rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])
         state_cols = arrow_schema_for(schemas[1])
         typed = conform_arrow(rows.select([*data, "_fallback", "_missing_toast"]), state_cols)
@@ -375,7 +383,7 @@ def write_local(
             s = written_already(state_path, app_id, batch, held[1]) or merge_state(typed)
             return logged.result(), s
     c = arrow_append(changes_path, changes, app_id, batch, held[0])
-    if cat.is_multiset:  # finals: the whole new state (slotlake.multiset_arrow)
+    if whole:  # slotlake.multiset_arrow, slotlake.identity_segments
         rows = conform_arrow(finals, arrow_schema_for(schemas[1]))
         return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     if truncated:

@@ -60,11 +60,10 @@ def align_prior(prior: DataFrame, cat: TableCatalog) -> DataFrame:
 
     types = dict(cat.columns)
     existing = set(prior.columns)
-    renamed_from = {new: old for old, new in cat.renames.items()}
     cols: list[Column] = []
     for name in cat.state_columns:
-        source = name if name in existing else renamed_from.get(name)
-        if source is None or source not in existing:
+        source = cat.prior_name(name, existing)
+        if source not in existing:
             cols.append(F.lit(None).cast(types[name]).alias(name))
         else:
             cols.append(F.col(f"`{source}`").cast(types[name]).alias(name))

@@ -7,8 +7,9 @@ tables with out-of-line (TOAST) values; updates that leave TOAST unchanged, chan
 key, or hit one or all of a multiset's equal rows; statements over many rows, bulk
 inserts big enough to be streamed; transactions that roll back, savepoints rolled back
 inside them, several tables in one transaction, TRUNCATE followed by inserts in the same
-transaction; and columns added (with and without defaults), renamed, dropped and widened
-(a table rewrite) between and inside the batches, on the keyed tables and the multiset. The oracle is the source itself
+transaction; columns added (with and without defaults), renamed, dropped and widened
+(a table rewrite) between and inside the batches, on the keyed tables and the multiset;
+and keyed tables switching to REPLICA IDENTITY FULL and back. The oracle is the source itself
 (every row compared as a multiset, :func:`slotlake.verify.compare_table`) and the audit
 triggers.
 
@@ -30,6 +31,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from slotlake import ddl
 from slotlake.lake import Lake, read_changes
 from slotlake.sync import run_sync
 
@@ -74,6 +76,12 @@ class Workload:
     more: dict[str, list[str]] = field(default_factory=dict)
     # What was done, committed or not: the test checks that a run covers its cases.
     done: Counter[str] = field(default_factory=Counter)
+    # Whether any int column of k1 may be widened, or only those the last sync saw (play).
+    widen_any: bool = True
+    settled: set[str] = field(default_factory=set)
+
+    def synced(self) -> None:
+        self.settled = set(self.extra)
 
     def _fresh(self, prefix: str) -> str:
         self.serial += 1
@@ -156,7 +164,9 @@ class Workload:
         """A column of k1 added (maybe with a default: a fast default), renamed or dropped."""
         c, rng = self.conn, self.rng
         roll = rng.random()
-        ints = sorted(n for n, t in self.extra.items() if t == "int")
+        ints = sorted(
+            n for n, t in self.extra.items() if t == "int" and (self.widen_any or n in self.settled)
+        )
         if roll < 0.1 and ints:
             # A widening type change: PostgreSQL rewrites the table (a new relfilenode).
             name = rng.choice(ints)
@@ -208,6 +218,21 @@ class Workload:
             name = added.pop(rng.randrange(len(added)))
             c.execute(f"ALTER TABLE {table} DROP COLUMN {name}")
             self.done["drop"] += 1
+
+    def identity_ddl(self) -> None:
+        """k1 or ix switches between its key and REPLICA IDENTITY FULL: its state changes
+        shape (one row per key, or distinct rows counted), maybe between its changes."""
+        table = self.rng.choice(["k1", "ix"])
+        row = self.conn.execute(
+            "SELECT relreplident FROM pg_class WHERE oid = %s::regclass", [table]
+        ).fetchone()
+        assert row is not None
+        if row[0] == "f":
+            keyed = "DEFAULT" if table == "k1" else "USING INDEX ix_code"
+            self.conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY {keyed}")
+        else:
+            self.conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        self.done["identity"] += 1
 
     # -- k2: a composite key -----------------------------------------------------------------
     def k2(self) -> None:
@@ -320,7 +345,9 @@ class Workload:
                         self.k1_ddl()
                     elif roll < 0.09:
                         self.other_ddl()
-                    elif roll < 0.18:  # a savepoint (DML only), kept or rolled back
+                    elif roll < 0.105:
+                        self.identity_ddl()
+                    elif roll < 0.195:  # a savepoint (DML only), kept or rolled back
                         self.done["savepoint"] += 1
                         with self.conn.transaction(force_rollback=rng.random() < 0.5):
                             self.operation()
@@ -347,6 +374,53 @@ def _in_lake(conn: psycopg.Connection[Any], lake: str, tables: list[str]) -> lis
     return [t for t in tables if t in known]
 
 
+def play(
+    c: psycopg.Connection[Any],
+    cfg: Any,
+    slot: str,
+    seed: int,
+    rounds: int,
+    capture_ddl: bool,
+    spark: Any = None,
+) -> tuple[Workload, list[str]]:
+    """The seeded workload on the audited schema, a sync and the checks after each round
+    (also run by hand over many seeds). ``capture_ddl``: with the DDL capture trigger;
+    without it, a rewrite that clears a fast default added in the same batch leaves older
+    rows NULL until the next run's snapshot (README, "Known limits"), which a check after
+    every round cannot wait for: only columns the lake already has are widened then.
+    Returns the workload and the tables in the lake."""
+    lake = cfg.lake.path
+    tables = list(KEYS)
+    audited_schema(c, SCHEMA, KEYS)
+    if capture_ddl:
+        ddl.install(c)
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    rng = random.Random(seed)
+    work = Workload(rng, c, widen_any=capture_ddl)
+    present: list[str] = []
+    for round_no in range(1, rounds + 1):
+        for _ in range(rng.randint(1, 6)):
+            work.transaction()
+        if rng.random() < 0.2:
+            work.k1_ddl()  # outside any transaction of DML
+        if rng.random() < 0.15:
+            work.other_ddl()
+        if rng.random() < 0.1:
+            work.identity_ddl()
+        where = f"seed {seed}, round {round_no}"
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", where
+        assert slot_confirmed(c, slot) == str(result.end_lsn), where
+        work.synced()
+        try:
+            present = _in_lake(c, lake, tables)
+            assert_mirror(c, lake, present)
+            assert_log_matches_audit(c, lake, {t: KEYS[t] for t in present})
+        except AssertionError as exc:
+            raise AssertionError(f"{where}: {exc}") from None
+    return work, present
+
+
 @pytest.mark.parametrize(
     "mode", ["plain", pytest.param("streaming", marks=pytest.mark.one_pg_version)]
 )
@@ -354,43 +428,32 @@ def test_random_workload_mirror_equals_source(
     pg_dsn: str, slot: str, spark, tmp_path: Path, mode: str, pg_cluster
 ) -> None:
     """``ROUNDS`` rounds of random transactions (and, between some, a column change or a
-    sync of nothing), each followed by a sync; ``streaming``: pgoutput streams the big
-    transactions (64 kB of decoding memory) and sends binary tuples."""
+    sync of nothing), each followed by a sync. ``plain``: with the DDL capture trigger (as
+    ``slotlake bootstrap`` installs it); ``streaming``: without it, pgoutput streaming
+    the big transactions (64 kB of decoding memory) and sending binary tuples."""
     seed = int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or (
         pg_cluster.version * 1000 + (1 if mode == "plain" else 3)
     )
-    rng = random.Random(seed)
     lake = str(tmp_path / "lake")
     if mode == "streaming":
         cfg = streaming_config(pg_dsn, lake, slot, 2, binary=True)
     else:
         cfg = make_config(pg_dsn, lake, slot)
-    tables = list(KEYS)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        audited_schema(c, SCHEMA, KEYS)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        work = Workload(rng, c)
-        for round_no in range(1, ROUNDS + 1):
-            for _ in range(rng.randint(1, 6)):
-                work.transaction()
-            if rng.random() < 0.2:
-                work.k1_ddl()  # outside any transaction of DML
-            if rng.random() < 0.15:
-                work.other_ddl()
-            where = f"seed {seed}, round {round_no}"
-            result = run_sync(cfg, spark=spark)
-            assert result.status == "committed", where
-            assert slot_confirmed(c, slot) == str(result.end_lsn), where
-            try:
-                present = _in_lake(c, lake, tables)
-                assert_mirror(c, lake, present)
-                assert_log_matches_audit(c, lake, {t: KEYS[t] for t in present})
-            except AssertionError as exc:
-                raise AssertionError(f"{where}: {exc}") from None
+        work, present = play(c, cfg, slot, seed, ROUNDS, mode == "plain", spark)
     # What the run covered, so that a change of the generator cannot quietly stop
     # exercising the cases the test is for.
     assert len(present) >= 3, present
-    covered = {"commit", "rollback", "savepoint", "truncate", "bulk", "add default", "drop"}
+    covered = {
+        "commit",
+        "rollback",
+        "savepoint",
+        "truncate",
+        "bulk",
+        "add default",
+        "drop",
+        "identity",
+    }
     assert covered <= set(work.done), f"seed {seed}: {dict(work.done)}"
     ops = {t: set(read_changes(lake, t).column("_op").to_pylist()) for t in present}
     assert {"I", "U", "D"} <= ops["public.k1"] and {"I", "U", "D"} <= set().union(*ops.values())

@@ -458,3 +458,35 @@ def test_renames_chained_and_a_name_taken_again() -> None:
     assert [[c.name for c in v.columns] for v in cat.versions] == [["id", "b2", "a"]] * 4
     assert cat.renames == {"a": "b2", "b": "b2", "c": "a"}
     assert cat.columns == [("id", "int"), ("b2", "string"), ("a", "string")]
+
+
+def test_a_rename_of_a_renamed_column_beside_an_add_is_told_by_the_lakes_attnum() -> None:
+    """``c3 → r8``, a row, ``ADD c9``, ``r8 → r10``, a row: the step from the second
+    version to the third renames and adds at once (position cannot tell), and ``r8`` has
+    no attnum of its own; it is the lake's ``c3``, whose attnum the target has as ``r10``."""
+    prior = {"public.t": [("id", "int"), ("c3", "int"), ("c7", "int")]}
+    ids = _ids({"id": 1, "c3": 6, "c7": 7}, {"id": 1, "r10": 6, "c7": 7, "c9": 8})
+    versions = [
+        rel(col("id", INT4, key=True), col("c3", INT4), col("c7", INT4)),
+        rel(col("id", INT4, key=True), col("r8", INT4), col("c7", INT4)),
+        rel(col("id", INT4, key=True), col("r10", INT4), col("c7", INT4), col("c9", TEXT)),
+    ]
+    cat = build_catalogs([(10 * (i + 1), r) for i, r in enumerate(versions)], [], prior, ids)
+    t = cat["public.t"]
+    assert t.renames == {"c3": "r10", "r8": "r10"}
+    assert t.state_columns == ["id", "r10", "c7", "c9"]
+    assert [c.name for c in t.versions[1].columns] == ["id", "r10", "c7"]
+
+
+def test_the_prior_name_of_a_column_renamed_twice_is_the_lakes() -> None:
+    """``c3 → r7 → r8``: both earlier names lead to ``r8``; the prior state has ``c3``."""
+    prior = {"public.t": [("id", "int"), ("c3", "int")]}
+    versions = [
+        rel(col("id", INT4, key=True), col("r7", INT4)),
+        rel(col("id", INT4, key=True), col("r8", INT4)),
+    ]
+    t = build_catalogs([(10 * (i + 1), r) for i, r in enumerate(versions)], [], prior)["public.t"]
+    assert t.renames == {"c3": "r8", "r7": "r8"}
+    assert t.prior_name("r8") == "c3"
+    assert t.prior_name("r8", {"id", "c3"}) == "c3"
+    assert t.prior_name("id", {"id", "c3"}) == "id"

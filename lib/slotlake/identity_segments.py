@@ -1,0 +1,162 @@
+"""A table whose replica identity changed inside a batch, replayed one identity at a time.
+
+The state's shape follows the identity: a keyed table holds one row per key and is
+updated by key; a multiset (REPLICA IDENTITY FULL, or no key) holds distinct rows with
+``_copies`` and counts whole images (README, "State"). What an event carries follows the
+identity its Relation message announced: a keyed UPDATE has no old image unless its key
+changed, a keyed DELETE only its key, a FULL one the whole old row. So neither replay is
+exact over the other identity's events: a keyed replay deletes every copy of a
+multiset's row, and a multiset replay cannot find the old row of a keyed UPDATE.
+
+PostgreSQL changes an identity under an ACCESS EXCLUSIVE lock (``ALTER TABLE … REPLICA
+IDENTITY``, ``DROP``/``ADD PRIMARY KEY``), so in commit order a table's events come in runs
+of one identity each. :func:`replay` applies run after run to the whole state (the prior
+one, held in Arrow: only tables small enough for the driver come here), each with its own
+replay — :func:`slotlake.replay_duckdb.fill_keyed_local` or
+:func:`slotlake.multiset_arrow.multiset_state` — and returns the whole new state in the
+table's final shape, which the caller writes as one overwrite commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from slotlake.catalog import TableCatalog, identity
+from slotlake.lake import COPIES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from slotlake.fastdefault import FastDefault
+
+Position = tuple[int, int]  # (commit LSN, ordinal in its transaction)
+
+
+def runs(events: pa.Table, cat: TableCatalog) -> list[tuple[tuple[str, ...] | None, pa.Table]]:
+    """The events in commit order, cut where the identity of their Relation version
+    changes: (identity, events) per run."""
+    import numpy as np
+
+    ordered = events.sort_by([("_commit_lsn", "ascending"), ("_tx_ordinal", "ascending")])
+    versions = sorted(cat.versions, key=lambda v: v.seq)
+    starts = np.array([v.seq for v in versions], dtype=np.int64)
+    seqs = ordered.column("_seq").to_numpy()
+    # Each event was decoded with the latest version before it.
+    which = np.searchsorted(starts, seqs, side="right") - 1
+    if len(which) and which.min() < 0:
+        raise ValueError(f"{cat.name}: an event before the batch's first Relation message")
+    ids = [identity(v) for v in versions]
+    out: list[tuple[tuple[str, ...] | None, pa.Table]] = []
+    begin = 0
+    for i in range(1, len(which) + 1):
+        if i == len(which) or ids[which[i]] != ids[which[begin]]:
+            out.append((ids[which[begin]], ordered.slice(begin, i - begin)))
+            begin = i
+    return out
+
+
+def _position(table: pa.Table, row: int) -> Position:
+    return (
+        int(table.column("_commit_lsn")[row].as_py()),
+        int(table.column("_tx_ordinal")[row].as_py()),
+    )
+
+
+def _as_keyed(state: pa.Table) -> pa.Table:
+    """A multiset's rows as plain rows (each copy once): what a keyed replay reads."""
+    import numpy as np
+
+    if COPIES not in state.column_names:
+        return state
+    copies = state.column(COPIES).to_numpy(zero_copy_only=False)
+    rows = state.drop_columns([COPIES])
+    return rows.take(np.repeat(np.arange(len(copies)), copies.astype(np.int64)))
+
+
+def _as_multiset(state: pa.Table) -> pa.Table:
+    import pyarrow as pa
+
+    if COPIES in state.column_names:
+        return state
+    return state.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), state.num_rows))
+
+
+def _without_keys(rows: pa.Table, finals: pa.Table, key: list[str]) -> pa.Table:
+    """``rows`` without those whose key is one of ``finals``' (Arrow joins carry no map
+    columns: the join runs on the keys and row numbers only)."""
+    import numpy as np
+    import pyarrow as pa
+
+    numbered = rows.select(key).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    # _key: the typed key a final row replaces (a deleted key's columns are NULL).
+    struct = finals.column("_key").combine_chunks()
+    keys = pa.Table.from_arrays(struct.flatten(), names=[f.name for f in struct.type])
+    kept = numbered.join(keys.select(key), keys=key, join_type="left anti")
+    return rows.take(np.sort(kept.column("__row").to_numpy()))
+
+
+def replay(
+    events: pa.Table,
+    prior: pa.Table | None,
+    cat: TableCatalog,
+    truncations: Sequence[Position],
+    keyed_state: pa.Schema,
+    multiset_state: pa.Schema,
+    defaults: Sequence[FastDefault] = (),
+) -> tuple[pa.Table, pa.Table]:
+    """(change rows, the whole new state) of one table's batch, run by run.
+
+    ``prior``: the whole prior state, aligned to this batch's columns (with ``_copies``
+    if it was a multiset), with the defaults its rows read already applied; None for
+    none. ``keyed_state`` / ``multiset_state``: the state's Arrow schema without and with
+    ``_copies``. The state comes back in the table's final shape (``cat``'s identity).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from slotlake import fastdefault
+    from slotlake.local_table import rows_reader
+    from slotlake.multiset_arrow import multiset_state as replay_multiset
+    from slotlake.replay_duckdb import fill_keyed_local
+
+    state = prior if prior is not None else keyed_state.empty_table()
+    parts = runs(events, cat)
+    changes: list[pa.Table] = []
+    for i, (key, rows) in enumerate(parts):
+        # A TRUNCATE belongs to the run of the first event after it (or to the last run).
+        start = _position(rows, 0) if i else None
+        stop = _position(parts[i + 1][1], 0) if i + 1 < len(parts) else None
+        truncs = [
+            t for t in truncations if (start is None or t >= start) and (stop is None or t < stop)
+        ]
+        if key is None:
+            images = fastdefault.fill_events_arrow(rows, list(defaults))
+            state = replay_multiset(images, _as_multiset(state), cat, truncs, multiset_state)
+            at = rows.schema.get_field_index("_missing_toast")
+            changes.append(rows.set_column(at, "_missing_toast", rows.column("_unchanged")))
+            continue
+        run_cat = dataclasses.replace(cat, key_columns=list(key), replica_identity="d")
+        base = _as_keyed(state).select(keyed_state.names).cast(keyed_state)
+        logged, finals = fill_keyed_local(rows, rows_reader(base, run_cat), run_cat, truncs)
+        finals = fastdefault.fill_finals_arrow(finals, list(defaults))
+        # Every key the run touched is replaced by its final row (or gone).
+        base = keyed_state.empty_table() if truncs else _without_keys(base, finals, list(key))
+        alive = finals.filter(pc.invert(finals.column("_deleted")))
+        state = pa.concat_tables(
+            [base.select(keyed_state.names), alive.select(keyed_state.names).cast(keyed_state)]
+        )
+        changes.append(logged)
+    if not parts and truncations:  # truncated, and no change of it after
+        state = keyed_state.empty_table()
+    final = (
+        _as_multiset(state).select(multiset_state.names).cast(multiset_state)
+        if cat.is_multiset
+        else _as_keyed(state).select(keyed_state.names).cast(keyed_state)
+    )
+    if not changes:
+        return events.slice(0, 0), final
+    names = changes[0].column_names
+    logged = pa.concat_tables([c.select(names) for c in changes], promote_options="permissive")
+    return logged, final
