@@ -409,7 +409,9 @@ def play(
             work.identity_ddl()
         where = f"seed {seed}, round {round_no}"
         result = run_sync(cfg, spark=spark)
-        assert result.status == "committed", where
+        # A round whose transactions wrote nothing (all rolled back before any write,
+        # or nothing left to pick) leaves nothing to pull.
+        assert result.status in ("committed", "up_to_date"), (where, result.status)
         assert slot_confirmed(c, slot) == str(result.end_lsn), where
         work.synced()
         try:
