@@ -125,7 +125,8 @@ def replay(
     parts = runs(events, cat)
     changes: list[pa.Table] = []
     for i, (key, rows) in enumerate(parts):
-        # A TRUNCATE belongs to the run of the first event after it (or to the last run).
+        # A TRUNCATE goes with the run in force when it ran: from the run's first event up
+        # to the next run's (the first run also takes those before any event).
         start = _position(rows, 0) if i else None
         stop = _position(parts[i + 1][1], 0) if i + 1 < len(parts) else None
         truncs = [
