@@ -698,6 +698,8 @@ def _count_keyed_rows_once(
 
     if not cat.is_multiset or prior is None or not prior.state or prior.state_version is None:
         return
+    if prior.multiset:  # stored with _copies already: no schema to read
+        return
     before = (
         session.read.format("delta")
         .option("versionAsOf", prior.state_version)
