@@ -273,11 +273,30 @@ def read_prior_state(
     return align_prior(df, cat)
 
 
-def _state_schema(cat: TableCatalog) -> StructType:
+def _state_schema(cat: TableCatalog, counted: bool | None = None) -> StructType:
+    """The state's schema: with ``_copies`` for a multiset (``counted``: with it or
+    without, whatever the table's identity)."""
     ddl = state_schema_ddl(cat)
-    if cat.is_multiset:
+    if cat.is_multiset if counted is None else counted:
         ddl += f", `{COPIES}` bigint"
     return parse_struct(ddl)
+
+
+def _whole_prior(
+    lake: Lake,
+    state_rel: str,
+    version: int,
+    cat: TableCatalog,
+    schema: pa.Schema,
+    defaults: list[fastdefault.FastDefault],
+) -> pa.Table:
+    """A state rebuilt on the driver: its prior version whole, in this batch's columns
+    (``schema``), with the fast defaults its rows read."""
+    from slotlake.local_table import align_prior_arrow
+
+    whole = align_prior_arrow(read_delta(lake.uri, state_rel, version), cat, schema)
+    prior_defaults = [d for d in defaults if d.update_prior]
+    return fastdefault.apply_arrow(whole, prior_defaults, None) if prior_defaults else whole
 
 
 def _write_state(
@@ -774,17 +793,11 @@ def _process_local(
     if switched:
         from slotlake.identity_segments import replay
 
-        keyed_arrow = arrow_schema_for(parse_struct(state_schema_ddl(cat)))
-        counted_arrow = arrow_schema_for(
-            parse_struct(state_schema_ddl(cat) + f", `{COPIES}` bigint")
-        )
+        keyed_arrow = arrow_schema_for(_state_schema(cat, counted=False))
+        counted_arrow = arrow_schema_for(_state_schema(cat, counted=True))
         whole = None
         if version is not None:
-            read = read_delta(lake.uri, state_rel, version)
-            counted = COPIES in read.column_names
-            aligned = counted_arrow if counted else keyed_arrow
-            whole = local_table.align_prior_arrow(read, cat, aligned)
-            whole = fastdefault.apply_arrow(whole, [d for d in fast if d.update_prior], None)
+            whole = _whole_prior(lake, state_rel, version, cat, counted_arrow, fast)
         changes, finals = replay(events, whole, cat, truncs, keyed_arrow, counted_arrow, fast)
     elif cat.is_multiset:
         from slotlake.multiset_arrow import multiset_state
@@ -793,12 +806,7 @@ def _process_local(
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
         whole = None
         if version is not None and not truncs:
-            # The multiset's whole state, to be rebuilt (with the defaults its rows read).
-            read = read_delta(lake.uri, state_rel, version)
-            whole = local_table.align_prior_arrow(read, cat, state_arrow)
-            prior_defaults = [d for d in fast if d.update_prior]
-            if prior_defaults:
-                whole = fastdefault.apply_arrow(whole, prior_defaults, None)
+            whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
         images = fastdefault.fill_events_arrow(events, fast)
         finals = multiset_state(images, whole, cat, truncs, state_arrow)
     elif snap is not None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from slotlake.catalog import TableCatalog, identity
-from slotlake.lake import COPIES
+from slotlake.lake import expand_copies, one_copy_each
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -64,25 +64,6 @@ def _position(table: pa.Table, row: int) -> Position:
     )
 
 
-def _as_keyed(state: pa.Table) -> pa.Table:
-    """A multiset's rows as plain rows (each copy once): what a keyed replay reads."""
-    import numpy as np
-
-    if COPIES not in state.column_names:
-        return state
-    copies = state.column(COPIES).to_numpy(zero_copy_only=False)
-    rows = state.drop_columns([COPIES])
-    return rows.take(np.repeat(np.arange(len(copies)), copies.astype(np.int64)))
-
-
-def _as_multiset(state: pa.Table) -> pa.Table:
-    import pyarrow as pa
-
-    if COPIES in state.column_names:
-        return state
-    return state.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), state.num_rows))
-
-
 def _without_keys(rows: pa.Table, finals: pa.Table, key: list[str]) -> pa.Table:
     """``rows`` without those whose key is one of ``finals``' (Arrow joins carry no map
     columns: the join runs on the keys and row numbers only)."""
@@ -108,9 +89,9 @@ def replay(
 ) -> tuple[pa.Table, pa.Table]:
     """(change rows, the whole new state) of one table's batch, run by run.
 
-    ``prior``: the whole prior state, aligned to this batch's columns (with ``_copies``
-    if it was a multiset), with the defaults its rows read already applied; None for
-    none. ``keyed_state`` / ``multiset_state``: the state's Arrow schema without and with
+    ``prior``: the whole prior state, aligned to this batch's columns with ``_copies``
+    (one each for a state stored keyed), with the defaults its rows read already applied;
+    None for none. ``keyed_state`` / ``multiset_state``: the state's Arrow schema without and with
     ``_copies``. The state comes back in the table's final shape (``cat``'s identity).
     """
     import pyarrow as pa
@@ -134,12 +115,12 @@ def replay(
         ]
         if key is None:
             images = fastdefault.fill_events_arrow(rows, list(defaults))
-            state = replay_multiset(images, _as_multiset(state), cat, truncs, multiset_state)
+            state = replay_multiset(images, one_copy_each(state), cat, truncs, multiset_state)
             at = rows.schema.get_field_index("_missing_toast")
             changes.append(rows.set_column(at, "_missing_toast", rows.column("_unchanged")))
             continue
         run_cat = dataclasses.replace(cat, key_columns=list(key), replica_identity="d")
-        base = _as_keyed(state).select(keyed_state.names).cast(keyed_state)
+        base = expand_copies(state).select(keyed_state.names).cast(keyed_state)
         logged, finals = fill_keyed_local(rows, rows_reader(base, run_cat), run_cat, truncs)
         finals = fastdefault.fill_finals_arrow(finals, list(defaults))
         # Every key the run touched is replaced by its final row (or gone).
@@ -152,9 +133,9 @@ def replay(
     if not parts and truncations:  # truncated, and no change of it after
         state = keyed_state.empty_table()
     final = (
-        _as_multiset(state).select(multiset_state.names).cast(multiset_state)
+        one_copy_each(state).select(multiset_state.names).cast(multiset_state)
         if cat.is_multiset
-        else _as_keyed(state).select(keyed_state.names).cast(keyed_state)
+        else expand_copies(state).select(keyed_state.names).cast(keyed_state)
     )
     if not changes:
         return events.slice(0, 0), final

@@ -784,13 +784,28 @@ def read_state(root: str | Path, table: str, batch: int | None = None):  # type:
     t = rec.tables.get(table)
     if t is None or not t.state or t.state_version is None:
         raise LakeError(f"no committed state for table {table!r} in {root}")
-    out = read_delta(root, t.state, t.state_version)
-    if COPIES in out.column_names:
-        import numpy as np
+    return expand_copies(read_delta(root, t.state, t.state_version))
 
-        copies = out.column(COPIES).to_numpy(zero_copy_only=False)
-        out = out.drop_columns([COPIES]).take(np.repeat(np.arange(len(copies)), copies))
-    return out
+
+def expand_copies(table):  # type: ignore[no-untyped-def]
+    """A multiset's stored rows (distinct rows with ``_copies``) as plain rows, each repeated
+    its count and the count dropped; a table without ``_copies`` as it is."""
+    if COPIES not in table.column_names:
+        return table
+    import numpy as np
+
+    copies = table.column(COPIES).to_numpy(zero_copy_only=False)
+    return table.drop_columns([COPIES]).take(np.repeat(np.arange(len(copies)), copies))
+
+
+def one_copy_each(table):  # type: ignore[no-untyped-def]
+    """Plain rows (a keyed state's) as a multiset's, each counted once; a table with
+    ``_copies`` as it is."""
+    if COPIES in table.column_names:
+        return table
+    import pyarrow as pa
+
+    return table.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), table.num_rows))
 
 
 def _read_dataset(root: str | Path, kind: str, batch: int | None, order: str):  # type: ignore[no-untyped-def]

@@ -250,18 +250,15 @@ def _conform_struct(col: pa.Array, target: pa.StructType) -> pa.Array:
 def align_prior_arrow(prior: pa.Table, cat: TableCatalog, state: pa.Schema) -> pa.Table:
     """The prior state's rows renamed/cast/trimmed to this batch's state columns (the
     Arrow twin of :func:`slotlake.state.align_prior`)."""
-    import pyarrow as pa
-
-    from slotlake.lake import COPIES
+    from slotlake.lake import COPIES, one_copy_each
 
     have = set(prior.column_names)
     pairs = [(f.name, cat.prior_name(f.name, have)) for f in state]
     pairs = [(name, src) for name, src in pairs if src in have]
     picked = prior.select([src for _, src in pairs]).rename_columns([n for n, _ in pairs])
-    if COPIES in state.names and COPIES not in have:
-        # The table was keyed until its identity became FULL (or lost its key): each
-        # row of the keyed state is one copy.
-        picked = picked.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), len(picked)))
+    if COPIES in state.names:
+        # A state stored keyed (the identity became FULL, or the key went): each row once.
+        picked = one_copy_each(picked)
     return conform_arrow(picked, state)
 
 
