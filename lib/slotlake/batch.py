@@ -15,14 +15,21 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from slotlake import delta_log, durability, fastdefault, table_processes
 from slotlake.catalog import TARGET_SEQ, ColumnIds, TableCatalog, target_versions
-from slotlake.ddl import BatchDdl, TableColumns, read_catalog_file, write_ddl, write_ddl_local
+from slotlake.ddl import (
+    BatchDdl,
+    DdlMessage,
+    TableColumns,
+    read_catalog_file,
+    write_ddl,
+    write_ddl_local,
+)
 from slotlake.ddltypes import parse_struct
 from slotlake.decode import (
     COMMIT_TYPES,
@@ -154,13 +161,23 @@ def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]
 
 
 def column_ids(
-    prior: CommitRecord | None, target: dict[str, TableColumns] | None
+    prior: CommitRecord | None,
+    target: dict[str, TableColumns] | None,
+    messages: Sequence[DdlMessage] = (),
 ) -> dict[str, ColumnIds]:
-    """Each table's attnums as the lake last wrote it and at the batch's target: what tells
-    a rename from a DROP and an ADD (:func:`slotlake.catalog.build_catalogs`)."""
+    """Each table's attnums as the lake last wrote it, after each DDL the capture trigger
+    reported in the batch (``messages``) and at the batch's target: what tells a rename
+    from a DROP and an ADD (:func:`slotlake.catalog.build_catalogs`)."""
     before = {n: t.attnums for n, t in prior.tables.items()} if prior is not None else {}
     after = {n: t.attnums for n, t in target.items()} if target is not None else {}
-    return {n: ColumnIds(before.get(n, {}), after.get(n, {})) for n in {*before, *after}}
+    points: dict[str, list[tuple[int, dict[str, int]]]] = {}
+    for m in messages:
+        for name, attnums in m.columns.items():
+            points.setdefault(name, []).append((m.seq, attnums))
+    return {
+        n: ColumnIds(before.get(n, {}), after.get(n, {}), tuple(points.get(n, ())))
+        for n in {*before, *after, *points}
+    }
 
 
 def versions_at_target(
@@ -1200,15 +1217,31 @@ def process_batch(
     scan = _scan(lake, raw_rel, raw_local)
     target_catalog = read_catalog_file(lake, raw_rel)
     schemas = prior_schemas(prior)
+    counts, types_seen = scan.dml_counts, scan.types_seen
+    has_messages = "M" in types_seen
+    raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
+    # A local lake's messages (the DDL capture trigger's, a user's heartbeats) are read and
+    # written on the driver when they are few, like its transactions: no Spark for them.
+    on_driver = lake.on_local_disk and raw_dir is not None
+    local_messages = has_messages and on_driver and driver.holds(scan.messages)
+    # Before the catalog: the trigger's attnums tell a rename from a DROP and an ADD.
+    ddl_input = BatchDdl.read(
+        spark() if has_messages and not local_messages else None,
+        lake,
+        raw_rel,
+        {r.stream_xid for r in scan.catalog_rows if r.msg_type == "c"},
+        fault,
+        raw_dir if local_messages else None,
+        catalog=target_catalog,
+    )
     bcat = collect_catalog(
         scan.catalog_rows,
         batch,
         schemas,
         stream_content=scan.stream_content,
-        column_ids=column_ids(prior, target_catalog),
+        column_ids=column_ids(prior, target_catalog, ddl_input.messages),
         at_target=lambda relations: versions_at_target(relations, prior, schemas, target_catalog),
     )
-    counts, types_seen = scan.dml_counts, scan.types_seen
     timings["catalog"] = time.monotonic() - t0
     prior_tables = dict(prior.tables) if prior else {}
     tables: dict[str, TableCommit] = {}
@@ -1231,21 +1264,6 @@ def process_batch(
     for cat in busy:
         _check_collisions(cat)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
-    has_messages = "M" in types_seen
-    raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
-    # A local lake's messages (the DDL capture trigger's, a user's heartbeats) are read and
-    # written on the driver when they are few, like its transactions: no Spark for them.
-    on_driver = lake.on_local_disk and raw_dir is not None
-    local_messages = has_messages and on_driver and driver.holds(scan.messages)
-    ddl_input = BatchDdl.read(
-        spark() if has_messages and not local_messages else None,
-        lake,
-        raw_rel,
-        bcat,
-        fault,
-        raw_dir if local_messages else None,
-        catalog=target_catalog,
-    )
     # A keyed table re-based on a snapshot is done on the driver when its copy would be
     # (the copy's size standing for its state's); a multiset's copy goes through Spark.
     snaps = snapshots or {}

@@ -167,6 +167,8 @@ def _renames(
     new: Sequence[tuple[str, str]],
     ids: ColumnIds | None = None,
     origin: Callable[[str], str | None] = lambda name: name,
+    prev_seq: int = -1,
+    new_seq: int = -1,
 ) -> dict[str, str]:
     """Columns of ``prev`` that ``new`` has under another name (old name → new name).
 
@@ -175,8 +177,8 @@ def _renames(
     for every column that went and every one that came (a column's identity: the same
     attnum under another name is a rename, whatever its type became); ``origin`` gives
     the lake's name of a column of ``prev`` (``a`` for ``b`` after ``a → b`` inside the
-    batch: only the lake's names and the target's have attnums), None for one the batch
-    added. Else by position:
+    batch), None for one the batch added; a name the lake and the target lack is looked up
+    in the DDL reports as of its version (``prev_seq``, ``new_seq``). Else by position:
     a rename keeps the position and the type; ADD appends and DROP removes, so any other
     difference is not a rename (which a DROP and an ADD in one step can fool).
     """
@@ -187,12 +189,17 @@ def _renames(
     if not gone or not came:
         return {}
     if ids is not None:
-        lake_names = {n: origin(n) for n in gone}
-        old_ids = {
-            n: ids.after.get(n) if lake is None else ids.before.get(lake, ids.after.get(n))
-            for n, lake in lake_names.items()
-        }
-        new_ids = {n: ids.after.get(n, ids.before.get(n)) for n in came}
+        # A name the lake has no attnum for (a middle name of the batch) may have one in
+        # the DDL reports as of its version.
+        prev_at, new_at = ids.as_of(prev_seq), ids.as_of(new_seq)
+        old_ids = {}
+        for n in gone:
+            lake = origin(n)
+            if lake is not None and lake in ids.before:
+                old_ids[n] = ids.before[lake]
+            else:
+                old_ids[n] = prev_at.get(n, ids.after.get(n))
+        new_ids = {n: new_at.get(n, ids.after.get(n, ids.before.get(n))) for n in came}
         if None not in old_ids.values() and None not in new_ids.values():
             by_id = {i: n for n, i in new_ids.items()}
             return {n: by_id[i] for n, i in old_ids.items() if i in by_id}
@@ -212,10 +219,22 @@ def _renames(
 class ColumnIds:
     """A table's column attnums (name → attnum) when the lake last wrote it (``before``:
     ``TableCommit.attnums``) and at the batch's target (``after``: the catalog sync read
-    with the target), each empty when unknown."""
+    with the target), each empty when unknown; ``points``: (seq, attnums) after each DDL
+    the capture trigger reported in the batch, in seq order."""
 
     before: Mapping[str, int]
     after: Mapping[str, int]
+    points: tuple[tuple[int, Mapping[str, int]], ...] = ()
+
+    def as_of(self, seq: int) -> Mapping[str, int]:
+        """The attnums the last DDL report before ``seq`` gave (empty: none before it).
+        A Relation message shows the table as of then: a name there has that attnum."""
+        found: Mapping[str, int] = {}
+        for at, attnums in self.points:
+            if at >= seq:
+                break
+            found = attnums
+        return found
 
 
 @dataclass
@@ -308,6 +327,7 @@ def build_catalogs(
     catalogs: dict[str, TableCatalog] = {}
     lineages: dict[str, _Lineage] = {}
     previous: dict[str, list[tuple[str, str]]] = {k: list(v) for k, v in prior_schemas.items()}
+    previous_seq: dict[str, int] = {}
     for seq, rel in sorted(relations, key=lambda p: p[0]):
         tname = table_name(rel)
         cat = catalogs.setdefault(tname, TableCatalog(name=tname))
@@ -320,9 +340,10 @@ def build_catalogs(
         renamed: dict[str, str] = {}
         if tname in previous:
             ids = (column_ids or {}).get(tname)
-            renamed = _renames(previous[tname], shape, ids, lineage.origin)
+            prev_seq = previous_seq.get(tname, -1)
+            renamed = _renames(previous[tname], shape, ids, lineage.origin, prev_seq, seq)
         lineage.step([c.name for c in rel.columns], renamed)
-        previous[tname] = shape
+        previous[tname], previous_seq[tname] = shape, seq
         cat.versions.append(
             RelationVersion(
                 seq=seq,

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from slotlake.catalog import TableCatalog
-    from slotlake.decode import BatchCatalog
     from slotlake.lake import Lake, TableCommit
 
 log = logging.getLogger(__name__)
@@ -318,7 +317,7 @@ class BatchDdl:
         spark: SparkSession | None,
         lake: Lake,
         raw_rel: str,
-        bcat: BatchCatalog,
+        committed_streams: set[int],
         fault: Callable[[str], None] = lambda step: None,
         raw_dir: str | None = None,
         *,
@@ -328,7 +327,8 @@ class BatchDdl:
         messages can be many) and the catalog file beside it (``catalog``, as the caller
         read it with :func:`read_catalog_file`): read with pyarrow from
         ``raw_dir`` (the batch's raw on the driver's disk), else through ``spark``; neither
-        when the raw batch has no messages at all."""
+        when the raw batch has no messages at all. ``committed_streams``: the xids whose
+        Stream Commit is in the batch (a message streamed without one is left out)."""
         messages: list[DdlMessage] = []
         if raw_dir is not None:
             import pyarrow.compute as pc
@@ -339,7 +339,7 @@ class BatchDdl:
             # The same pre-filter, on the bytes (match_substring takes binary columns).
             table = table.filter(pc.match_substring(table.column("data"), DDL_PREFIX))
             rows = [_Row(**r) for r in table.to_pylist()]
-            messages = ddl_messages_from_rows(rows, set(bcat.streams.commits))
+            messages = ddl_messages_from_rows(rows, committed_streams)
         elif spark is not None:
             from pyspark.sql import functions as F
 
@@ -352,7 +352,7 @@ class BatchDdl:
                 .select("seq", "data", "stream_xid")
                 .collect()
             )
-            messages = ddl_messages_from_rows(rows, set(bcat.streams.commits))
+            messages = ddl_messages_from_rows(rows, committed_streams)
         return cls(messages, catalog, fault)
 
     def plan(self, cat: TableCatalog, prior: TableCommit | None, commit: TableCommit) -> list[Any]:

@@ -169,6 +169,31 @@ def test_drop_and_readd_with_the_trigger(
         assert ("ALTER TABLE", "ALTER TABLE k ADD COLUMN c text DEFAULT 'third'") in tags
 
 
+def test_a_drop_then_an_add_renamed_later_in_the_batch(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """A row under ``c2``, ``DROP c2``, ``ADD c3 DEFAULT``, a row, ``c3 → r4``, a row
+    (the random workload's seed 1107): position alone took ``c2 → c3`` for a rename and
+    ``r4`` for a new column, so the rows older than the ADD lost their default. The
+    capture trigger's reports give ``c3`` its attnum."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=True)
+        c.execute("ALTER TABLE k ADD COLUMN c2 text")
+        run_sync(cfg)
+        c.execute("INSERT INTO k VALUES (27, 'y', 'big')")
+        c.execute("ALTER TABLE k DROP COLUMN c2")
+        c.execute("ALTER TABLE k ADD COLUMN c3 text DEFAULT 'dflt'")
+        c.execute("INSERT INTO k VALUES (46, 'n', NULL)")
+        c.execute("ALTER TABLE k RENAME COLUMN c3 TO r4")
+        c.execute("UPDATE k SET v = 'after' WHERE id = 46")
+        run_sync(cfg)
+        assert_mirror(c, lake, ["public.k"])
+        rows = {r["id"]: r["r4"] for r in read_state(lake, "public.k").to_pylist()}
+        assert rows[27] == rows[1] == "dflt" and rows[46] is None
+
+
 def test_drop_and_readd_without_the_trigger_is_exact_only_across_changes(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path
 ) -> None:

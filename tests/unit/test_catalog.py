@@ -490,3 +490,33 @@ def test_the_prior_name_of_a_column_renamed_twice_is_the_lakes() -> None:
     assert t.prior_name("r8") == "c3"
     assert t.prior_name("r8", {"id", "c3"}) == "c3"
     assert t.prior_name("id", {"id", "c3"}) == "id"
+
+
+def test_a_drop_and_add_told_by_the_ddl_reports_when_the_added_column_is_renamed_later() -> None:
+    """A row under ``c2``, ``DROP c2``, ``ADD c3``, a row, ``c3 → r4``, a row (seed 1107):
+    position takes the middle step for ``c2 → c3``, and ``c3`` has no attnum in the lake or
+    at the target. The capture trigger's report after the ADD gives it: a new column."""
+    prior = {"public.t": [("id", "int"), ("c2", "string")]}
+    versions = [
+        rel(col("id", INT4, key=True), col("c2", TEXT)),
+        rel(col("id", INT4, key=True), col("c3", TEXT)),
+        rel(col("id", INT4, key=True), col("r4", TEXT)),
+    ]
+    relations = [(10 * (i + 1), r) for i, r in enumerate(versions)]
+    before, after = {"id": 1, "c2": 2}, {"id": 1, "r4": 3}
+    reports = ((12, {"id": 1}), (14, {"id": 1, "c3": 3}), (25, {"id": 1, "r4": 3}))
+    wrong = build_catalogs(relations, [], prior, _ids(before, after))["public.t"]
+    assert wrong.renames == {"c2": "c3"}  # before: c2 renamed, and r4 a new column
+    ids = {"public.t": ColumnIds(before, after, reports)}
+    t = build_catalogs(relations, [], prior, ids)["public.t"]
+    assert t.renames == {"c3": "r4"}
+    assert t.state_columns == ["id", "r4"]
+    assert [c[0] for c in t.columns] == ["id", "r4", "c2"]  # c2 dropped: the log keeps it
+    assert t.prior_name("r4", {"id", "c2"}) == "r4"
+
+
+def test_column_ids_as_of_a_seq() -> None:
+    ids = ColumnIds({"a": 1}, {"b": 2}, ((5, {"a": 1, "x": 4}), (9, {"b": 2})))
+    assert ids.as_of(5) == {}
+    assert ids.as_of(6) == {"a": 1, "x": 4}
+    assert ids.as_of(10) == {"b": 2}
