@@ -38,6 +38,10 @@ class SourceConfig:
     capture_ddl: bool = True
     # Session settings for the peek (e.g. logical_decoding_work_mem); never secrets.
     settings: dict[str, str] = field(default_factory=dict)
+    # A pull over at least this many MiB of WAL runs as two peeks decoded at once, the
+    # second from a temporary copy of the slot (needs a free replication slot; not with
+    # streaming). 0: always one peek.
+    split_peek_mb: float = 64.0
 
 
 @dataclass
@@ -130,6 +134,10 @@ def _apply(target: Any, section: str, values: Mapping[str, Any]) -> None:
                 raise ConfigError(f"{section}.{key} must be true or false, got {value!r}")
         elif isinstance(current, int) and not isinstance(value, int):
             raise ConfigError(f"{section}.{key} must be an integer, got {value!r}")
+        elif isinstance(current, float):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{section}.{key} must be a number, got {value!r}")
+            value = float(value)
         elif isinstance(current, list):
             value = [value] if isinstance(value, str) else list(value)
         elif isinstance(current, dict):
@@ -182,6 +190,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("source.publications must name at least one publication")
     if not src.slot:
         raise ConfigError("source.slot must be set")
+    if src.split_peek_mb < 0:
+        raise ConfigError(f"source.split_peek_mb must be 0 (off) or more, got {src.split_peek_mb}")
     lake = cfg.lake
     # (setting, smallest value that means something): a negative bound would silently
     # send every table one way, or keep nothing.

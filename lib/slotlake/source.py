@@ -29,6 +29,11 @@ batch of the driver's):
 * ``"copy"``: ``COPY (SELECT lsn, xid, data FROM peek(…)) TO STDOUT (FORMAT binary)``,
   each CopyData message parsed in place with one precompiled ``struct`` unpack.
 
+A pull over at least ``split_bytes`` of WAL (``source.split_peek_mb``) with ADBC is cut
+in two peeks the server decodes at once, the second from a temporary copy of the slot
+advanced to the cut (``_pull_split``): the single peek's decoding runs on one core while
+the other idles, and its client waits for all of it.
+
 Measured on 255,001 changes (2,500 transactions of 60 inserts, 30 updates, 10
 deletes; 34 MB of payload), 9 interleaved runs, PostgreSQL 16 / 15, on a shared
 2-vCPU machine (medians; wall time is noisy there, client CPU is not):
@@ -61,6 +66,7 @@ import contextlib
 import hashlib
 import logging
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +117,8 @@ _COPY_HEADER = struct.Struct(">11sII")  # signature, flags, header extension len
 _COPY_ROW = struct.Struct(">hiQiIi")
 _COPY_ROW_SIZE = _COPY_ROW.size  # 26
 _COPY_TRAILER = -1
+# The longest WAL page header (a segment's first page's).
+_WAL_LONG_PAGE_HEADER = 40
 
 
 class SourceError(RuntimeError):
@@ -170,6 +178,8 @@ class PullResult:
     upto: Lsn
     transport: str
     summary: RawSummary = field(repr=False)
+    # Where the pull was cut in two peeks decoded at once (None: one peek).
+    split_at: Lsn | None = None
 
     @property
     def messages_per_second(self) -> float:
@@ -204,6 +214,7 @@ class SlotSource:
         session_settings: Mapping[str, str] | None = None,
         transport: Transport | None = None,
         connect_timeout: int = 30,
+        split_bytes: int | None = None,
     ) -> None:
         if not publications:
             raise SourceError("no publication given: pgoutput needs at least one")
@@ -242,6 +253,9 @@ class SlotSource:
         self.session_settings = dict(session_settings or {})
         self.transport: Transport = transport
         self.connect_timeout = connect_timeout
+        # A pull over at least this much WAL runs as two peeks at once (``_pull_split``).
+        self.split_bytes = split_bytes
+        self.wal_block_size = 8192
         self.server_version_num: int | None = None
         self.database: str | None = None
         self.notes: list[str] = []  # settings that could not be applied, for the run log
@@ -292,11 +306,12 @@ class SlotSource:
         conn = self._require()
         row = conn.execute(
             "SELECT current_setting('server_version_num')::int, current_database(),"
-            " pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()"
+            " pg_encoding_to_char(encoding), current_setting('wal_block_size')::int"
+            " FROM pg_database WHERE datname = current_database()"
         ).fetchone()
         assert row is not None
         # In a SQL_ASCII database psycopg cannot decode text and hands over bytes.
-        self.server_version_num, database, encoding = (
+        self.server_version_num, database, encoding, self.wal_block_size = (
             v.decode("ascii", "replace") if isinstance(v, bytes) else v for v in row
         )
         self.database = str(database)
@@ -543,8 +558,9 @@ class SlotSource:
         return Lsn.parse(row[0]), catalog
 
     # -- peek ------------------------------------------------------------------------------
-    def peek_options(self) -> list[str]:
-        """The pgoutput options as the flat name, value list the SQL functions take."""
+    def peek_options(self, streaming: bool | None = None) -> list[str]:
+        """The pgoutput options as the flat name, value list the SQL functions take
+        (``streaming``: instead of the source's own setting)."""
         opts = [
             "proto_version",
             str(self.proto_version),
@@ -556,16 +572,22 @@ class SlotSource:
             opts += ["binary", "true"]
         if self.messages:
             opts += ["messages", "true"]
-        if self.streaming:
+        if self.streaming if streaming is None else streaming:
             opts += ["streaming", "true"]
         return opts
 
-    def _peek_call(self, upto: Lsn | None, nchanges: int | None = None) -> sql.Composed:
+    def _peek_call(
+        self,
+        upto: Lsn | None,
+        nchanges: int | None = None,
+        slot: str | None = None,
+        streaming: bool | None = None,
+    ) -> sql.Composed:
         args: list[sql.Composable] = [
-            sql.Literal(self.slot),
+            sql.Literal(self.slot if slot is None else slot),
             sql.SQL("NULL") if upto is None else sql.SQL("{}::pg_lsn").format(str(Lsn(upto))),
             sql.SQL("NULL") if nchanges is None else sql.Literal(int(nchanges)),
-            *(sql.Literal(o) for o in self.peek_options()),
+            *(sql.Literal(o) for o in self.peek_options(streaming)),
         ]
         return sql.SQL("pg_logical_slot_peek_binary_changes({})").format(sql.SQL(", ").join(args))
 
@@ -602,11 +624,15 @@ class SlotSource:
         progress: Callable[[PullProgress], None] | None = None,
         fetch_rows: int = 10_000,
         transport: Transport | None = None,
+        split_at: Lsn | None = None,
     ) -> PullResult:
         """Peek up to ``upto`` (inclusive of the record reaching it) into ``writer``.
 
         The writer is closed here and its summary returned; on error it is aborted.
-        Nothing is consumed: the slot moves only through ``advance``.
+        Nothing is consumed: the slot moves only through ``advance``. Over at least
+        ``split_bytes`` of WAL the ADBC transport runs two peeks at once, cut at
+        ``split_point``; ``split_at`` forces that cut (tests, benchmarks: it must lie
+        between the slot's confirmed_flush and ``upto``, and off a page header).
         """
         transport = transport or self.transport
         conn = self._require()
@@ -615,7 +641,20 @@ class SlotSource:
         started = time.monotonic()
         meter = _Meter(started, progress)
         chunks: Iterator[tuple[Any, Any, Any]]
-        if transport == "adbc":
+        mid = split_at
+        if mid is None and transport == "adbc" and self.split_bytes is not None:
+            info = self.slot_info()
+            if info is not None and info.confirmed_flush_lsn is not None:
+                mid = self.split_point(info.confirmed_flush_lsn, upto)
+        if mid is not None:
+            if transport != "adbc":
+                raise SourceError(f"a split pull needs transport 'adbc', not {transport!r}")
+            pair = self._copy_slot()
+            if pair is None:
+                mid = None
+        if mid is not None:
+            chunks = self._pull_split(upto, mid, pair, fetch_rows)
+        elif transport == "adbc":
             chunks = self._pull_adbc(upto, fetch_rows)
         elif transport == "copy":
             chunks = self._pull_copy(upto, fetch_rows)
@@ -639,13 +678,14 @@ class SlotSource:
         seconds = time.monotonic() - started
         meter.report(force=True)
         log.info(
-            "pulled %d messages (%d bytes) from slot %s up to %s in %.1fs via %s",
+            "pulled %d messages (%d bytes) from slot %s up to %s in %.1fs via %s%s",
             meter.messages,
             meter.bytes,
             self.slot,
             Lsn(upto),
             seconds,
             transport,
+            "" if mid is None else f", two peeks cut at {mid}",
         )
         return PullResult(
             messages=meter.messages,
@@ -654,6 +694,7 @@ class SlotSource:
             upto=Lsn(upto),
             transport=transport,
             summary=summary,
+            split_at=mid,
         )
 
     def _pull_cursor(
@@ -695,20 +736,11 @@ class SlotSource:
             rows.close()
             cur.close()
 
-    def _pull_adbc(
-        self, upto: Lsn, fetch_rows: int
-    ) -> Iterator[tuple[np.ndarray, np.ndarray, pa.Array]]:
-        """The peek through Arrow's ADBC PostgreSQL driver, on a connection of its own.
-
-        The driver runs the query as ``COPY (…) TO STDOUT (FORMAT binary)`` and parses the
-        stream into Arrow record batches in C++: no Python per row. Its connection gets the
-        session settings the decoder relies on, as the main one did; pg_lsn and xid come
-        as their binary send formats (8 and 4 big-endian bytes), read with NumPy.
-        """
+    def _adbc_connect(self, what: str) -> Any:
+        """An ADBC connection with the session settings the decoder relies on."""
         from adbc_driver_postgresql import dbapi as adbc
 
         conn = self._require()
-        query = sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto))
         statements = [
             sql.SQL("SELECT set_config({}, {}, false)")
             .format(sql.Literal(name), sql.Literal(value))
@@ -723,7 +755,7 @@ class SlotSource:
         try:
             peek = adbc.connect(conninfo, autocommit=True)
         except adbc.Error as exc:
-            raise self._error(f"cannot connect to {self.dsn_redacted} for the peek", exc) from None
+            raise self._error(f"cannot connect to {self.dsn_redacted} for {what}", exc) from None
         try:
             with peek.cursor() as cur:
                 for statement in statements:
@@ -733,20 +765,28 @@ class SlotSource:
                     except adbc.ProgrammingError as exc:
                         # The main session noted it already (lc_monetary and the like).
                         log.debug("peek session: %s", redact_text(str(exc), self._secrets))
-                cur.execute(query.as_string(conn))
-                # The cursor's own reader turns a failure while reading into ADBC's error,
-                # with the server's SQLSTATE; fetch_record_batch() hands out the bare
-                # pyarrow reader, whose OSError has only the message.
-                reader = getattr(getattr(cur, "_results", None), "reader", None)
-                for batch in reader if reader is not None else cur.fetch_record_batch():
-                    lsns = _fixed_be(batch.column(0), 8).view(np.int64)
-                    xids = _fixed_be(batch.column(1), 4).astype(np.int64)
-                    datas = batch.column(2)
-                    if datas.type != pa.binary():
-                        datas = datas.cast(pa.binary())
-                    for i in range(0, len(datas), fetch_rows):
-                        j = i + fetch_rows
-                        yield lsns[i:j], xids[i:j], datas.slice(i, fetch_rows)
+        except BaseException:
+            peek.close()
+            raise
+        return peek
+
+    def _pull_adbc(
+        self, upto: Lsn, fetch_rows: int, streaming: bool | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, pa.Array]]:
+        """The peek through Arrow's ADBC PostgreSQL driver, on a connection of its own.
+
+        The driver runs the query as ``COPY (…) TO STDOUT (FORMAT binary)`` and parses the
+        stream into Arrow record batches in C++: no Python per row. Its connection gets the
+        session settings the decoder relies on, as the main one did; pg_lsn and xid come
+        as their binary send formats (8 and 4 big-endian bytes), read with NumPy.
+        """
+        from adbc_driver_postgresql import dbapi as adbc
+
+        peek = self._adbc_connect("the peek")
+        try:
+            with peek.cursor() as cur:
+                cur.execute(self._peek_select(self.slot, upto, streaming))
+                yield from self._adbc_chunks(cur, fetch_rows)
         except (adbc.Error, OSError) as exc:
             raise self._error(
                 f"peek of slot {self.slot!r} failed on {self.dsn_redacted}", exc
@@ -754,6 +794,136 @@ class SlotSource:
         finally:
             # Closing mid-stream ends the backend's COPY: nothing is consumed by a peek.
             peek.close()
+
+    def _peek_select(self, slot: str, upto: Lsn, streaming: bool | None = None) -> str:
+        call = self._peek_call(upto, slot=slot, streaming=streaming)
+        return sql.SQL("SELECT lsn, xid, data FROM {}").format(call).as_string(self._require())
+
+    @staticmethod
+    def _adbc_chunks(
+        cur: Any, fetch_rows: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, pa.Array]]:
+        # The cursor's own reader turns a failure while reading into ADBC's error, with
+        # the server's SQLSTATE; fetch_record_batch() hands out the bare pyarrow reader,
+        # whose OSError has only the message.
+        reader = getattr(getattr(cur, "_results", None), "reader", None)
+        for batch in reader if reader is not None else cur.fetch_record_batch():
+            lsns = _fixed_be(batch.column(0), 8).view(np.int64)
+            xids = _fixed_be(batch.column(1), 4).astype(np.int64)
+            datas = batch.column(2)
+            if datas.type != pa.binary():
+                datas = datas.cast(pa.binary())
+            for i in range(0, len(datas), fetch_rows):
+                j = i + fetch_rows
+                yield lsns[i:j], xids[i:j], datas.slice(i, fetch_rows)
+
+    def split_point(self, start: Lsn, upto: Lsn) -> Lsn | None:
+        """Where a pull from ``start`` to ``upto`` is cut in two peeks, or None.
+
+        Half of the WAL between them, moved back to its page's start when it falls in
+        the first 40 bytes of a page. A record ending at a page boundary is followed by
+        the page header, and the next record starts after it; an ``upto_lsn`` past the
+        boundary, up to that start, would make the first peek take the next record too
+        (it stops after the first record whose end reaches ``upto_lsn``), while the copy
+        advanced there would not skip it (it skips only the transactions whose commit
+        record starts before its confirmed_flush): a commit there would come twice.
+        """
+        if self.split_bytes is None:
+            return None
+        page = self.wal_block_size
+        if int(upto) - int(start) < max(self.split_bytes, 2 * page):
+            return None
+        mid = off_page_headers(int(start) + (int(upto) - int(start)) // 2, page)
+        return Lsn(mid) if int(start) < mid < int(upto) else None
+
+    def _copy_slot(self) -> tuple[Any, str] | None:
+        """A connection holding a temporary copy of the slot, and the copy's name; None
+        when the server refuses the copy (no free slot under max_replication_slots)."""
+        from adbc_driver_postgresql import dbapi as adbc
+
+        second = self._adbc_connect("the second peek")
+        copy = f"{self.slot[:40]}_half_{self._backend_pid()}"
+        try:
+            with second.cursor() as cur:
+                cur.execute(
+                    sql.SQL("SELECT pg_copy_logical_replication_slot({}, {}, true)::text")
+                    .format(sql.Literal(self.slot), sql.Literal(copy))
+                    .as_string(self._require())
+                )
+                cur.fetchall()
+        except adbc.Error as exc:
+            second.close()
+            log.warning(
+                "pulling in one peek: cannot copy slot %s for a second one (%s)",
+                self.slot,
+                redact_text(" ".join(str(exc).split()), self._secrets),
+            )
+            return None
+        except BaseException:
+            second.close()
+            raise
+        return second, copy
+
+    def _pull_split(
+        self, upto: Lsn, mid: Lsn, pair: tuple[Any, str], fetch_rows: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, pa.Array]]:
+        """The peek to ``upto`` as two peeks whose servers decode at the same time.
+
+        The second half comes from a temporary copy of the slot advanced to ``mid``
+        (fast-forward: no output plugin), on a connection of its own, while the slot
+        itself is peeked to ``mid``. The first peek returns the transactions whose
+        commit record starts before ``mid``, the copy the others, so their rows in that
+        order are the single peek's, apart from the Relation and Type messages the second
+        decoding session sends again and, with streaming, the first half's transactions
+        sent whole rather than streamed (DESIGN.md §2; pinned by
+        tests/integration/test_split_peek.py). The server materialises each result before
+        sending it, so the second half is being built while the client drains the first.
+        """
+        from adbc_driver_postgresql import dbapi as adbc
+
+        second, copy = pair
+        cursor = second.cursor()
+        failure: list[BaseException] = []
+
+        def start_second() -> None:
+            try:
+                cursor.execute(
+                    sql.SQL("SELECT pg_replication_slot_advance({}, {}::pg_lsn)::text")
+                    .format(sql.Literal(copy), str(mid))
+                    .as_string(self._require())
+                )
+                cursor.fetchall()
+                cursor.execute(self._peek_select(copy, upto))
+            except BaseException as exc:  # handed over to the pulling thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=start_second, name="slotlake-second-peek", daemon=True)
+        thread.start()
+        try:
+            # Without streaming: a transaction open at ``mid`` would be streamed in part by
+            # the first peek and whole by the second. Unstreamed, the first peek leaves it
+            # out (it sends a transaction at its commit) and spills to disk past
+            # logical_decoding_work_mem, as any slot without streaming does.
+            yield from self._pull_adbc(mid, fetch_rows, streaming=False)
+            thread.join()
+            if failure:
+                raise failure[0]
+            yield from self._adbc_chunks(cursor, fetch_rows)
+        except (adbc.Error, OSError) as exc:
+            raise self._error(
+                f"peek of slot {self.slot!r} (second half, from {mid}) failed on "
+                f"{self.dsn_redacted}",
+                exc,
+            ) from None
+        finally:
+            if thread.is_alive():
+                with contextlib.suppress(Exception):
+                    second.adbc_cancel()
+                thread.join()
+            with contextlib.suppress(Exception):
+                cursor.close()
+            # The copy is temporary: it goes with the session.
+            second.close()
 
     def _register_loaders(self, cur: psycopg.Cursor[Any]) -> None:
         # psycopg's own C loaders: int8 reads pg_lsn's 8 bytes (as signed — exactly the
@@ -802,6 +972,12 @@ class SlotSource:
 
 _PG_LSN_OID = 3220
 _XID_OID = 28
+
+
+def off_page_headers(lsn: int, page: int = 8192) -> int:
+    """``lsn``, or the start of its WAL page when it falls within the page's header
+    (``split_point`` says why)."""
+    return lsn - lsn % page if lsn % page <= _WAL_LONG_PAGE_HEADER else lsn
 
 
 def _has_adbc() -> bool:

@@ -98,6 +98,8 @@ class SyncResult:
     raw_bytes: int = 0
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (changes, state rows)
     timings: dict[str, float] = field(default_factory=dict)
+    # Where this run's pull was cut in two peeks decoded at once (None: one peek, or none).
+    split_at: Lsn | None = None
     resumed: int | None = None  # an unfinished batch this run completed first
 
 
@@ -119,6 +121,7 @@ def open_source(cfg: Config) -> SlotSource:
         messages=src.messages or src.capture_ddl,
         streaming=src.streaming,
         session_settings=src.settings,
+        split_bytes=int(src.split_peek_mb * 1024 * 1024) if src.split_peek_mb > 0 else None,
     )
 
 
@@ -232,6 +235,7 @@ def _run_batch(
 ) -> SyncResult:
     """One batch from ``start``: the unfinished one a plan names, or a fresh pull."""
     timings: dict[str, float] = {}
+    split_at: Lsn | None = None
     last = lake.last_commit()
     batch = last.batch + 1 if last else 1
     plan = lake.read_plan(batch)
@@ -294,7 +298,9 @@ def _run_batch(
         pulled = source.pull(
             target, writer, progress=lambda p: progress(f"batch {batch}: pull {p}")
         )
-        summary = pulled.summary
+        summary, split_at = pulled.summary, pulled.split_at
+        if split_at is not None:
+            progress(f"batch {batch}: pulled in two peeks at once, cut at {split_at}")
         os.makedirs(raw_local, exist_ok=True)
         with open(os.path.join(raw_local, CATALOG_FILE), "w") as fh:
             fh.write(catalog_to_json(str(target), catalog))
@@ -422,6 +428,7 @@ def _run_batch(
         raw_bytes=plan.raw_bytes,
         tables={n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.written},
         timings=timings,
+        split_at=split_at,
     )
     progress(
         f"batch {batch} committed: {plan.raw_messages} messages, {out.transaction_count} transactions, "

@@ -413,6 +413,8 @@ def play(
         # or nothing left to pick) leaves nothing to pull.
         assert result.status in ("committed", "up_to_date"), (where, result.status)
         assert slot_confirmed(c, slot) == str(result.end_lsn), where
+        if result.split_at is not None:
+            work.done["split pull"] += 1
         work.synced()
         try:
             present = _in_lake(c, lake, tables)
@@ -432,15 +434,17 @@ def test_random_workload_mirror_equals_source(
     """``ROUNDS`` rounds of random transactions (and, between some, a column change or a
     sync of nothing), each followed by a sync. ``plain``: with the DDL capture trigger (as
     ``slotlake bootstrap`` installs it); ``streaming``: without it, pgoutput streaming
-    the big transactions (64 kB of decoding memory) and sending binary tuples."""
+    the big transactions (64 kB of decoding memory) and sending binary tuples. Both cut
+    every pull in two peeks."""
     seed = int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or (
         pg_cluster.version * 1000 + (1 if mode == "plain" else 3)
     )
     lake = str(tmp_path / "lake")
+    # Every pull over two WAL pages cut in two peeks (tests/integration/test_split_peek.py).
     if mode == "streaming":
-        cfg = streaming_config(pg_dsn, lake, slot, 2, binary=True)
+        cfg = streaming_config(pg_dsn, lake, slot, 2, binary=True, split_peek_mb=0.01)
     else:
-        cfg = make_config(pg_dsn, lake, slot)
+        cfg = make_config(pg_dsn, lake, slot, split_peek_mb=0.01)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         work, present = play(c, cfg, slot, seed, ROUNDS, mode == "plain", spark)
     # What the run covered, so that a change of the generator cannot quietly stop
@@ -455,6 +459,7 @@ def test_random_workload_mirror_equals_source(
         "add default",
         "drop",
         "identity",
+        "split pull",
     }
     assert covered <= set(work.done), f"seed {seed}: {dict(work.done)}"
     ops = {t: set(read_changes(lake, t).column("_op").to_pylist()) for t in present}
