@@ -854,7 +854,8 @@ class SlotSource:
         except adbc.Error as exc:
             second.close()
             log.warning(
-                "pulling in one peek: cannot copy slot %s for a second one (%s)",
+                "pulling in one peek: cannot copy slot %s for a second one (%s); "
+                "source.split_peek_mb = 0 always pulls in one peek",
                 self.slot,
                 redact_text(" ".join(str(exc).split()), self._secrets),
             )
