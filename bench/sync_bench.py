@@ -617,13 +617,16 @@ def print_table(res: dict[str, Any]) -> None:
     def row(name: str, wall: float | None, cpu: str, la: str) -> None:
         print(f"{name:<34} {'' if wall is None else f'{wall:9.2f}':>9} {cpu:>16} {la:>20}")
 
-    if "floor" in res:
-        f = res["floor"]
+    floors = res.get("floors", [res["floor"]] if "floor" in res else [])
+    for f in floors:
         row("(a) floor count(*)", f["wall_s"], f"srv {f['server_cpu_s']:.2f}", f["loadavg"])
     for f in res.get("split_floors", []):
         row(f"(a2) split floor, cut {f['cut']}", f["wall_s"], "", f["loadavg"])
-    for i, p in enumerate(res.get("pulls", []) + res.get("pulls_one_peek", [])):
-        ratio = p["wall_s"] / res["floor"]["wall_s"] if "floor" in res else float("nan")
+    pulls = res.get("pulls", [])
+    for i, p in enumerate(pulls + res.get("pulls_one_peek", [])):
+        # Against the floor measured just before this round's pulls.
+        k = i % len(pulls) if pulls else 0
+        ratio = p["wall_s"] / floors[min(k, len(floors) - 1)]["wall_s"] if floors else float("nan")
         label = "two peeks" if p.get("split_at") else "one peek"
         row(
             f"(b) pull #{i + 1}, {label} ({ratio:.2f}× floor)",
