@@ -591,6 +591,11 @@ class SlotSource:
         ]
         return sql.SQL("pg_logical_slot_peek_binary_changes({})").format(sql.SQL(", ").join(args))
 
+    def _peek_select(self, upto: Lsn | None, **call: Any) -> sql.Composed:
+        """``SELECT lsn, xid, data`` of the peek (``call``: :meth:`_peek_call`'s options),
+        what every transport reads."""
+        return sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto, **call))
+
     def count_floor(self, upto: Lsn) -> int:
         """Rows the peek returns, counted server side: the floor any transport can reach."""
         query = sql.SQL("SELECT count(*) FROM {}").format(self._peek_call(upto))
@@ -701,7 +706,7 @@ class SlotSource:
         self, upto: Lsn | None, fetch_rows: int, nchanges: int | None = None
     ) -> Iterator[tuple[Sequence[int], Sequence[int], Sequence[bytes]]]:
         conn = self._require()
-        query = sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto, nchanges))
+        query = self._peek_select(upto, nchanges=nchanges)
         with conn.transaction():
             cur = conn.cursor(
                 name=f"slotlake_peek_{self._backend_pid()}", binary=True, scrollable=False
@@ -723,7 +728,7 @@ class SlotSource:
         them over ``fetch_rows`` at a time (memory stays bounded: TCP flow control stops
         the server when the client falls behind)."""
         conn = self._require()
-        query = sql.SQL("SELECT lsn, xid, data FROM {}").format(self._peek_call(upto))
+        query = self._peek_select(upto)
         cur = conn.cursor(binary=True)
         self._register_loaders(cur)
         rows = cur.stream(query, size=fetch_rows)
@@ -785,7 +790,7 @@ class SlotSource:
         peek = self._adbc_connect("the peek")
         try:
             with peek.cursor() as cur:
-                cur.execute(self._peek_select(self.slot, upto, streaming))
+                cur.execute(self._peek_select(upto, streaming=streaming).as_string(self._require()))
                 yield from self._adbc_chunks(cur, fetch_rows)
         except (adbc.Error, OSError) as exc:
             raise self._error(
@@ -794,10 +799,6 @@ class SlotSource:
         finally:
             # Closing mid-stream ends the backend's COPY: nothing is consumed by a peek.
             peek.close()
-
-    def _peek_select(self, slot: str, upto: Lsn, streaming: bool | None = None) -> str:
-        call = self._peek_call(upto, slot=slot, streaming=streaming)
-        return sql.SQL("SELECT lsn, xid, data FROM {}").format(call).as_string(self._require())
 
     @staticmethod
     def _adbc_chunks(
@@ -894,7 +895,7 @@ class SlotSource:
                     .as_string(self._require())
                 )
                 cursor.fetchall()
-                cursor.execute(self._peek_select(copy, upto))
+                cursor.execute(self._peek_select(upto, slot=copy).as_string(self._require()))
             except BaseException as exc:  # handed over to the pulling thread
                 failure.append(exc)
 
@@ -941,9 +942,7 @@ class SlotSource:
         self, upto: Lsn, fetch_rows: int
     ) -> Iterator[tuple[Sequence[int], Sequence[int], Sequence[bytes]]]:
         conn = self._require()
-        query = sql.SQL("COPY (SELECT lsn, xid, data FROM {}) TO STDOUT (FORMAT binary)").format(
-            self._peek_call(upto)
-        )
+        query = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(self._peek_select(upto))
         with conn.cursor().copy(query) as copy:
             yield from _copy_chunks(copy, fetch_rows)
 

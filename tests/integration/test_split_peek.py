@@ -17,21 +17,18 @@ from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter, read_raw
 from slotlake.source import SlotSource, SourceError, off_page_headers
 
-from .test_source import PUB, check_transactions, connect, slot_of
+from .test_source import PUB, check_transactions, connect, setup_source, slot_of
 
 PAGE = 8192
 
 
 def setup(dsn: str) -> None:
-    """Many small transactions of every kind a batch carries, over a few dozen WAL pages."""
+    """Many small transactions of every kind a batch carries, over a few dozen WAL pages,
+    on test_source's tables (a keyed ``t1``, a multiset ``t2``), publication and slot."""
+    setup_source(dsn)
     with connect(dsn) as c:
-        c.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
-        c.execute("CREATE TABLE t2 (id int, v text)")
-        c.execute("ALTER TABLE t2 REPLICA IDENTITY FULL")
-        c.execute(f"CREATE PUBLICATION {PUB} FOR TABLE t1, t2")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_of(dsn),))
         for i in range(150):
-            c.execute("INSERT INTO t1 VALUES (%s, repeat('x', 900) || %s)", (i, i))
+            c.execute("INSERT INTO t1 (id, v) VALUES (%s, repeat('x', 900) || %s)", (i, i))
             if i % 7 == 0:
                 c.execute("UPDATE t1 SET v = 'u' || id WHERE id = %s", (i // 2,))
                 c.execute("INSERT INTO t2 VALUES (%s, 'row'), (%s, 'row')", (i, i))
