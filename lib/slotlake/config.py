@@ -78,6 +78,11 @@ class LakeConfig:
     # driver (its ranges at once); a bigger multiset (grouped whole) goes through Spark
     # tasks over parallel ranges. 0 sends every table through Spark.
     bootstrap_driver_mb: int = 64
+    # A sync's batch on a local lake fsyncs what it wrote by name up to this many files;
+    # more, and it syncs the lake's file system whole (one syncfs: a batch of a hundred
+    # small tables writes 400 files). Raise it for a lake whose file system a busy
+    # writer shares (a database's dirty pages would be flushed with the lake's).
+    fsync_files_max: int = 64
 
 
 @dataclass
@@ -205,6 +210,7 @@ def validate(cfg: Config) -> None:
         ("driver_write_mb", 0),
         ("driver_write_state_mb", 0),
         ("bootstrap_driver_mb", 0),
+        ("fsync_files_max", 0),
     ):
         value = getattr(lake, name)
         if value is not None and value < least:

@@ -198,7 +198,7 @@ def run_sync(
             # What each batch writes to a local lake is listed for the syncs before its
             # plan and its commit record (slotlake.durability).
             with (
-                durability.deferred(str(local_path(lake.uri)))
+                durability.deferred(str(local_path(lake.uri)), cfg.lake.fsync_files_max)
                 if lake.on_local_disk
                 else contextlib.nullcontext()
             ):

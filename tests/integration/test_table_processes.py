@@ -349,6 +349,31 @@ def test_a_batch_syncs_the_files_it_wrote_by_name(
     check(pg_dsn, cfg.lake.path)
 
 
+def test_a_batch_of_more_files_than_fsync_files_max_syncs_the_file_system_once(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``lake.fsync_files_max`` files, the tables' files are made durable by one
+    ``syncfs`` of the lake's file system (before the commit record), not one by one; the
+    raw files before the plan, fewer, still by name."""
+    whole, named = _spy_syncs(monkeypatch)
+    cfg = config(pg_dsn, tmp_path, slot)
+    cfg.lake.fsync_files_max = 8
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+    result = run_sync(cfg)
+    assert result.status == "committed"
+    assert whole == [str(Path(cfg.lake.path).resolve())]
+    lake = Path(cfg.lake.path)
+    raw = {
+        str(p) for p in (lake / Lake(cfg.lake.path).read_commit(1).raw).rglob("*") if p.is_file()
+    }
+    assert raw and raw <= set(named)
+    tables = [str(lake / Lake.table_path(kind, t)) for kind in (CHANGES, STATE) for t in TABLES]
+    assert not any(p.startswith(t) for p in named for t in tables)
+    check(pg_dsn, cfg.lake.path)
+
+
 def test_an_in_place_reprocess_syncs_what_it_wrote_by_name(
     pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,6 +73,47 @@ def test_a_deferring_batch_syncs_what_it_listed_at_its_end(
     assert not durability.deferring() and durability.last_sync_seconds() >= 0
 
 
+def test_a_batch_of_many_files_syncs_its_file_system_once(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    """More files listed than the batch's ``files_max`` (a batch of many small tables):
+    one ``syncfs`` of the lake's file system instead of an fsync each; up to it, by name."""
+    paths = [str(tmp_path / f"t{i}") for i in range(3)]
+    with durability.deferred(str(tmp_path), files_max=5):
+        for path in paths:
+            create_on_driver(path, SCHEMA)  # three entries: by name
+        durability.flush(str(tmp_path))
+        assert set(synced) == {str(_entry(p, 0)) for p in paths} | {
+            str(_entry(p, 0).parent) for p in paths
+        }
+        synced.clear()
+        for path in paths:  # three data files and three entries: six, past five
+            delta_log.append(delta_log.snapshot(path), _rows(1, 2), "app", 1)
+    assert synced == [f"fs:{tmp_path}"]
+
+
+def test_files_off_the_lakes_file_system_are_synced_by_name(
+    tmp_path: Path, synced: list[str]
+) -> None:
+    """A listed file on another file system than the lake root's (a raw directory
+    elsewhere) would not be reached by the root's ``syncfs``: all are fsynced by name."""
+    shm = Path("/dev/shm")
+    assert shm.is_dir() and os.stat(shm).st_dev != os.stat(tmp_path).st_dev
+    elsewhere = shm / f"slotlake-test-{os.getpid()}"
+    elsewhere.write_bytes(b"raw")
+    try:
+        assert not durability.on_file_system_of(str(tmp_path), [str(elsewhere)])
+        local = [str(tmp_path / f"f{i}") for i in range(3)]
+        for p in local:
+            Path(p).write_bytes(b"x")
+        assert durability.on_file_system_of(str(tmp_path), local)
+        with durability.deferred(str(tmp_path), files_max=2):
+            durability.written(*local, str(elsewhere))
+        assert set(synced) == {*local, str(elsewhere), str(tmp_path), str(shm)}
+    finally:
+        elsewhere.unlink()
+
+
 def test_outside_a_batch_a_commit_syncs_what_it_names_before_its_entry(
     tmp_path: Path, synced: list[str]
 ) -> None:
