@@ -503,12 +503,13 @@ def physical_table(rows: pa.Table, schema: StructType) -> pa.Table:
     import pyarrow as pa
 
     target = physical_schema(schema)
-    unknown = set(rows.column_names) - set(schema.fieldNames())
+    have = set(rows.column_names)
+    unknown = have - set(schema.fieldNames())
     if unknown:
         raise ValueError(f"columns {sorted(unknown)} are not in the table's schema")
     columns = []
     for delta_field, f in zip(schema.fields, target, strict=True):
-        if delta_field.name in rows.column_names:
+        if delta_field.name in have:
             columns.append(
                 _as_physical(rows.column(delta_field.name), delta_field.dataType, f.type)
             )
@@ -521,6 +522,8 @@ def _as_physical(values: Any, delta: DataType, target: pa.DataType) -> Any:
     """A logical column's values as ``target`` (its physical type). Arrow casts struct
     fields by name, and the physical names are not the logical ones: structs (and lists
     of them) are rebuilt field by field, by logical name, missing fields NULL."""
+    if values.type == target and not target.num_fields:
+        return values  # most columns: nothing to rename or cast
     import pyarrow as pa
     from pyspark.sql.types import ArrayType, StructType
 
