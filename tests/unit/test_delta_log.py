@@ -78,6 +78,23 @@ def test_the_checkpoint_stands_for_the_entries_before_it(tmp_path: Path) -> None
     assert (after.version, after.txns, after.files) == (before.version, before.txns, before.files)
 
 
+@pytest.mark.parametrize("small_rows", [0, 1000])
+def test_a_big_checkpoint_is_read_as_a_small_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_rows: int
+) -> None:
+    """A checkpoint past SMALL_CHECKPOINT_ROWS has its NULL rows filtered out in Arrow,
+    a smaller one skips them in Python: the same snapshot, and deltalake's."""
+    path = str(tmp_path / "t")
+    cp = _history(path)
+    monkeypatch.setattr(delta_log, "SMALL_CHECKPOINT_ROWS", small_rows)
+    log_dir = Path(path) / "_delta_log"
+    for v in range(cp + 1):
+        (log_dir / f"{v:020d}.json").unlink()
+    snap = delta_log.snapshot(path, files=True)
+    assert snap.version >= cp and snap.txns and snap.files and snap.protocol
+    _same_as_deltalake(path, snap)
+
+
 def test_multi_part_checkpoints_are_read_whole_or_not_at_all(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     cp = _history(path)
