@@ -72,6 +72,15 @@ def spark():  # type: ignore[no-untyped-def]
     session.stop()
 
 
+@pytest.fixture
+def checkpoint_every_10(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables created meanwhile (by the driver or Spark) checkpoint every 10 versions,
+    Delta's default, instead of the lake's 30: tests that reach a checkpoint stay short."""
+    from slotlake import delta
+
+    monkeypatch.setitem(delta.TABLE_PROPERTIES, "delta.checkpointInterval", "10")
+
+
 _INTEGRATION_FIXTURES = {"pg_cluster", "pg_dsn", "spark"}
 
 # ``@pytest.mark.one_pg_version`` (a test, or one parameter of it): run on the newest

@@ -47,6 +47,11 @@ Model = dict[Any, tuple[str | None, dict[str, str]]]
 MODES = {"vectors": 0, "rewrite": dv_merge.REWRITE_BYTES}
 
 
+@pytest.fixture(autouse=True)
+def _checkpoints_every_10(checkpoint_every_10: None) -> None:
+    """These tests reach a checkpoint in ten commits (the lake's tables take one every 30)."""
+
+
 def _rows(
     schema: StructType, changes: list[tuple[Any, str | None, dict[str, str], bool]]
 ) -> pa.Table:

@@ -36,6 +36,11 @@ pytestmark = pytest.mark.one_pg_version
 
 
 @pytest.fixture(autouse=True)
+def _checkpoints_every_10(checkpoint_every_10: None) -> None:
+    """These tests reach a checkpoint in ten commits (the lake's tables take one every 30)."""
+
+
+@pytest.fixture(autouse=True)
 def _ten_tables_are_enough(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lane's threshold (16 tables) lowered to these tests' ten."""
     monkeypatch.setattr(table_processes, "MIN_TABLES", 8)

@@ -28,6 +28,11 @@ from slotlake.delta import DRIVER_ENGINE, arrow_append, create_on_driver
 from slotlake.lake import query_delta
 
 
+@pytest.fixture(autouse=True)
+def _checkpoints_every_10(checkpoint_every_10: None) -> None:
+    """These tests reach a checkpoint in ten commits (the lake's tables take one every 30)."""
+
+
 def _txn(app: str, version: int) -> CommitProperties:
     return CommitProperties(app_transactions=[Transaction(app, version)])
 
