@@ -72,6 +72,7 @@ def test_create_on_driver_writes_sparks_first_entry(tmp_path: Path) -> None:
     assert entry["metaData"]["configuration"] == {
         "delta.enableDeletionVectors": "true",
         "delta.columnMapping.mode": "name",
+        "delta.checkpointInterval": "30",
         "delta.columnMapping.maxColumnId": "6",
     }
     # Ids depth-first, a struct before its fields (as Delta numbers them).
