@@ -306,17 +306,25 @@ def main(argv: list[str] | None = None) -> int:
             many = scenario(pg, spark, "many", tables, per)
             # The same tables written by the driver's threads only (no forked workers).
             threads = scenario(pg, spark, "many_threads", tables, per, processes=0)
+            # Each batch a `slotlake sync` of its own, as Airflow runs it: process start
+            # to exit, so the imports a fresh process makes are counted too.
+            one_p = scenario(pg, spark, "one_p", dict(whole), per * args.tables, sync=timed_process)
+            many_p = scenario(pg, spark, "many_p", dict(tables), per, sync=timed_process)
             out["spread"] = {
                 "one_s": one,
                 "many_s": many,
                 "many_threads_s": threads,
                 "ratio": many / one,
                 "ratio_threads": threads / one,
+                "one_process_s": one_p,
+                "many_process_s": many_p,
+                "ratio_process": many_p / one_p,
             }
             log(
                 f"spread: {args.tables} tables {many:.2f}s vs one table {one:.2f}s "
                 f"= {many / one:.2f}× (target ≤ 2×); threads only {threads:.2f}s "
-                f"= {threads / one:.2f}×"
+                f"= {threads / one:.2f}×; a process each batch {many_p:.2f}s vs "
+                f"{one_p:.2f}s = {many_p / one_p:.2f}×"
             )
         if "rollback" in steps:
             rolled: dict[str, Any] = {}

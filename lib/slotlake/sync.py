@@ -37,6 +37,7 @@ from slotlake.lake import (
     utcnow_iso,
 )
 from slotlake.lsn import Lsn
+from slotlake.preload import Preload
 from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
 from slotlake.reprocess import IN_PLACE_MARKER
@@ -183,6 +184,23 @@ def run_sync(
         )
     accept = cfg.accept_slot_ahead if accept_slot_ahead is None else accept_slot_ahead
     t_start = time.monotonic()
+    # The tables' imports, meanwhile: the lock, the checks and the pull wait on PostgreSQL.
+    preload = Preload()
+    try:
+        return _run(cfg, lake, target_lsn, spark, accept, progress, t_start)
+    finally:
+        preload.wait()
+
+
+def _run(
+    cfg: Config,
+    lake: Lake,
+    target_lsn: Lsn | None,
+    spark: SparkSession | None,
+    accept: bool,
+    progress: Callable[[str], None],
+    t_start: float,
+) -> SyncResult:
     with open_source(cfg) as source:
         if not source.try_lock():
             progress(

@@ -203,6 +203,9 @@ class TableProcesses:
     def open(cls, processes: int, job: Callable[[str], Any]) -> TableProcesses | None:
         if not _ONE_LANE.acquire(blocking=False):
             return None
+        from slotlake import preload
+
+        preload.settle()  # no fork while a thread imports (slotlake.preload)
         global _JOB
         _JOB = job
         lane = cls(processes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -403,4 +404,42 @@ def test_an_in_place_reprocess_syncs_what_it_wrote_by_name(
         for t in TABLES
     }
     assert newest <= set(named)
+    check(pg_dsn, cfg.lake.path)
+
+
+def test_a_sync_loads_the_tables_imports_while_it_pulls(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run imports what its tables need in a thread of its own (slotlake.preload),
+    started before the pull and done before the workers fork: a module that takes a while
+    to load is loaded by that thread, completely, by the time the workers answer."""
+    from slotlake import preload
+
+    name = "slotlake_test_preloaded"
+    (tmp_path / f"{name}.py").write_text(
+        "import threading, time\ntime.sleep(0.3)\nIMPORTED_BY = threading.current_thread().name\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(preload, "MODULES", (name,))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    seen: list[bool] = []
+    real_open = table_processes.TableProcesses.open.__func__  # type: ignore[attr-defined]
+
+    def opening(cls: type, processes: int, job: Any) -> Any:
+        lane = real_open(cls, processes, job)
+        seen.append(hasattr(sys.modules.get(name), "IMPORTED_BY"))
+        return lane
+
+    monkeypatch.setattr(table_processes.TableProcesses, "open", classmethod(opening))
+    cfg = config(pg_dsn, tmp_path, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        workload(c, 0)
+    try:
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.timings["batch.table_processes"] == 2
+        assert seen == [True]
+        assert sys.modules[name].IMPORTED_BY == "slotlake-preload"
+    finally:
+        sys.modules.pop(name, None)
     check(pg_dsn, cfg.lake.path)
