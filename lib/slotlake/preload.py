@@ -5,8 +5,10 @@ code imports what it needs on first use: PySpark's types for the Delta schemas (
 ``pyspark.sql``, ~0.15 s on 2026-11-28's 2-core machine), ``deltalake``, Arrow's Acero.
 Measured on 40 small tables in a fresh process: each forked worker paid ~0.13-0.17 s of
 imports before its first table, and the parent paid them again writing the
-``transactions`` table (0.15-0.21 s), ~0.3 s of a ~1 s batch. The pull waits on
-PostgreSQL most of its time, so the same imports done meanwhile cost about nothing.
+``transactions`` table (0.15-0.21 s), ~0.3 s of a ~1 s batch. The run waits on
+PostgreSQL most of the time before its tables, so the same imports done meanwhile cost
+little: the pull took up to ~0.1 s longer (the thread takes turns on the GIL), the
+batch 0.62-0.75 s instead of 0.78-1.13 s.
 
 The thread starts with the run, so that the lock, the slot's checks and the target's
 catalog overlap it too (each a round trip to PostgreSQL). Every fork waits for it
