@@ -36,7 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from slotlake import durability
+from slotlake import durability, preload
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +203,6 @@ class TableProcesses:
     def open(cls, processes: int, job: Callable[[str], Any]) -> TableProcesses | None:
         if not _ONE_LANE.acquire(blocking=False):
             return None
-        from slotlake import preload
-
         preload.settle()  # no fork while a thread imports (slotlake.preload)
         global _JOB
         _JOB = job
