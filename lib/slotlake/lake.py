@@ -57,6 +57,7 @@ TRANSACTIONS = "transactions"
 MESSAGES = "messages"
 DDL = "ddl"
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+_RAW_NAME = re.compile(r"^b\d{20}-[0-9a-f]+$")
 # The multiset state of a table matched by whole rows (REPLICA IDENTITY FULL, or no key):
 # one row per distinct value and how many copies of it the source holds.
 COPIES = "_copies"
@@ -561,7 +562,7 @@ class Lake:
 
     # -- housekeeping ----------------------------------------------------------------------
     def referenced_raw(self) -> set[str]:
-        """Raw directories a commit record or a pending plan names."""
+        """Raw directories a commit record or a pending plan names (every record read)."""
         out = {rec.raw for rec in self.commits() if rec.raw}
         for name in self.fs.listdir(self.path(PENDING)):
             m = _COMMIT_NAME.match(name)
@@ -569,9 +570,43 @@ class Lake:
                 out.add(plan.raw)
         return out
 
-    def remove_uncommitted(self) -> list[str]:
+    def _unreferenced_raw(self, batches: list[int], thorough: bool) -> list[str]:
+        """Raw directories no record or plan names. ``thorough`` reads every commit record;
+        otherwise only those that can tell: a sync runs this before each batch, and reading
+        the whole history there made a batch cost more the longer the lake lived (a
+        hundred-table record parses in ~1.5 ms: ten thousand batches, 15 s a sync).
+
+        The quick sweep keeps, unread, the one raw directory of a committed batch: an
+        attempt that never got a plan has a batch number above the last commit, and the
+        sweep before the next attempt removes it, so a committed batch's lone directory
+        is its own. Where that could fail (a sweep skipped by hand) a directory is kept,
+        never lost; ``slotlake maintain`` sweeps thoroughly."""
+        names = [n for n in self.fs.listdir(self.path(RAW)) if _RAW_NAME.match(n)]
+        if thorough:
+            referenced = self.referenced_raw()
+            return [f"{RAW}/{n}" for n in names if f"{RAW}/{n}" not in referenced]
+        by_batch: dict[int, list[str]] = {}
+        for n in names:
+            by_batch.setdefault(int(n[1:21]), []).append(f"{RAW}/{n}")
+        committed, last = set(batches), (batches[-1] if batches else 0)
+        out = []
+        for b, rels in sorted(by_batch.items()):
+            if b in committed:
+                if len(rels) == 1:
+                    continue
+                named = {self.read_commit(b).raw}
+            elif b > last:
+                plan = self.read_plan(b)
+                named = {plan.raw} if plan is not None else set()
+            else:
+                continue  # a gap in the history: not this sweep's to judge
+            out += [rel for rel in rels if rel not in named]
+        return out
+
+    def remove_uncommitted(self, thorough: bool = False) -> list[str]:
         """Delete raw directories of attempts that never got a plan (crashed pulls) and
-        temporary files left by a kill between a record's write and its rename.
+        temporary files left by a kill between a record's write and its rename
+        (``thorough``: judged against every commit record, see :meth:`_unreferenced_raw`).
 
         Delta tables need no such cleanup: a write either committed (and is then skipped
         on rerun) or left files no version references (VACUUM removes them). The caller
@@ -580,18 +615,15 @@ class Lake:
         batches = self.commit_batches()
         if batches:
             self.drop_plans(batches[-1])  # a kill between a commit and its plan's removal
-        referenced = self.referenced_raw()
         removed = []
         for folder in (COMMITS, PENDING):
             for name in self.fs.listdir(self.path(folder)):
                 if name.startswith(".") and name.endswith(".tmp"):
                     self.fs.rmtree(self.path(f"{folder}/{name}"))
                     removed.append(f"{folder}/{name}")
-        for name in self.fs.listdir(self.path(RAW)):
-            rel = f"{RAW}/{name}"
-            if re.match(r"^b\d{20}-[0-9a-f]+$", name) and rel not in referenced:
-                self.fs.rmtree(self.path(rel))
-                removed.append(rel)
+        for rel in self._unreferenced_raw(batches, thorough):
+            self.fs.rmtree(self.path(rel))
+            removed.append(rel)
         return removed
 
     def expire_raw(self, keep_batches: int) -> list[str]:
@@ -602,12 +634,15 @@ class Lake:
         """
         if keep_batches < 0:
             return []
-        records = list(self.commits())
+        batches = self.commit_batches()
+        expired = set(batches[: max(0, len(batches) - keep_batches)])
+        # Judged by the directories' batch numbers, no record read: a sync expires after
+        # every batch, and reading the whole history there grew with the lake's age.
         removed = []
-        for rec in records[: max(0, len(records) - keep_batches)]:
-            if rec.raw and self.exists(rec.raw):
-                self.fs.rmtree(self.path(rec.raw))
-                removed.append(rec.raw)
+        for name in sorted(self.fs.listdir(self.path(RAW))):
+            if _RAW_NAME.match(name) and int(name[1:21]) in expired:
+                self.fs.rmtree(self.path(f"{RAW}/{name}"))
+                removed.append(f"{RAW}/{name}")
         return removed
 
     def delta_tables(self) -> list[str]:

@@ -392,7 +392,7 @@ def run_maintain(
                 (layout or {}).get("created_at"),
             )
             result = MaintainResult(status="done", retention=retention)
-            result.uncommitted_removed = lake.remove_uncommitted()
+            result.uncommitted_removed = lake.remove_uncommitted(thorough=True)
             for removed in result.uncommitted_removed:
                 progress(f"removed {removed} left by an attempt that never committed")
             tables = lake.delta_tables()

@@ -581,33 +581,26 @@ def for_record(
 # -- housekeeping ----------------------------------------------------------------------------
 
 
-def _referenced(lake: Lake) -> set[str]:
-    out: set[str] = set()
-    for rec in lake.commits():
-        out.update(t["staging"] for t in rec.snapshot.get("tables", {}).values())
-    for name in lake.fs.listdir(lake.path("_pending")):
-        m = re.match(r"^(\d{20})\.json$", name)
-        if m and (plan := lake.read_plan(int(m.group(1)))) is not None:
-            out.update(t["staging"] for t in plan.snapshot.get("tables", {}).values())
-    return out
-
-
 def remove_orphans(lake: Lake) -> list[str]:
     """Staging copies no plan or commit names (a run killed before its plan), and those of
-    committed batches whose raw directory was expired (they only serve the same purpose)."""
+    committed batches whose raw directory was expired (they only serve the same purpose).
+
+    A copy's directory carries the number of the batch that made it, so only that batch's
+    record (or plan) is read: a sync runs this before every batch, and the lake's whole
+    history read there would make a batch cost more the longer the lake lived."""
     root = lake.path(SNAPSHOTS)
     dirs = [d for d in lake.fs.listdir(root) if _STAGING.match(d)]
-    if not dirs:
-        return []
-    referenced = {"/".join(p.split("/")[:2]) for p in _referenced(lake)}
-    raw_of = {rec.batch: rec.raw for rec in lake.commits()}
+    committed = set(lake.commit_batches()) if dirs else set()
     removed = []
     for d in dirs:
         rel = f"{SNAPSHOTS}/{d}"
         batch = int(d[1:21])
-        raw = raw_of.get(batch)
+        named = lake.read_commit(batch) if batch in committed else lake.read_plan(batch)
+        tables = named.snapshot.get("tables", {}) if named is not None else {}
+        referenced = any("/".join(t["staging"].split("/")[:2]) == rel for t in tables.values())
+        raw = named.raw if batch in committed and named is not None else None
         expired = raw is not None and not lake.exists(raw)
-        if rel not in referenced or expired:
+        if not referenced or expired:
             lake.fs.rmtree(lake.path(rel))
             removed.append(rel)
     return removed

@@ -80,6 +80,102 @@ def test_uncommitted_raw_and_stale_plans_are_removed_and_committed_kept(tmp_path
     assert not list((tmp_path / "_commits").glob(".*"))
 
 
+def test_the_quick_sweep_reads_only_the_records_that_can_tell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync sweeps before every batch: it must not read the lake's whole history."""
+    lake = Lake(tmp_path)
+    for b in range(1, 6):
+        rec = _record(b)
+        rec.raw = lake.batch_path(RAW, b, f"a{b}")
+        (tmp_path / rec.raw).mkdir(parents=True)
+        lake.write_commit(rec)
+    # Batch 4's crashed first attempt, beside the raw it committed with: its record tells.
+    twin = lake.batch_path(RAW, 4, "dead")
+    (tmp_path / twin).mkdir()
+    # A lone directory the record does not name (only a skipped sweep leaves one): kept by
+    # the quick sweep, removed by the thorough one.
+    stray = lake.batch_path(RAW, 6, "f6")
+    rec = _record(6)
+    lake.write_commit(rec)
+    (tmp_path / stray).mkdir()
+    read: list[int] = []
+    real = Lake.read_commit
+    monkeypatch.setattr(Lake, "read_commit", lambda self, b: read.append(b) or real(self, b))
+    assert lake.remove_uncommitted() == [twin]
+    assert read == [4]
+    assert lake.remove_uncommitted(thorough=True) == [stray]
+    assert sorted(read[1:]) == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (tmp_path / RAW).iterdir()) == [
+        f"b{b:020d}-a{b}" for b in range(1, 6)
+    ]
+
+
+def test_expiry_keeps_the_newest_batches_raw_without_reading_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = Lake(tmp_path)
+    for b in range(1, 6):
+        rec = _record(b)
+        if b != 1:  # batch 1 (a bootstrap's) has no raw, and still counts as a batch
+            rec.raw = lake.batch_path(RAW, b, f"a{b}")
+            (tmp_path / rec.raw).mkdir(parents=True)
+        lake.write_commit(rec)
+    (tmp_path / lake.batch_path(RAW, 2, "dead")).mkdir()  # an expired batch's stray
+    pending = lake.batch_path(RAW, 6, "next")  # the next batch's pull: not a commit's
+    (tmp_path / pending).mkdir()
+    monkeypatch.setattr(Lake, "read_commit", lambda self, b: pytest.fail(f"read {b}"))
+    assert lake.expire_raw(-1) == []
+    assert lake.expire_raw(2) == [
+        lake.batch_path(RAW, 2, "a2"),
+        lake.batch_path(RAW, 2, "dead"),
+        lake.batch_path(RAW, 3, "a3"),
+    ]
+    assert sorted(p.name for p in (tmp_path / RAW).iterdir()) == [
+        "b00000000000000000004-a4",
+        "b00000000000000000005-a5",
+        "b00000000000000000006-next",
+    ]
+
+
+def test_snapshot_copies_are_judged_by_their_own_batch_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slotlake.snapshot import SNAPSHOTS, remove_orphans
+
+    lake = Lake(tmp_path)
+
+    def copy(batch: int, attempt: str) -> dict[str, dict[str, str]]:
+        rel = f"{SNAPSHOTS}/b{batch:020d}-{attempt}"
+        (tmp_path / rel / "public.t").mkdir(parents=True)
+        return {"public.t": {"staging": f"{rel}/public.t"}}
+
+    for b in range(1, 5):
+        rec = _record(b)
+        rec.raw = lake.batch_path(RAW, b, f"a{b}")
+        if b in (2, 3):
+            rec.snapshot = {"tables": copy(b, f"a{b}")}
+        if b != 2:  # batch 2's raw expired: its copy goes with it
+            (tmp_path / rec.raw).mkdir(parents=True)
+        lake.write_commit(rec)
+    killed = copy(5, "dead")  # a run killed before its plan
+    planned = _plan(6, "b6")
+    planned.snapshot = {"tables": copy(6, "b6")}  # an unfinished batch's copy: kept
+    lake.write_plan(planned)
+    read: list[int] = []
+    real = Lake.read_commit
+    monkeypatch.setattr(Lake, "read_commit", lambda self, b: read.append(b) or real(self, b))
+    assert killed and sorted(remove_orphans(lake)) == [
+        f"{SNAPSHOTS}/b{2:020d}-a2",
+        f"{SNAPSHOTS}/b{5:020d}-dead",
+    ]
+    assert sorted(read) == [2, 3]
+    assert sorted(p.name for p in (tmp_path / SNAPSHOTS).iterdir()) == [
+        f"b{3:020d}-a3",
+        f"b{6:020d}-b6",
+    ]
+
+
 def _plan(batch: int, attempt: str) -> BatchPlan:
     return BatchPlan(
         batch=batch,
