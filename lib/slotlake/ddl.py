@@ -608,9 +608,11 @@ def read_relations(
 
 
 def catalog_to_json(target: str, tables: dict[str, TableColumns]) -> str:
+    # Compact: an indented dump takes json's pure-Python encoder, and this file lists every
+    # published table each batch (100 tables: 3.8 ms indented, 0.8 ms compact).
     return json.dumps(
         {"target_lsn": target, "tables": {k: v.to_json() for k, v in sorted(tables.items())}},
-        indent=1,
+        separators=(",", ":"),
         sort_keys=True,
     )
 
