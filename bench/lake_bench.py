@@ -13,6 +13,10 @@ SparkSession (the issue's targets in brackets):
           table                                                          [≤ 2×]
           and the many tables once more written by the driver's threads only
           (``lake.table_processes = 0``: no forked workers)
+  quiet   ``--changes`` / ``--tables`` changes to one table of a lake of ``--quiet-tables``
+          tables the batch leaves alone vs the same batch in a lake of that table
+          alone: a batch should not cost what the lake holds (each table's catalog is
+          read at the target, and the commit record lists them all)
   process ``--process-changes`` changes over 8 tables, one ``slotlake sync`` process timed
           from its start to its exit (slot advanced)                     [≤ 10 s]
   multiset  ``--process-changes`` changes on a ``--small``-row table without a key
@@ -45,7 +49,8 @@ blocks of every file before the journal commit an fsync waits for: ~0.1 s more o
 system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,process,multiset,mid,ddl,rollback]
+                               [--tables 100] [--steps size,spread,quiet,process,multiset,mid,ddl,rollback]
+                               [--quiet-tables 300]
                                [--source-dir /dev/shm] [--json PATH]
 """
 
@@ -256,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=20_000)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--process-changes", type=int, default=400)
-    p.add_argument("--steps", default="size,spread,process,multiset,mid,ddl,rollback")
+    p.add_argument("--quiet-tables", type=int, default=300)
+    p.add_argument("--steps", default="size,spread,quiet,process,multiset,mid,ddl,rollback")
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
         "--source-dir",
@@ -325,6 +331,35 @@ def main(argv: list[str] | None = None) -> int:
                 f"= {many / one:.2f}× (target ≤ 2×); threads only {threads:.2f}s "
                 f"= {threads / one:.2f}×; a process each batch {many_p:.2f}s vs "
                 f"{one_p:.2f}s = {many_p / one_p:.2f}×"
+            )
+        if "quiet" in steps:
+            per = max(1, args.changes // args.tables)
+            rows = max(args.small // args.tables, per * 2)
+
+            def first_only(
+                c: psycopg.Connection[Any],
+                name: str,
+                n_rows: int,
+                n: int,
+                rng: random.Random,
+                r: int,
+            ) -> None:
+                if name.endswith("_000"):
+                    changes(c, name, n_rows, n, rng, r)
+
+            alone = scenario(pg, spark, "alone", {"q_000": rows}, per, repeat=4, write=first_only)
+            crowd = {f"q_{i:03d}": rows for i in range(args.quiet_tables)}
+            among = scenario(pg, spark, "among", crowd, per, repeat=4, write=first_only)
+            out["quiet"] = {
+                "changes": per,
+                "quiet_tables": args.quiet_tables - 1,
+                "alone_s": alone,
+                "among_s": among,
+                "ratio": among / alone,
+            }
+            log(
+                f"quiet: {per} changes to one table, in a lake of {args.quiet_tables} tables "
+                f"{among:.2f}s vs alone {alone:.2f}s = {among / alone:.2f}×"
             )
         if "rollback" in steps:
             rolled: dict[str, Any] = {}

@@ -86,10 +86,12 @@ _INTEGRATION_FIXTURES = {"pg_cluster", "pg_dsn", "spark"}
 # ``@pytest.mark.one_pg_version`` (a test, or one parameter of it): run on the newest
 # version listed only. For what sees the decoder's output and not the source's bytes:
 # Spark's writers and readers (the driver's run on every version, and the decoder that
-# Spark's workers run is the one the driver runs) and the packaging around the job
-# (spark-submit, Airflow). The source's version changes nothing these see, and each run
-# costs a JVM or a spark-submit per step (about 5 minutes of a 28-minute suite; the
-# end-to-end workload through Spark alone is 45 s a version).
+# Spark's workers run is the one the driver runs), the driver's other writers beside its
+# default one, the lake's upkeep, reprocessing past the first reprocess of each version's
+# raw, and the packaging around the job (spark-submit, Airflow, the demo). The source's
+# version changes nothing these see, and each run costs a JVM or a spark-submit per step
+# (about 5 minutes of a 28-minute suite; the end-to-end workload through Spark alone is
+# 45 s a version; the lake-side variants another ~1.5 minutes).
 ONE_VERSION = max(PG_VERSIONS)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from slotlake.lake import LAYOUT_FILE, Lake, TableCommit, make_record
 from slotlake.localpg import LocalPostgres
@@ -180,6 +181,7 @@ def assert_old_layout_refused(run: subprocess.CompletedProcess[str], command: st
     assert "old Parquet layout" in lines[-1] and "bootstrap a new lake.path" in lines[-1]
 
 
+@pytest.mark.one_pg_version
 def test_old_layout_lake_is_refused_in_one_line(pg_dsn: str, slot: str, tmp_path: Path) -> None:
     setup_source(pg_dsn, slot)
     conf = write_config(tmp_path, pg_dsn, slot)
@@ -260,6 +262,7 @@ def test_status_and_inspect_of_a_bootstrap_batch(pg_dsn: str, slot: str, tmp_pat
     assert absent.returncode == 2 and "batch 7 is not committed" in absent.stderr
 
 
+@pytest.mark.one_pg_version  # the source's versions are covered by every pg_cluster test
 def test_demo_runs_and_proves_the_mirror(pg_cluster: LocalPostgres, tmp_path: Path) -> None:
     """`slotlake demo` as `make demo` runs it (a throwaway server of its own), small."""
     lake = tmp_path / "demo-lake"

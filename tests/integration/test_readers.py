@@ -134,7 +134,12 @@ def _workload(c: psycopg.Connection, batch: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "writer", ["driver", "vectors", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+    "writer",
+    [
+        "driver",
+        pytest.param("vectors", marks=pytest.mark.one_pg_version),
+        pytest.param("spark", marks=pytest.mark.one_pg_version),
+    ],
 )
 def test_readers_without_slotlake(
     pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch, writer: str

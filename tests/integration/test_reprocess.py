@@ -236,6 +236,7 @@ def test_reprocess_every_batch_into_a_fresh_root(
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.one_pg_version  # every version's raw is reprocessed by the fresh-root test
 def test_reprocess_a_middle_range_continues_from_the_retained_state(
     synced_lake: str, spark, spark_reads, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -258,6 +259,7 @@ def test_reprocess_a_middle_range_continues_from_the_retained_state(
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.one_pg_version  # every version's raw is reprocessed by the fresh-root test
 def test_reprocess_in_place(synced_lake: str, spark, spark_reads, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from deltalake import DeltaTable
 
