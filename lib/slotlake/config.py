@@ -42,6 +42,9 @@ class SourceConfig:
     # second from a temporary copy of the slot (needs a free replication slot; not with
     # streaming). 0: always one peek.
     split_peek_mb: float = 64.0
+    # A pull over less WAL than this many MiB reads on the session's own connection, not
+    # ADBC's (whose connection loads the database's type catalog first). 0: always ADBC.
+    adbc_min_mb: float = 32.0
 
 
 @dataclass
@@ -195,8 +198,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("source.publications must name at least one publication")
     if not src.slot:
         raise ConfigError("source.slot must be set")
-    if src.split_peek_mb < 0:
-        raise ConfigError(f"source.split_peek_mb must be 0 (off) or more, got {src.split_peek_mb}")
+    for name in ("split_peek_mb", "adbc_min_mb"):
+        if getattr(src, name) < 0:
+            raise ConfigError(f"source.{name} must be 0 (off) or more, got {getattr(src, name)}")
     lake = cfg.lake
     # (setting, smallest value that means something): a negative bound would silently
     # send every table one way, or keep nothing.

@@ -123,6 +123,7 @@ def open_source(cfg: Config) -> SlotSource:
         streaming=src.streaming,
         session_settings=src.settings,
         split_bytes=int(src.split_peek_mb * 1024 * 1024) if src.split_peek_mb > 0 else None,
+        adbc_min_bytes=int(src.adbc_min_mb * 1024 * 1024) if src.adbc_min_mb > 0 else None,
     )
 
 

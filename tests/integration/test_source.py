@@ -15,7 +15,7 @@ import pytest
 
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter, read_raw
-from slotlake.source import PullProgress, SlotSource, SourceError, lock_key
+from slotlake.source import PullProgress, SlotSource, SourceError, lock_key, session_transport
 
 
 def slot_of(dsn: str, suffix: str = "") -> str:
@@ -149,6 +149,23 @@ def test_pull_matches_the_peek_byte_for_byte(
     assert result.summary.last_complete_end_lsn == Lsn(end_lsn)
     assert Lsn.from_signed(last_commit["lsn"]) == Lsn(end_lsn)
     assert result.summary.open_transaction is False
+
+
+def test_a_small_pull_reads_on_the_session_and_a_large_one_through_adbc(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """``adbc_min_bytes`` (source.adbc_min_mb): under it the pull skips ADBC's connection,
+    over it, or with a transport asked for by name, ADBC reads; the rows are the same."""
+    setup_source(pg_dsn)
+    workload(pg_dsn)
+    kinds = []
+    for n, (min_bytes, forced) in enumerate([(1 << 30, None), (1, None), (1 << 30, "adbc")]):
+        with SlotSource(pg_dsn, slot, [PUB], transport="adbc", adbc_min_bytes=min_bytes) as src:
+            upto = src.current_flush_lsn()
+            rows, result = pull(src, upto, tmp_path / f"raw{n}", transport=forced)
+            kinds.append((result.transport, [(r["lsn"], r["xid"], r["data"]) for r in rows]))
+    assert [k for k, _ in kinds] == [session_transport(), "adbc", "adbc"]
+    assert kinds[0][1] == kinds[1][1] == kinds[2][1] and len(kinds[0][1]) > 300
 
 
 def test_peek_does_not_consume_and_advance_moves_forward_only(

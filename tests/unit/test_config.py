@@ -72,6 +72,8 @@ def test_overrides_win_and_parse_as_toml(tmp_path: Path) -> None:
         ("source.proto_version=7", "proto_version must be 1 to 4"),
         ("source.proto_version=1", "streaming needs source.proto_version >= 2"),
         ("weird.key=1", r"unknown configuration section \[weird\]"),
+        ("source.adbc_min_mb=-1", r"source.adbc_min_mb must be 0 \(off\) or more, got -1.0"),
+        ("source.split_peek_mb=-2", r"source.split_peek_mb must be 0 \(off\) or more"),
         ("lake.driver_write_mb=-1", "lake.driver_write_mb must be 0 or more, got -1"),
         ("lake.driver_write_rows=lots", 'lake.driver_write_rows must be an integer or "auto"'),
         ("lake.driver_write_mb=true", 'lake.driver_write_mb must be an integer or "auto"'),
