@@ -498,8 +498,11 @@ WHERE c.oid IN (
 # logicalrep_write_attrs flags it (every column under FULL; else the primary key's for
 # DEFAULT, the identity index's for INDEX, none for NOTHING or a missing index; never an
 # INCLUDE column).
+# ``published`` is MATERIALIZED: inlined, the view's attnames (a subquery per table) was
+# recomputed for every attribute row the EXISTS below filters (300 tables: 88 → 16 ms on
+# PostgreSQL 15, 24 → 14 ms on 16; 2,000 tables: 205 → 79 ms, 142 → 74 ms).
 RELATION_SQL = """
-WITH published AS (
+WITH published AS MATERIALIZED (
     SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass AS rel,
            {attnames} AS attnames
     FROM pg_publication_tables WHERE pubname = ANY(%s)
