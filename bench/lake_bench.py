@@ -333,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{one_p:.2f}s = {many_p / one_p:.2f}×"
             )
         if "quiet" in steps:
-            per = max(1, args.changes // args.tables)
-            rows = max(args.small // args.tables, per * 2)
+            # The changed table is one of the spread's tables: its size, its changes.
+            spread, per = spread_tables(args, "q")
+            rows = spread["q_000"]
 
             def first_only(
                 c: psycopg.Connection[Any],

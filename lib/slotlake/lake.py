@@ -58,7 +58,7 @@ TRANSACTIONS = "transactions"
 MESSAGES = "messages"
 DDL = "ddl"
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
-_RAW_NAME = re.compile(r"^b\d{20}-[0-9a-f]+$")
+_BATCH_DIR = re.compile(r"^b(\d{20})-[0-9a-f]+$")
 # The multiset state of a table matched by whole rows (REPLICA IDENTITY FULL, or no key):
 # one row per distinct value and how many copies of it the source holds.
 COPIES = "_copies"
@@ -188,6 +188,16 @@ class BatchPlan:
 
 def batch_dir_name(batch: int, attempt: str) -> str:
     return f"b{batch:020d}-{attempt}"
+
+
+def batch_dirs(fs: Any, folder: str) -> list[tuple[int, str]]:
+    """The :func:`batch_dir_name` directories in ``folder`` (raw batches, snapshot
+    copies), each with its batch number, in name order."""
+    return [
+        (int(m.group(1)), name)
+        for name in sorted(fs.listdir(folder))
+        if (m := _BATCH_DIR.match(name))
+    ]
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -589,13 +599,13 @@ class Lake:
         sweep before the next attempt removes it, so a committed batch's lone directory
         is its own. Where that could fail (a sweep skipped by hand) a directory is kept,
         never lost; ``slotlake maintain`` sweeps thoroughly."""
-        names = [n for n in self.fs.listdir(self.path(RAW)) if _RAW_NAME.match(n)]
+        dirs = [(b, f"{RAW}/{name}") for b, name in batch_dirs(self.fs, self.path(RAW))]
         if thorough:
             referenced = self.referenced_raw()
-            return [f"{RAW}/{n}" for n in names if f"{RAW}/{n}" not in referenced]
+            return [rel for _, rel in dirs if rel not in referenced]
         by_batch: dict[int, list[str]] = {}
-        for n in names:
-            by_batch.setdefault(int(n[1:21]), []).append(f"{RAW}/{n}")
+        for b, rel in dirs:
+            by_batch.setdefault(b, []).append(rel)
         committed, last = set(batches), (batches[-1] if batches else 0)
         out = []
         for b, rels in sorted(by_batch.items()):
@@ -647,8 +657,8 @@ class Lake:
         # Judged by the directories' batch numbers, no record read: a sync expires after
         # every batch, and reading the whole history there grew with the lake's age.
         removed = []
-        for name in sorted(self.fs.listdir(self.path(RAW))):
-            if _RAW_NAME.match(name) and int(name[1:21]) in expired:
+        for b, name in batch_dirs(self.fs, self.path(RAW)):
+            if b in expired:
                 self.fs.rmtree(self.path(f"{RAW}/{name}"))
                 removed.append(f"{RAW}/{name}")
         return removed

@@ -64,6 +64,7 @@ from slotlake.lake import (
     Lake,
     TableCommit,
     batch_dir_name,
+    batch_dirs,
     table_dir_name,
     utcnow_iso,
 )
@@ -86,7 +87,6 @@ SNAPSHOT_OP = "S"
 APPLICATION_NAME = "slotlake-snapshot"
 # Fault steps of the hand-over (tests of the exactly-once contract; see sync.fault_point).
 FAULT_STEPS = ("snapshot_copied", "snapshot_rebased")
-_STAGING = re.compile(r"^b\d{20}-[0-9a-f]+$")
 
 
 class SnapshotError(RuntimeError):
@@ -588,13 +588,11 @@ def remove_orphans(lake: Lake) -> list[str]:
     A copy's directory carries the number of the batch that made it, so only that batch's
     record (or plan) is read: a sync runs this before every batch, and the lake's whole
     history read there would make a batch cost more the longer the lake lived."""
-    root = lake.path(SNAPSHOTS)
-    dirs = [d for d in lake.fs.listdir(root) if _STAGING.match(d)]
+    dirs = batch_dirs(lake.fs, lake.path(SNAPSHOTS))
     committed = set(lake.commit_batches()) if dirs else set()
     removed = []
-    for d in dirs:
+    for batch, d in dirs:
         rel = f"{SNAPSHOTS}/{d}"
-        batch = int(d[1:21])
         named = lake.read_commit(batch) if batch in committed else lake.read_plan(batch)
         tables = named.snapshot.get("tables", {}) if named is not None else {}
         referenced = any("/".join(t["staging"].split("/")[:2]) == rel for t in tables.values())

@@ -659,7 +659,8 @@ class SlotSource:
         chunks: Iterator[tuple[Any, Any, Any]]
         mid = split_at
         min_bytes = None if forced else self.adbc_min_bytes
-        if mid is None and transport == "adbc" and (self.split_bytes or min_bytes) is not None:
+        sized = self.split_bytes is not None or min_bytes is not None
+        if mid is None and transport == "adbc" and sized:
             info = self.slot_info()
             if info is not None and info.confirmed_flush_lsn is not None:
                 mid = self.split_point(info.confirmed_flush_lsn, upto)

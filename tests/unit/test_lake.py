@@ -80,16 +80,31 @@ def test_uncommitted_raw_and_stale_plans_are_removed_and_committed_kept(tmp_path
     assert not list((tmp_path / "_commits").glob(".*"))
 
 
+def _committed_with_raw(lake: Lake, root: Path, batches: range, no_raw: int = 0) -> None:
+    """Committed records for ``batches``, each naming a raw directory made for it (but
+    batch ``no_raw``'s, which has none, as a bootstrap's)."""
+    for b in batches:
+        rec = _record(b)
+        if b != no_raw:
+            rec.raw = lake.batch_path(RAW, b, f"a{b}")
+            (root / rec.raw).mkdir(parents=True)
+        lake.write_commit(rec)
+
+
+def _reads_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch numbers of the commit records read from now on, in order."""
+    read: list[int] = []
+    real = Lake.read_commit
+    monkeypatch.setattr(Lake, "read_commit", lambda self, b: read.append(b) or real(self, b))
+    return read
+
+
 def test_the_quick_sweep_reads_only_the_records_that_can_tell(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sync sweeps before every batch: it must not read the lake's whole history."""
     lake = Lake(tmp_path)
-    for b in range(1, 6):
-        rec = _record(b)
-        rec.raw = lake.batch_path(RAW, b, f"a{b}")
-        (tmp_path / rec.raw).mkdir(parents=True)
-        lake.write_commit(rec)
+    _committed_with_raw(lake, tmp_path, range(1, 6))
     # Batch 4's crashed first attempt, beside the raw it committed with: its record tells.
     twin = lake.batch_path(RAW, 4, "dead")
     (tmp_path / twin).mkdir()
@@ -99,9 +114,7 @@ def test_the_quick_sweep_reads_only_the_records_that_can_tell(
     rec = _record(6)
     lake.write_commit(rec)
     (tmp_path / stray).mkdir()
-    read: list[int] = []
-    real = Lake.read_commit
-    monkeypatch.setattr(Lake, "read_commit", lambda self, b: read.append(b) or real(self, b))
+    read = _reads_counted(monkeypatch)
     assert lake.remove_uncommitted() == [twin]
     assert read == [4]
     assert lake.remove_uncommitted(thorough=True) == [stray]
@@ -115,12 +128,8 @@ def test_expiry_keeps_the_newest_batches_raw_without_reading_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake = Lake(tmp_path)
-    for b in range(1, 6):
-        rec = _record(b)
-        if b != 1:  # batch 1 (a bootstrap's) has no raw, and still counts as a batch
-            rec.raw = lake.batch_path(RAW, b, f"a{b}")
-            (tmp_path / rec.raw).mkdir(parents=True)
-        lake.write_commit(rec)
+    # Batch 1 (a bootstrap's) has no raw, and still counts as a batch.
+    _committed_with_raw(lake, tmp_path, range(1, 6), no_raw=1)
     (tmp_path / lake.batch_path(RAW, 2, "dead")).mkdir()  # an expired batch's stray
     pending = lake.batch_path(RAW, 6, "next")  # the next batch's pull: not a commit's
     (tmp_path / pending).mkdir()
@@ -162,9 +171,7 @@ def test_snapshot_copies_are_judged_by_their_own_batch_alone(
     planned = _plan(6, "b6")
     planned.snapshot = {"tables": copy(6, "b6")}  # an unfinished batch's copy: kept
     lake.write_plan(planned)
-    read: list[int] = []
-    real = Lake.read_commit
-    monkeypatch.setattr(Lake, "read_commit", lambda self, b: read.append(b) or real(self, b))
+    read = _reads_counted(monkeypatch)
     assert killed and sorted(remove_orphans(lake)) == [
         f"{SNAPSHOTS}/b{2:020d}-a2",
         f"{SNAPSHOTS}/b{5:020d}-dead",
