@@ -13,6 +13,9 @@ SparkSession (the issue's targets in brackets):
           table                                                          [≤ 2×]
           and the many tables once more written by the driver's threads only
           (``lake.table_processes = 0``: no forked workers)
+  series  the spread's ``--tables`` tables over ``--series-batches`` batches in one process:
+          every batch's time (min, median, mean, max), to show the batches between and
+          at the tables' checkpoints (each table checkpoints once in 30 of its versions)
   quiet   ``--changes`` / ``--tables`` changes to one table of a lake of ``--quiet-tables``
           tables the batch leaves alone vs the same batch in a lake of that table
           alone: a batch should not cost what the lake holds (each table's catalog is
@@ -62,6 +65,7 @@ import logging
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -262,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--process-changes", type=int, default=400)
     p.add_argument("--quiet-tables", type=int, default=300)
-    p.add_argument("--steps", default="size,spread,quiet,process,multiset,mid,ddl,rollback")
+    p.add_argument("--series-batches", type=int, default=32)
+    p.add_argument("--steps", default="size,spread,series,quiet,process,multiset,mid,ddl,rollback")
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
         "--source-dir",
@@ -331,6 +336,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"= {many / one:.2f}× (target ≤ 2×); threads only {threads:.2f}s "
                 f"= {threads / one:.2f}×; a process each batch {many_p:.2f}s vs "
                 f"{one_p:.2f}s = {many_p / one_p:.2f}×"
+            )
+        if "series" in steps:
+            tables, per = spread_tables(args, "s")
+            series: list[float] = []
+
+            def kept(cfg: Config, spark: Any) -> float:
+                series.append(timed_sync(cfg, spark))
+                return series[-1]
+
+            scenario(pg, spark, "series", tables, per, repeat=args.series_batches, sync=kept)
+            # The first batch pays the JVM's and the caches' warm-up: not counted.
+            steady = series[1:]
+            out["series"] = {
+                "batches_s": series,
+                "min_s": min(steady),
+                "median_s": statistics.median(steady),
+                "mean_s": statistics.fmean(steady),
+                "max_s": max(steady),
+            }
+            log(
+                f"series: {len(steady)} batches of {args.tables} tables: min {min(steady):.2f}s "
+                f"median {statistics.median(steady):.2f}s mean {statistics.fmean(steady):.2f}s "
+                f"max {max(steady):.2f}s"
             )
         if "quiet" in steps:
             # The changed table is one of the spread's tables: its size, its changes.

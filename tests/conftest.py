@@ -75,10 +75,13 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def checkpoint_every_10(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables created meanwhile (by the driver or Spark) checkpoint every 10 versions,
-    Delta's default, instead of the lake's 30: tests that reach a checkpoint stay short."""
-    from slotlake import delta
+    Delta's default, instead of the lake's 30, at multiples of 10 (the driver's stagger
+    off, as Spark's own checkpoints): tests that reach a checkpoint stay short and know
+    where it is."""
+    from slotlake import delta, delta_log
 
     monkeypatch.setitem(delta.TABLE_PROPERTIES, "delta.checkpointInterval", "10")
+    monkeypatch.setattr(delta_log, "STAGGER", False)
 
 
 _INTEGRATION_FIXTURES = {"pg_cluster", "pg_dsn", "spark"}

@@ -18,7 +18,9 @@ live files. This module reads exactly that and commits new entries itself:
 * **write** (:func:`commit`): one JSON entry put-if-absent on the next version, as every
   Delta writer commits; a version taken meanwhile raises :class:`FileExistsError` and the
   caller retries through delta-rs, which resolves conflicts. A classic checkpoint is left
-  at the table's interval (written by delta-rs, whose checkpoints Spark reads).
+  once every interval of the table's versions, at a phase of its own
+  (:func:`checkpoint_phase`: the lake's tables do not all pay theirs in one batch),
+  written by delta-rs, whose checkpoints Spark reads.
 
 Data files are written with the table's physical column names and field ids
 (:func:`physical_table`) and Delta statistics (:func:`file_stats`), so Spark, delta-rs
@@ -33,6 +35,7 @@ import logging
 import os
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -406,9 +409,36 @@ def commit(snap: Snapshot, actions: list[dict[str, Any]]) -> Snapshot:
         snap, version=version, protocol=protocol, metadata=metadata, txns=txns, files=live
     )
     interval = int(snap.configuration.get("delta.checkpointInterval", "10"))
-    if version % interval == 0 and table_processes.checkpoint_here(snap.path, version):
+    if checkpoint_due(snap.path, version, interval) and table_processes.checkpoint_here(
+        snap.path, version
+    ):
         checkpoint(snap.path, version)
     return after
+
+
+# Whether the driver's checkpoints are staggered over the interval (tests that count on a
+# checkpoint at a multiple of it turn it off).
+STAGGER = True
+
+
+def checkpoint_phase(path: str, interval: int) -> int:
+    """The versions modulo ``interval`` at which the driver checkpoints the table at
+    ``path``: set by its place in the lake (its last two path parts, as
+    ``state/public.orders``), so that it does not move when the lake does.
+
+    Tables written in the same batches reach the same versions together: checkpointing
+    all at multiples of the interval made one batch in thirty pay every table's
+    checkpoint (100 tables: 2.4-2.9 s against ~0.9 s), where spread over the interval
+    each batch pays a thirtieth of them."""
+    if not STAGGER or interval <= 1:
+        return 0
+    parts = os.path.normpath(path).split(os.sep)[-2:]
+    return zlib.crc32("/".join(parts).encode()) % interval
+
+
+def checkpoint_due(path: str, version: int, interval: int) -> bool:
+    """Whether the driver writes a checkpoint after committing ``version``."""
+    return interval > 0 and version > 0 and version % interval == checkpoint_phase(path, interval)
 
 
 def checkpoint(path: str, version: int) -> None:

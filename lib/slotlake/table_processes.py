@@ -86,13 +86,35 @@ _ONE_LANE = threading.Lock()
 _ABANDONED: list[Any] = []
 # False in a worker whose parent had started deltalake's runtime before the fork: tokio
 # does not survive a fork, and deltalake refuses (a panic) to run in such a child. None:
-# not tried yet (a worker tries on its first need, ~20 ms: most batches never need it).
+# not tried yet (a worker tries on its first need, ~20 ms if it works, ~80 ms if not:
+# told by the parent when its runtime's threads were there, it does not try).
 _DELTALAKE: bool | None = True
 # Checkpoints a worker without deltalake left to its parent: (table path, version).
 _CHECKPOINTS_DUE: list[tuple[str, int]] = []
 
 
-def _start_worker(parent: int) -> None:
+def deltalake_started() -> bool:
+    """Whether deltalake's runtime runs in this process: its threads are there (tokio's
+    workers, ``tokio-rt-worker``), as they are once any deltalake call needed it.
+
+    A worker forked after that cannot use deltalake, and finding it out by a try costs
+    ~80 ms (the panic); told so, a worker hands such work to its parent at once. Without
+    such threads the worker tries, as a runtime without them would still refuse it."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
+                if f.read().startswith("tokio-"):
+                    return True
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return False
+
+
+def _start_worker(parent: int, deltalake_may_work: bool = True) -> None:
     import gc
 
     # What the parent made is never collected here: the collector's passes over it would
@@ -111,7 +133,7 @@ def _start_worker(parent: int) -> None:
     _ABANDONED.append(dv_merge._duckdb)
     dv_merge._duckdb.cache_clear()
     global _DELTALAKE
-    _DELTALAKE = None
+    _DELTALAKE = None if deltalake_may_work else False
 
 
 # The smallest Delta table: loading it runs deltalake's runtime (a missing table does not).
@@ -212,7 +234,7 @@ class TableProcesses:
                 processes,
                 mp_context=multiprocessing.get_context("fork"),
                 initializer=_start_worker,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), not deltalake_started()),
             )
         except BaseException:
             lane.close()
@@ -288,6 +310,7 @@ __all__ = [
     "available",
     "checkpoint_here",
     "checkpoints_due",
+    "deltalake_started",
     "need_deltalake",
     "processes_for",
 ]

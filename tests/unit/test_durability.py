@@ -232,10 +232,10 @@ def test_a_torn_entry_goes_with_every_entry_after_it(tmp_path: Path) -> None:
     whole = _entry(path, 2).read_text()
     _entry(path, 2).write_text(whole[: len(whole) // 2])  # a line cut in the middle
     assert delta_log.drop_torn_entries(path, after=1) == [2, 3, 4]
-    assert sorted(p.name for p in (Path(path) / "_delta_log").iterdir()) == [
-        f"{0:020d}.json",
-        f"{1:020d}.json",
-    ]
+    names = sorted(p.name for p in (Path(path) / "_delta_log").iterdir())
+    assert [n for n in names if n.endswith(".json")] == [f"{0:020d}.json", f"{1:020d}.json"]
+    # A checkpoint the driver left (at the table's phase) may stay only if it is kept's.
+    assert all(int(n[:20]) <= 1 for n in names if n[:1].isdigit()), names
     assert delta_log.snapshot(path).version == 1
 
 
