@@ -52,8 +52,8 @@ blocks of every file before the journal commit an fsync waits for: ~0.1 s more o
 system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,quiet,process,multiset,mid,ddl,rollback]
-                               [--quiet-tables 300]
+                               [--tables 100] [--steps size,spread,series,quiet,process,multiset,mid,ddl,rollback]
+                               [--quiet-tables 300] [--series-batches 32]
                                [--source-dir /dev/shm] [--json PATH]
 """
 

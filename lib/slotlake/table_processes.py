@@ -114,7 +114,7 @@ def deltalake_started() -> bool:
     return False
 
 
-def _start_worker(parent: int, deltalake_may_work: bool = True) -> None:
+def _start_worker(parent: int, deltalake_may_work: bool) -> None:
     import gc
 
     # What the parent made is never collected here: the collector's passes over it would
