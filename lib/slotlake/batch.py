@@ -49,12 +49,14 @@ from slotlake.decode import (
 from slotlake.delta import (
     UNREAD,
     WriteResult,
+    adopt_snapshots,
     append,
     arrow_append_creating,
     arrow_merge_keyed,
     arrow_overwrite,
     ensure_local,
     ensure_table,
+    handing_back,
     local_last_commit,
     merge,
     overwrite,
@@ -1166,7 +1168,9 @@ _DRIVER_LANE = threading.BoundedSemaphore(2)
 
 # A worker's answer for a table: (name, commit, seconds) and the checkpoints it left to
 # the parent.
-_WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]]]
+# A worker's table: its result, the checkpoints left to the parent, the snapshots its
+# commits made (slotlake.delta.handing_back).
+_WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]], list[Any]]
 
 
 def _spark_in_worker() -> SparkSession:
@@ -1337,10 +1341,12 @@ def process_batch(
     n_procs = 0 if ddl_input.messages else processes_for(driver.processes, len(forkable))
 
     def in_worker(name: str) -> _WorkerDone:
-        """In a forked worker: the table's result and the checkpoints it could not write,
-        which the parent does."""
-        done = core(cats[name], LazySession(_spark_in_worker))
-        return done, table_processes.checkpoints_due()
+        """In a forked worker: the table's result, the checkpoints it could not write,
+        which the parent does, and the snapshots its commits made, which the parent keeps
+        for the next batch."""
+        with handing_back() as snapshots:
+            done = core(cats[name], LazySession(_spark_in_worker))
+        return done, table_processes.checkpoints_due(), snapshots
 
     t_tables = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -1386,8 +1392,9 @@ def process_batch(
                             threaded[again] = cat
                             pending.add(again)
                             continue
-                        (name, out, seconds), checkpoints = answer
+                        (name, out, seconds), checkpoints, snapshots = answer
                         due += checkpoints
+                        adopt_snapshots(snapshots)
                         fault("table_written")
                     else:
                         name, out, seconds = fut.result()

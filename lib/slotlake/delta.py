@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,7 +112,9 @@ def open_local(path: str) -> Any:
 def local_snapshot(path: str, files: bool = False) -> Snapshot:
     """:func:`slotlake.delta_log.snapshot`, reused inside :func:`reusing_local_tables`
     while the table's next log entry does not exist (the commits made through
-    :mod:`slotlake.delta_log` advance it: :func:`remember`)."""
+    :mod:`slotlake.delta_log` advance it: :func:`remember`); outside it, or on the first
+    read of a batch, the snapshot this process kept from an earlier batch is read forward
+    (:func:`_kept_forward`)."""
     import os
 
     from slotlake import delta_log
@@ -124,7 +127,10 @@ def local_snapshot(path: str, files: bool = False) -> Snapshot:
             following = os.path.join(path, "_delta_log", f"{snap.version + 1:020d}.json")
             if not os.path.exists(following):
                 return snap
-    snap = delta_log.snapshot(path, files)
+    snap = _kept_forward(path, files)
+    if snap is None:
+        snap = delta_log.snapshot(path, files)
+        _keep(snap)
     if cache is not None:
         cache[key] = snap
     return snap
@@ -135,6 +141,111 @@ def remember(snap: Snapshot) -> None:
     cache = _OPEN
     if cache is not None:
         cache["log:" + snap.path] = snap
+    _keep(snap)
+
+
+# --- Snapshots kept between batches -------------------------------------------------------
+#
+# A process that runs batch after batch (a library caller, the benchmarks) read every
+# table's log afresh each batch: its checkpoint and up to an interval of entries, for the
+# pick of the driver's tables (each state's size, in the parent, one table after another)
+# and again for each write. It now keeps each table's latest snapshot and reads only the
+# entries written since, as Spark's DeltaLog and delta-rs's DeltaTable.update do. A kept
+# snapshot is trusted only while its own entry is the file it was read from (inode, size,
+# checksum): a table removed, rebuilt, or its entries repaired after a crash is
+# read afresh. Forked workers hand back the snapshots their commits made
+# (:func:`handing_back`), so the parent's are current for the next batch's pick and fork.
+_KEPT: OrderedDict[str, tuple[Snapshot, tuple[int, int, int]]] = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+# Tables whose snapshots a process keeps (the oldest used go first): a big table's live
+# files are a few hundred bytes each, a lake's hundreds of small tables a few kB each.
+KEPT_TABLES = 4096
+# More entries than this since the kept snapshot: its checkpoint is the shorter read.
+KEPT_FORWARD_MAX = 32
+# Snapshots kept inside handing_back(), for the parent (None: not collecting).
+_HANDED: list[tuple[Snapshot, tuple[int, int, int]]] | None = None
+
+
+def _entry_id(snap: Snapshot) -> tuple[int, int, int] | None:
+    """What tells the snapshot's own log entry from another file at its name: its inode
+    and size, and a checksum of its bytes (a table rebuilt at the same path can reuse the
+    inode within the file system's clock tick; its entry's commitInfo differs)."""
+    import os
+    import zlib
+
+    try:
+        with open(os.path.join(snap.path, "_delta_log", f"{snap.version:020d}.json"), "rb") as f:
+            st = os.fstat(f.fileno())
+            return st.st_ino, st.st_size, zlib.crc32(f.read())
+    except OSError:
+        return None  # a checkpoint whose entry log cleanup removed: not kept
+
+
+def _keep(snap: Snapshot, entry: tuple[int, int, int] | None = None) -> None:
+    entry = entry or _entry_id(snap)
+    if entry is None:
+        return
+    with _KEPT_LOCK:
+        had = _KEPT.get(snap.path)
+    if had is not None:
+        kept = had[0]
+        if kept.version == snap.version and kept.files is not None and snap.files is None:
+            return  # the same version with its files: the better one to keep
+        if kept.version > snap.version and _entry_id(kept) == had[1]:
+            return  # a newer one is kept (a worker's, handed back)
+    with _KEPT_LOCK:
+        _KEPT[snap.path] = (snap, entry)
+        _KEPT.move_to_end(snap.path)
+        while len(_KEPT) > KEPT_TABLES:
+            _KEPT.popitem(last=False)
+        if _HANDED is not None:
+            _HANDED.append((snap, entry))
+
+
+def _kept_forward(path: str, files: bool) -> Snapshot | None:
+    """The kept snapshot of ``path`` read forward to the latest version, or None (none
+    kept, not with the files asked for, or no longer the table's log)."""
+    from slotlake import delta_log
+
+    with _KEPT_LOCK:
+        had = _KEPT.get(path)
+    if had is None or (files and had[0].files is None):
+        return None
+    snap, entry = had
+    if _entry_id(snap) != entry:
+        with _KEPT_LOCK:
+            if _KEPT.get(path) is had:
+                del _KEPT[path]
+        return None
+    after = delta_log.advance(snap, KEPT_FORWARD_MAX)
+    if after is not None and after is not snap:
+        _keep(after)
+    return after
+
+
+@contextmanager
+def handing_back() -> Iterator[list[tuple[Snapshot, tuple[int, int, int]]]]:
+    """In a forked worker: collects the snapshots kept inside the block (its commits'),
+    for the parent to :func:`adopt_snapshots`; they would die with the worker."""
+    global _HANDED
+    handed: list[tuple[Snapshot, tuple[int, int, int]]] = []
+    _HANDED = handed
+    try:
+        yield handed
+    finally:
+        _HANDED = None
+
+
+def adopt_snapshots(handed: list[tuple[Snapshot, tuple[int, int, int]]]) -> None:
+    """Keep the snapshots a worker handed back (:func:`handing_back`)."""
+    for snap, entry in handed:
+        _keep(snap, entry)
+
+
+def forget_kept() -> None:
+    """Drop every kept snapshot (tests that rewrite logs by hand)."""
+    with _KEPT_LOCK:
+        _KEPT.clear()
 
 
 def _has_log(path: str) -> bool:

@@ -196,16 +196,57 @@ def snapshot(path: str, files: bool = False, version: int | None = None) -> Snap
     if since >= 0:
         _read_checkpoint(checkpoints[since], protocol, metadata, txns, live)
     for v in tail:
-        with open(os.path.join(log_dir, f"{v:020d}.json"), encoding="utf-8") as entry:
-            for line in entry:
-                if line.strip():
-                    _apply(json.loads(line), protocol, metadata, txns, live)
+        _read_entry(log_dir, v, protocol, metadata, txns, live)
     if not protocol or not metadata:
         raise LookupError(f"Delta table {path}: no protocol or metadata at version {latest}")
+    _check_followed(path, protocol)
+    return Snapshot(path, latest, protocol, metadata, txns, live)
+
+
+def advance(snap: Snapshot, limit: int) -> Snapshot | None:
+    """``snap`` brought up to its table's latest version by the entries written after it,
+    as Spark's ``DeltaLog.update`` does (``snap`` itself when there are none), or None when
+    more than ``limit`` follow it (the newest checkpoint is then the shorter read).
+
+    The caller knows ``snap``'s own entry is still the one it was read from. Log cleanup
+    removes the oldest entries first, so with that entry kept every later one is too: the
+    entries that follow it without a gap are all there is."""
+    log_dir = os.path.join(snap.path, "_delta_log")
+    versions: list[int] = []
+    while os.path.exists(os.path.join(log_dir, f"{snap.version + len(versions) + 1:020d}.json")):
+        if len(versions) == limit:
+            return None
+        versions.append(snap.version + len(versions) + 1)
+    if not versions:
+        return snap
+    protocol, metadata, txns = dict(snap.protocol), dict(snap.metadata), dict(snap.txns)
+    live = dict(snap.files) if snap.files is not None else None
+    for v in versions:
+        _read_entry(log_dir, v, protocol, metadata, txns, live)
+    _check_followed(snap.path, protocol)
+    return replace(
+        snap, version=versions[-1], protocol=protocol, metadata=metadata, txns=txns, files=live
+    )
+
+
+def _read_entry(
+    log_dir: str,
+    version: int,
+    protocol: dict[str, Any],
+    metadata: dict[str, Any],
+    txns: dict[str, int],
+    live: dict[str, dict[str, Any]] | None,
+) -> None:
+    with open(os.path.join(log_dir, f"{version:020d}.json"), encoding="utf-8") as entry:
+        for line in entry:
+            if line.strip():
+                _apply(json.loads(line), protocol, metadata, txns, live)
+
+
+def _check_followed(path: str, protocol: dict[str, Any]) -> None:
     features = set(protocol.get("readerFeatures") or []) | set(protocol.get("writerFeatures") or [])
     if "v2Checkpoint" in features:
         raise LookupError(f"Delta table {path}: V2 checkpoints")
-    return Snapshot(path, latest, protocol, metadata, txns, live)
 
 
 def _torn(path: str, entry: str) -> bool:
