@@ -1344,9 +1344,9 @@ def process_batch(
         """In a forked worker: the table's result, the checkpoints it could not write,
         which the parent does, and the snapshots its commits made, which the parent keeps
         for the next batch."""
-        with handing_back() as snapshots:
+        with handing_back() as made:
             done = core(cats[name], LazySession(_spark_in_worker))
-        return done, table_processes.checkpoints_due(), snapshots
+        return done, table_processes.checkpoints_due(), made
 
     t_tables = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -1392,9 +1392,9 @@ def process_batch(
                             threaded[again] = cat
                             pending.add(again)
                             continue
-                        (name, out, seconds), checkpoints, snapshots = answer
+                        (name, out, seconds), checkpoints, made = answer
                         due += checkpoints
-                        adopt_snapshots(snapshots)
+                        adopt_snapshots(made)
                         fault("table_written")
                     else:
                         name, out, seconds = fut.result()

@@ -62,6 +62,8 @@ STRING_STATS_MAX = 32
 FILE_BYTES = 128 << 20
 # Files of at most this much are encoded in memory and written with one call.
 SMALL_FILE_BYTES = 8 << 20
+# Files of fewer rows are written without dictionary encoding.
+DICTIONARY_FROM_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -691,7 +693,10 @@ def write_files(path: str, data: pa.Table, now: int) -> list[dict[str, Any]]:
             # Encoded in memory, written with one call: given a path, pyarrow resolves a
             # file system and opens a stream of its own (~0.15 ms of a small file's 0.8).
             encoded = pa.BufferOutputStream()
-            pq.write_table(piece, encoded, compression="snappy")
+            # A dictionary pays for itself over many rows; a small table's file of a few
+            # hundred is encoded a fifth faster without (0.57 -> 0.46 ms, 17 columns).
+            dictionary = piece.num_rows > DICTIONARY_FROM_ROWS
+            pq.write_table(piece, encoded, compression="snappy", use_dictionary=dictionary)
             body = encoded.getvalue()
             with open(target, "xb") as f:
                 f.write(body)

@@ -220,6 +220,8 @@ def conform_arrow(table: pa.Table, target: pa.Schema) -> pa.Table:
     Arrow twin of :func:`slotlake.batch.conform`)."""
     import pyarrow as pa
 
+    if table.schema.equals(target):
+        return table  # the usual batch: nothing dropped, renamed or widened
     n = table.num_rows
     have = set(table.column_names)
     columns = []

@@ -192,15 +192,17 @@ def finals_without_toast(
         + [gather([new_texts[j], old_texts[j]], key_image) for j in range(len(keys))],
         fields=list(key_type),
     )
+    # One take for every column (the _seq of the final image: fast defaults ask whether
+    # it was decoded before an ADD).
+    taken = changes.select([*data, "_missing_toast", "_seq"]).take(row)
     finals = pa.table(
         {
             # The key's number in this call: unique per key, all that is asked of _k here.
             "_k": pa.array(np.arange(len(i))).cast(pa.string()),
-            **{c: changes.column(c).take(row) for c in data},
+            **{c: taken.column(c) for c in data},
             "_fallback": _map_keep(fallback.take(pa.array(i)), data, deleted),
-            "_missing_toast": changes.column("_missing_toast").take(row),
-            # The raw row of the final image (fast defaults: was it decoded before an ADD?).
-            "_seq": changes.column("_seq").take(row),
+            "_missing_toast": taken.column("_missing_toast"),
+            "_seq": taken.column("_seq"),
             "_deleted": pa.array(deleted),
             "_key": key,
         }

@@ -309,6 +309,23 @@ def test_big_writes_roll_over_files(tmp_path: Path, monkeypatch) -> None:
     assert _read(path).num_rows == 60
 
 
+def test_small_files_are_written_without_dictionaries(tmp_path: Path, monkeypatch) -> None:
+    path = str(tmp_path / "t")
+    create_on_driver(path, MAPPED)
+    monkeypatch.setattr(delta_log, "DICTIONARY_FROM_ROWS", 10)
+    small = _mapped_rows()
+    big = pa.concat_tables([small] * 5)  # 15 rows
+    for batch, rows in enumerate((small, big), 1):
+        delta_log.append(delta_log.snapshot(path), rows, "app", batch)
+    encodings = {}
+    for add in delta_log.snapshot(path, files=True).files or {}:
+        meta = pq.ParquetFile(Path(path) / add).metadata
+        id_column = meta.row_group(0).column(0)
+        encodings[meta.num_rows] = any("DICTIONARY" in e for e in id_column.encodings)
+    assert encodings == {3: False, 15: True}
+    assert _read(path).num_rows == 18
+
+
 def test_unknown_columns_are_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     create_on_driver(path, MAPPED)
