@@ -784,69 +784,13 @@ def arrow_schema_for(spark_schema) -> pa.Schema:  # type: ignore[no-untyped-def]
     hit = _ARROW_SCHEMAS.get(id(spark_schema))
     if hit is not None and hit[0] is spark_schema:
         return hit[1]
-    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    out = pa.schema([_arrow_field(f) for f in spark_schema.fields])
+    out = to_arrow_schema(spark_schema, timezone="UTC", prefers_large_types=False)
     if len(_ARROW_SCHEMAS) >= 4096:
         _ARROW_SCHEMAS.clear()
     _ARROW_SCHEMAS[id(spark_schema)] = (spark_schema, out)
     return out
-
-
-# Spark type class → its Arrow type, for the types without parameters.
-_ARROW_LEAVES: dict[type, pa.DataType] = {}
-
-
-def _arrow_field(f: Any) -> pa.Field:
-    """pyspark's ``to_arrow_schema`` field for ``f`` (UTC timestamps, no large types),
-    the same field made by a lookup on the type's class instead of a chain of isinstance
-    checks: each forked worker converts its tables' schemas afresh every batch (~0.3 ms a
-    schema through pyspark)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_metadata
-
-    return pa.field(f.name, _arrow_type(f.dataType), f.nullable, to_arrow_metadata(f.metadata))
-
-
-def _arrow_type(dt: Any) -> pa.DataType:
-    import pyarrow as pa
-    from pyspark.sql import types as T
-
-    if not _ARROW_LEAVES:
-        _ARROW_LEAVES.update(
-            {
-                T.BooleanType: pa.bool_(),
-                T.ByteType: pa.int8(),
-                T.ShortType: pa.int16(),
-                T.IntegerType: pa.int32(),
-                T.LongType: pa.int64(),
-                T.FloatType: pa.float32(),
-                T.DoubleType: pa.float64(),
-                T.StringType: pa.string(),
-                T.BinaryType: pa.binary(),
-                T.DateType: pa.date32(),
-                T.TimestampType: pa.timestamp("us", tz="UTC"),
-                T.TimestampNTZType: pa.timestamp("us"),
-                T.NullType: pa.null(),
-            }
-        )
-    leaf = _ARROW_LEAVES.get(type(dt))
-    if leaf is not None:
-        return leaf
-    if type(dt) is T.DecimalType:
-        return pa.decimal128(dt.precision, dt.scale)
-    if type(dt) is T.StructType:
-        return pa.struct([_arrow_field(f) for f in dt.fields])
-    if type(dt) is T.ArrayType:
-        return pa.list_(pa.field("element", _arrow_type(dt.elementType), dt.containsNull))
-    if type(dt) is T.MapType:
-        return pa.map_(
-            pa.field("key", _arrow_type(dt.keyType), False),
-            pa.field("value", _arrow_type(dt.valueType), dt.valueContainsNull),
-        )
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    return to_arrow_type(dt, timezone="UTC", prefers_large_types=False)  # anything rarer
 
 
 def decode_table(
