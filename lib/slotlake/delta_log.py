@@ -25,7 +25,9 @@ live files. This module reads exactly that and commits new entries itself:
 Data files are written with the table's physical column names and field ids
 (:func:`physical_table`) and Delta statistics (:func:`file_stats`), so Spark, delta-rs
 and DuckDB read them as their own. Within :func:`slotlake.delta.reusing_local_tables` a
-snapshot is read once per table and batch and advanced by the commits made through it.
+snapshot is read once per table and batch and advanced by the commits made through it;
+between batches :func:`slotlake.delta.local_snapshot` keeps it and reads the entries
+written since (:func:`advance`).
 """
 
 from __future__ import annotations
