@@ -1166,10 +1166,8 @@ TABLE_WORKERS = 4
 _DRIVER_LANE = threading.BoundedSemaphore(2)
 
 
-# A worker's answer for a table: (name, commit, seconds) and the checkpoints it left to
-# the parent.
-# A worker's table: its result, the checkpoints left to the parent, the snapshots its
-# commits made (slotlake.delta.handing_back).
+# A worker's answer for a table: (name, commit, seconds), the checkpoints it left to the
+# parent and the snapshots its commits made (slotlake.delta.handing_back).
 _WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]], list[Any]]
 
 
