@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
 
 from slotlake import delta, delta_log
 from slotlake.delta import (
@@ -167,3 +168,32 @@ def test_a_workers_snapshots_handed_back_are_kept_unless_older(tmp_path: Path) -
     assert kept is handed[0][0]  # taken as it came: nothing read
     adopt_snapshots([(stale, delta._entry_id(stale))])  # older: the newer stays
     assert local_snapshot(path) is kept
+
+
+def test_read_forward_across_a_checkpoint_is_the_fresh_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"x": [1]}))
+    local_snapshot(path, files=True)
+    for batch in range(1, 13):  # a checkpoint at 10 meanwhile, written by deltalake
+        write_deltalake(
+            path,
+            pa.table({"x": [batch]}),
+            mode="overwrite" if batch == 5 else "append",
+            commit_properties=CommitProperties(app_transactions=[Transaction("app", batch)]),
+        )
+        if batch == 10:
+            DeltaTable(path).create_checkpoint()
+    reads = _reads(monkeypatch)
+    kept = local_snapshot(path, files=True)
+    assert reads == []
+    monkeypatch.undo()
+    fresh = delta_log.snapshot(path, files=True)  # from the checkpoint at 10
+    assert (kept.version, kept.txns, kept.protocol) == (fresh.version, fresh.txns, fresh.protocol)
+    assert kept.metadata["schemaString"] == fresh.metadata["schemaString"]
+    assert kept.files is not None and fresh.files is not None
+    assert set(kept.files) == set(fresh.files) and len(kept.files) == 8
+    assert {p: a["size"] for p, a in kept.files.items()} == {
+        p: a["size"] for p, a in fresh.files.items()
+    }
