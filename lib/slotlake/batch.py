@@ -48,6 +48,7 @@ from slotlake.decode import (
 )
 from slotlake.delta import (
     UNREAD,
+    Kept,
     WriteResult,
     adopt_snapshots,
     append,
@@ -1168,7 +1169,7 @@ _DRIVER_LANE = threading.BoundedSemaphore(2)
 
 # A worker's answer for a table: (name, commit, seconds), the checkpoints it left to the
 # parent and the snapshots its commits made (slotlake.delta.handing_back).
-_WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]], list[Any]]
+_WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]], list[Kept]]
 
 
 def _spark_in_worker() -> SparkSession:

@@ -155,7 +155,11 @@ def remember(snap: Snapshot) -> None:
 # checksum): a table removed, rebuilt, or its entries repaired after a crash is
 # read afresh. Forked workers hand back the snapshots their commits made
 # (:func:`handing_back`), so the parent's are current for the next batch's pick and fork.
-_KEPT: OrderedDict[str, tuple[Snapshot, tuple[int, int, int]]] = OrderedDict()
+# A log entry told apart from any other file at its name (:func:`_entry_id`), and a
+# snapshot with the id of its own entry.
+EntryId = tuple[int, int, int]
+Kept = tuple["Snapshot", EntryId]
+_KEPT: OrderedDict[str, Kept] = OrderedDict()
 _KEPT_LOCK = threading.Lock()
 # Tables whose snapshots a process keeps (the oldest used go first): a big table's live
 # files are a few hundred bytes each, a lake's hundreds of small tables a few kB each.
@@ -163,10 +167,10 @@ KEPT_TABLES = 4096
 # More entries than this since the kept snapshot: its checkpoint is the shorter read.
 KEPT_FORWARD_MAX = 32
 # Snapshots kept inside handing_back(), for the parent (None: not collecting).
-_HANDED: list[tuple[Snapshot, tuple[int, int, int]]] | None = None
+_HANDED: list[Kept] | None = None
 
 
-def _entry_id(snap: Snapshot) -> tuple[int, int, int] | None:
+def _entry_id(snap: Snapshot) -> EntryId | None:
     """What tells the snapshot's own log entry from another file at its name: its inode
     and size, and a checksum of its bytes (a table rebuilt at the same path can reuse the
     inode within the file system's clock tick; its entry's commitInfo differs)."""
@@ -181,7 +185,7 @@ def _entry_id(snap: Snapshot) -> tuple[int, int, int] | None:
         return None  # a checkpoint whose entry log cleanup removed: not kept
 
 
-def _keep(snap: Snapshot, entry: tuple[int, int, int] | None = None) -> None:
+def _keep(snap: Snapshot, entry: EntryId | None = None) -> None:
     entry = entry or _entry_id(snap)
     if entry is None:
         return
@@ -189,8 +193,8 @@ def _keep(snap: Snapshot, entry: tuple[int, int, int] | None = None) -> None:
         had = _KEPT.get(snap.path)
     if had is not None:
         kept = had[0]
-        if kept.version == snap.version and kept.files is not None and snap.files is None:
-            return  # the same version with its files: the better one to keep
+        if had[1] == entry and kept.files is not None and snap.files is None:
+            return  # the same entry's snapshot with its files: the better one to keep
         if kept.version > snap.version and _entry_id(kept) == had[1]:
             return  # a newer one is kept (a worker's, handed back)
     with _KEPT_LOCK:
@@ -224,11 +228,11 @@ def _kept_forward(path: str, files: bool) -> Snapshot | None:
 
 
 @contextmanager
-def handing_back() -> Iterator[list[tuple[Snapshot, tuple[int, int, int]]]]:
+def handing_back() -> Iterator[list[Kept]]:
     """In a forked worker: collects the snapshots kept inside the block (its commits'),
     for the parent to :func:`adopt_snapshots`; they would die with the worker."""
     global _HANDED
-    handed: list[tuple[Snapshot, tuple[int, int, int]]] = []
+    handed: list[Kept] = []
     _HANDED = handed
     try:
         yield handed
@@ -236,7 +240,7 @@ def handing_back() -> Iterator[list[tuple[Snapshot, tuple[int, int, int]]]]:
         _HANDED = None
 
 
-def adopt_snapshots(handed: list[tuple[Snapshot, tuple[int, int, int]]]) -> None:
+def adopt_snapshots(handed: list[Kept]) -> None:
     """Keep the snapshots a worker handed back (:func:`handing_back`)."""
     for snap, entry in handed:
         _keep(snap, entry)

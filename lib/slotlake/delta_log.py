@@ -163,10 +163,19 @@ def _from_hint(log_dir: str) -> tuple[int, list[str], list[int]] | None:
     parts = [os.path.join(log_dir, name) for name in names]
     if not all(os.path.exists(p) for p in parts):
         return None
-    tail = []
-    while os.path.exists(os.path.join(log_dir, f"{since + len(tail) + 1:020d}.json")):
-        tail.append(since + len(tail) + 1)
+    tail = _entries_after(log_dir, since)
     return (since, parts, tail) if tail else None
+
+
+def _entries_after(log_dir: str, version: int, limit: int | None = None) -> list[int] | None:
+    """The versions of the JSON entries that follow ``version`` without a gap, found by
+    opening them in turn (no listing); None when more than ``limit`` follow."""
+    after: list[int] = []
+    while os.path.exists(os.path.join(log_dir, f"{version + len(after) + 1:020d}.json")):
+        if limit is not None and len(after) == limit:
+            return None
+        after.append(version + len(after) + 1)
+    return after
 
 
 def snapshot(path: str, files: bool = False, version: int | None = None) -> Snapshot:
@@ -216,11 +225,9 @@ def advance(snap: Snapshot, limit: int) -> Snapshot | None:
     removes the oldest entries first, so with that entry kept every later one is too: the
     entries that follow it without a gap are all there is."""
     log_dir = os.path.join(snap.path, "_delta_log")
-    versions: list[int] = []
-    while os.path.exists(os.path.join(log_dir, f"{snap.version + len(versions) + 1:020d}.json")):
-        if len(versions) == limit:
-            return None
-        versions.append(snap.version + len(versions) + 1)
+    versions = _entries_after(log_dir, snap.version, limit)
+    if versions is None:
+        return None
     if not versions:
         return snap
     protocol, metadata, txns = dict(snap.protocol), dict(snap.metadata), dict(snap.txns)
