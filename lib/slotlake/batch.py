@@ -1409,7 +1409,7 @@ def process_batch(
             raise
         # Checkpoints workers without deltalake left (a parent that had started its
         # runtime before the fork): written here, side by side.
-        list(pool.map(lambda d: delta_log.checkpoint(*d), due))
+        list(pool.map(lambda d: delta_log.checkpoint_by_deltalake(*d), due))
     timings["tables"] = time.monotonic() - t_tables
     fault("changes_written")
     for name, t in prior_tables.items():

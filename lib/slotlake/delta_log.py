@@ -20,7 +20,8 @@ live files. This module reads exactly that and commits new entries itself:
   caller retries through delta-rs, which resolves conflicts. A classic checkpoint is left
   once every interval of the table's versions, at a phase of its own
   (:func:`checkpoint_phase`: the lake's tables do not all pay theirs in one batch),
-  written by delta-rs, whose checkpoints Spark reads.
+  written from the log by :mod:`slotlake.delta_checkpoint` in delta-rs's columns (by
+  delta-rs itself where that writer does not follow the log).
 
 Data files are written with the table's physical column names and field ids
 (:func:`physical_table`) and Delta statistics (:func:`file_stats`), so Spark, delta-rs
@@ -461,9 +462,7 @@ def commit(snap: Snapshot, actions: list[dict[str, Any]]) -> Snapshot:
         snap, version=version, protocol=protocol, metadata=metadata, txns=txns, files=live
     )
     interval = int(snap.configuration.get("delta.checkpointInterval", "10"))
-    if checkpoint_due(snap.path, version, interval) and table_processes.checkpoint_here(
-        snap.path, version
-    ):
+    if checkpoint_due(snap.path, version, interval):
         checkpoint(snap.path, version)
     return after
 
@@ -494,14 +493,33 @@ def checkpoint_due(path: str, version: int, interval: int) -> bool:
 
 
 def checkpoint(path: str, version: int) -> None:
-    """A checkpoint of the table at ``path`` as of its latest version (written after
-    ``version``'s commit; a failure leaves the commit standing: readers replay the log)."""
+    """A checkpoint of the table at ``path`` as of ``version``, just committed
+    (:mod:`slotlake.delta_checkpoint`; through delta-rs where that writer does not follow
+    the log, which a worker without delta-rs leaves to its parent). A failure leaves the
+    commit standing: readers replay the log."""
+    from slotlake.delta_checkpoint import write_checkpoint
+
+    try:
+        # A torn checkpoint that the hint names breaks readers: it is synced with the batch.
+        durability.written(*write_checkpoint(path, version))
+        return
+    except LookupError as exc:
+        log.info("%s: checkpoint at version %d through delta-rs (%s)", path, version, exc)
+    except OSError as exc:
+        log.warning("%s: no checkpoint at version %d (%s)", path, version, exc)
+        return
+    if table_processes.checkpoint_here(path, version):
+        checkpoint_by_deltalake(path, version)
+
+
+def checkpoint_by_deltalake(path: str, version: int) -> None:
+    """A checkpoint of the table at ``path`` as of its latest version, written by delta-rs
+    (after ``version``'s commit; a failure leaves the commit standing)."""
     try:
         open_local(path).create_checkpoint()
     except Exception as exc:
         log.warning("%s: no checkpoint at version %d (%s)", path, version, exc)
         return
-    # A torn checkpoint that the hint names breaks readers: it is synced with the batch.
     log_dir = os.path.join(path, "_delta_log")
     hint = os.path.join(log_dir, "_last_checkpoint")
     try:

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -76,6 +75,11 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from slotlake.config import Config
+from slotlake.delta_checkpoint import (
+    DEFAULT_TOMBSTONE_RETENTION,
+    TOMBSTONE_RETENTION,
+    interval_hours,
+)
 from slotlake.lake import CommitRecord, Lake, is_local
 
 if TYPE_CHECKING:
@@ -89,8 +93,6 @@ VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 RETENTION_WINDOW_IGNORE = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 SPARK_DEFAULT_LISTING_PARALLELISM = "10000"
-TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
-DEFAULT_TOMBSTONE_RETENTION = "interval 1 week"
 
 
 class MaintainError(RuntimeError):
@@ -210,33 +212,6 @@ def vacuum_retention(
     age_hours = max(0.0, (now - anchor).total_seconds() / 3600)
     hours = max(min_age, math.ceil(age_hours) + CLOCK_SKEW_HOURS)
     return Retention(hours, anchor, min_age)
-
-
-_INTERVAL_UNITS = {
-    "week": 168.0,
-    "day": 24.0,
-    "hour": 1.0,
-    "minute": 1 / 60,
-    "second": 1 / 3600,
-    "millisecond": 1 / 3_600_000,
-    "microsecond": 1 / 3_600_000_000,
-}
-_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
-
-
-def interval_hours(text: str) -> float | None:
-    """Hours of a Delta interval property ("interval 1 week", "7 days"); None if unknown."""
-    s = text.strip().lower()
-    s = s[len("interval") :].strip() if s.startswith("interval") else s
-    total, pos = 0.0, 0
-    for m in _INTERVAL_PART.finditer(s):
-        if s[pos : m.start()].strip() or m.group(2) not in _INTERVAL_UNITS:
-            return None
-        total += float(m.group(1)) * _INTERVAL_UNITS[m.group(2)]
-        pos = m.end()
-    if pos == 0 or s[pos:].strip():
-        return None
-    return total
 
 
 def _session(cfg: Config) -> SparkSession:

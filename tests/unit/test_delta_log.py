@@ -396,9 +396,14 @@ def test_append_only_tables_take_appends_not_removes(tmp_path: Path) -> None:
     assert "append-only" in (delta_log.unwritable(snap, deletes=True) or "")
 
 
+@pytest.mark.parametrize("writer", ["driver", "deltalake"])
 def test_a_checkpoint_that_fails_leaves_the_commit_standing(
-    tmp_path: Path, monkeypatch, caplog
+    tmp_path: Path, monkeypatch, caplog, writer: str
 ) -> None:
+    """The driver's checkpoint writer fails (the disk is full), or it does not follow the
+    log and delta-rs's fails: the commit stands, no checkpoint is left."""
+    from slotlake import delta_checkpoint
+
     path = str(tmp_path / "t")
     create_on_driver(path, MAPPED)
 
@@ -406,6 +411,12 @@ def test_a_checkpoint_that_fails_leaves_the_commit_standing(
         def create_checkpoint(self) -> None:
             raise OSError("disk full")
 
+    def refused(path: str, version: int) -> list[str]:
+        if writer == "driver":
+            raise OSError("disk full")
+        raise LookupError("a log it does not follow")
+
+    monkeypatch.setattr(delta_checkpoint, "write_checkpoint", refused)
     monkeypatch.setattr(delta_log, "open_local", lambda p: Broken())
     snap = delta_log.snapshot(path)
     for batch in range(1, 11):
