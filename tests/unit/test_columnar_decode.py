@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slotlake import decode as decode_module
 from slotlake.catalog import build_catalogs
 from slotlake.decode import (
     RawDataError,
@@ -34,6 +35,15 @@ from tests.unit.test_make_decoder import V1, exact_rows, image, relation_payload
 from tests.unit.test_pgoutput_decode import i32, tuple_data, u16, u32
 
 OID = 16384
+
+
+@pytest.fixture(autouse=True)
+def _every_batch_column_wise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of any size take the column-wise path here (make_decoder sends those of
+    fewer than COLUMNAR_FROM_ROWS message by message)."""
+    monkeypatch.setattr(decode_module, "COLUMNAR_FROM_ROWS", 0)
+
+
 COMMIT_TS = datetime(2024, 4, 3, 4, 1, 49, tzinfo=timezone.utc)
 # V1 plus a second key column: key images ('K') then carry two columns.
 TWO_KEYS = [("k2", 25, -1, True), *V1]
@@ -243,6 +253,28 @@ def test_the_columnar_path_is_the_one_taken(monkeypatch: pytest.MonkeyPatch) -> 
         catalog(TWO_TEXT), pa.RecordBatch.from_pydict(streamed, schema=raw_batch([GOOD]).schema)
     )
     assert calls == []
+
+
+def test_small_batches_go_message_by_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below COLUMNAR_FROM_ROWS rows a batch is decoded message by message, from it on
+    column-wise: the same rows either way."""
+    import slotlake.pgoutput.columnar as columnar_module
+
+    calls: list[int] = []
+    real = columnar_module.split_dml
+
+    def counting(data: pa.Array, ncols: int) -> Any:
+        calls.append(len(data))
+        return real(data, ncols)
+
+    monkeypatch.setattr(columnar_module, "split_dml", counting)
+    monkeypatch.setattr(decode_module, "COLUMNAR_FROM_ROWS", 3)
+    small, reference = both_paths(catalog(TWO_TEXT), raw_batch([GOOD, GOOD]))
+    assert calls == []
+    assert small[0].to_pylist() == reference[0].to_pylist()
+    big, reference = both_paths(catalog(TWO_TEXT), raw_batch([GOOD, GOOD, GOOD]))
+    assert calls == [3]
+    assert big[0].to_pylist() == reference[0].to_pylist()
 
 
 def test_binary_datums_come_as_a_binary_column() -> None:
