@@ -721,9 +721,20 @@ def write_files(path: str, data: pa.Table, now: int) -> list[dict[str, Any]]:
             # file system and opens a stream of its own (~0.15 ms of a small file's 0.8).
             encoded = pa.BufferOutputStream()
             # A dictionary pays for itself over many rows; a small table's file of a few
-            # hundred is encoded a fifth faster without (0.57 -> 0.46 ms, 17 columns).
-            dictionary = piece.num_rows > DICTIONARY_FROM_ROWS
-            pq.write_table(piece, encoded, compression="snappy", use_dictionary=dictionary)
+            # hundred is encoded a fifth faster without (0.57 -> 0.46 ms, 17 columns). Such
+            # a file also goes without Parquet's own statistics (one row group, which the
+            # log's statistics stand for) and without the Arrow schema pyarrow stores in
+            # the footer (no reader of the lake needs it: Spark's and deltalake's files
+            # lack it too): a change log file of 100 rows 14.1 -> 8.6 kB, ~0.2 ms less.
+            small = piece.num_rows <= DICTIONARY_FROM_ROWS
+            pq.write_table(
+                piece,
+                encoded,
+                compression="snappy",
+                use_dictionary=not small,
+                write_statistics=not small,
+                store_schema=not small,
+            )
             body = encoded.getvalue()
             with open(target, "xb") as f:
                 f.write(body)

@@ -132,8 +132,12 @@ def finals_without_toast(
     )
     new_values = [events.column(k).combine_chunks() for k in keys]
     old_values = [pc.struct_field(events.column("_old"), k).combine_chunks() for k in keys]
-    new_texts = [pc.map_lookup(fallback, k, "first") for k in keys]
-    old_texts = [pc.map_lookup(fallback, "_old." + k, "first") for k in keys]
+    # Nearly always no value of the batch fell back to text: no key text to look up,
+    # compare or group by (all NULL), a dozen kernel calls less for a small table.
+    offsets = fallback.offsets.to_numpy()
+    texts = bool(offsets[-1] > offsets[0])
+    new_texts = [pc.map_lookup(fallback, k, "first") for k in keys] if texts else []
+    old_texts = [pc.map_lookup(fallback, "_old." + k, "first") for k in keys] if texts else []
     # moved: an UPDATE whose key before (the old image's) differs from its key after.
     same_key = pa.array(np.ones(n, bool))
     for a, b in zip(new_values + new_texts, old_values + old_texts, strict=True):
@@ -163,7 +167,8 @@ def finals_without_toast(
     key_columns = {}
     for i in range(len(keys)):
         key_columns[f"k{i}"] = gather([new_values[i], old_values[i]], image)
-        key_columns[f"t{i}"] = gather([new_texts[i], old_texts[i]], image)
+        if texts:
+            key_columns[f"t{i}"] = gather([new_texts[i], old_texts[i]], image)
     code = np.concatenate([rank[:n] * 2, rank[arrivals] * 2 + 1])  # max code = last record
     records = pa.table({**key_columns, "c": pa.array(code)})
     last = records.group_by(list(key_columns), use_threads=False).aggregate([("c", "max")])
@@ -189,7 +194,12 @@ def finals_without_toast(
     )
     key = pa.StructArray.from_arrays(
         [gather([new_values[j], old_values[j]], key_image) for j in range(len(keys))]
-        + [gather([new_texts[j], old_texts[j]], key_image) for j in range(len(keys))],
+        + [
+            gather([new_texts[j], old_texts[j]], key_image)
+            if texts
+            else pa.nulls(len(key_image), pa.string())
+            for j in range(len(keys))
+        ],
         fields=list(key_type),
     )
     # One take for every column (the _seq of the final image: fast defaults ask whether

@@ -310,6 +310,8 @@ def test_big_writes_roll_over_files(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_small_files_are_written_without_dictionaries(tmp_path: Path, monkeypatch) -> None:
+    """... without Parquet statistics and without the Arrow schema in the footer: read back
+    alike, by deltalake and by the driver's reader (physical types from Parquet's own)."""
     path = str(tmp_path / "t")
     create_on_driver(path, MAPPED)
     monkeypatch.setattr(delta_log, "DICTIONARY_FROM_ROWS", 10)
@@ -317,12 +319,20 @@ def test_small_files_are_written_without_dictionaries(tmp_path: Path, monkeypatc
     big = pa.concat_tables([small] * 5)  # 15 rows
     for batch, rows in enumerate((small, big), 1):
         delta_log.append(delta_log.snapshot(path), rows, "app", batch)
-    encodings = {}
+    shape = {}
+    read = {}
     for add in delta_log.snapshot(path, files=True).files or {}:
         meta = pq.ParquetFile(Path(path) / add).metadata
         id_column = meta.row_group(0).column(0)
-        encodings[meta.num_rows] = any("DICTIONARY" in e for e in id_column.encodings)
-    assert encodings == {3: False, 15: True}
+        shape[meta.num_rows] = (
+            any("DICTIONARY" in e for e in id_column.encodings),
+            id_column.is_stats_set,
+            b"ARROW:schema" in (meta.metadata or {}),
+        )
+        read[meta.num_rows] = delta_log.read_data_file(str(Path(path) / add))
+    assert shape == {3: (False, False, False), 15: (True, True, True)}
+    assert read[3].schema == read[15].schema
+    assert read[3].to_pylist() == read[15].slice(0, 3).to_pylist()
     assert _read(path).num_rows == 18
 
 
