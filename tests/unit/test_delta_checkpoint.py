@@ -241,3 +241,29 @@ def test_entries_missing_before_the_version_are_refused(tmp_path: Path) -> None:
         write_checkpoint(path, version)
     with pytest.raises(LookupError, match="no log entry"):
         write_checkpoint(path, version + 1)
+
+
+def test_a_big_tables_checkpoint_is_left_to_deltalake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Past ROWS_MAX actions (replayed, or in the checkpoint it would start from) delta-rs
+    writes the checkpoint: it takes thousands of files in Rust."""
+    path = str(tmp_path / "t")
+    version = _history(path)
+    rows = len(_actions_of(delta_checkpoint.replay(path, version)))
+    monkeypatch.setattr(delta_checkpoint, "ROWS_MAX", rows - 1)
+    with pytest.raises(LookupError, match="actions"):
+        write_checkpoint(path, version)
+    with caplog.at_level("INFO", logger="slotlake.delta_log"):
+        delta_log.checkpoint(path, version)
+    assert "through delta-rs" in caplog.text
+    assert pq.read_metadata(_checkpoint_file(path, version)).created_by.startswith("parquet-rs")
+    # The next one would start from that checkpoint, already too big: refused unread.
+    snap, _ = delta_log.append(delta_log.snapshot(path), _data([40], "e"), "app", 6)
+    monkeypatch.setattr(delta_checkpoint, "ROWS_MAX", 2)
+    with pytest.raises(LookupError, match="more than 2"):
+        write_checkpoint(path, snap.version)
+
+
+def _actions_of(state: delta_checkpoint.TableState) -> list[Any]:
+    return [*state.live, *state.tombstones]
