@@ -505,9 +505,13 @@ def checkpoint(path: str, version: int) -> None:
         return
     except LookupError as exc:
         log.info("%s: checkpoint at version %d through delta-rs (%s)", path, version, exc)
-    except OSError as exc:
-        log.warning("%s: no checkpoint at version %d (%s)", path, version, exc)
-        return
+    except Exception as exc:  # a checkpoint never fails the commit it follows
+        log.warning(
+            "%s: the driver's checkpoint at version %d failed (%s); through delta-rs",
+            path,
+            version,
+            exc,
+        )
     if table_processes.checkpoint_here(path, version):
         checkpoint_by_deltalake(path, version)
 

@@ -410,8 +410,8 @@ def test_append_only_tables_take_appends_not_removes(tmp_path: Path) -> None:
 def test_a_checkpoint_that_fails_leaves_the_commit_standing(
     tmp_path: Path, monkeypatch, caplog, writer: str
 ) -> None:
-    """The driver's checkpoint writer fails (the disk is full), or it does not follow the
-    log and delta-rs's fails: the commit stands, no checkpoint is left."""
+    """The driver's checkpoint writer fails (the disk is full) or does not follow the log,
+    and delta-rs's, tried next, fails: the commit stands, no checkpoint is left."""
     from slotlake import delta_checkpoint
 
     path = str(tmp_path / "t")
@@ -433,6 +433,8 @@ def test_a_checkpoint_that_fails_leaves_the_commit_standing(
         snap, _ = delta_log.append(snap, _mapped_rows(), "app", batch)
     assert snap.version == 10 and DeltaTable(path).transaction_version("app") == 10
     assert "no checkpoint at version 10 (disk full)" in caplog.text
+    if writer == "driver":
+        assert "the driver's checkpoint at version 10 failed (disk full)" in caplog.text
     assert not list((Path(path) / "_delta_log").glob("*.checkpoint.parquet"))
     monkeypatch.undo()
     snap, _ = delta_log.append(snap, _mapped_rows(), "app", 11)
