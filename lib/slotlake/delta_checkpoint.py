@@ -25,7 +25,6 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -94,6 +93,14 @@ def checkpoint_schema() -> pa.Schema:
             req("cardinality", i64),
         ]
     )
+    # What an add and a remove both say of a file after their own fields.
+    described = [
+        pa.field("stats", s),
+        pa.field("tags", strings()),
+        pa.field("deletionVector", vector),
+        pa.field("baseRowId", i64),
+        pa.field("defaultRowCommitVersion", i64),
+    ]
     add = pa.struct(
         [
             req("path", s),
@@ -101,11 +108,7 @@ def checkpoint_schema() -> pa.Schema:
             req("size", i64),
             req("modificationTime", i64),
             req("dataChange", pa.bool_()),
-            pa.field("stats", s),
-            pa.field("tags", strings()),
-            pa.field("deletionVector", vector),
-            pa.field("baseRowId", i64),
-            pa.field("defaultRowCommitVersion", i64),
+            *described,
             pa.field("clusteringProvider", s),
         ]
     )
@@ -117,11 +120,7 @@ def checkpoint_schema() -> pa.Schema:
             pa.field("extendedFileMetadata", pa.bool_()),
             pa.field("partitionValues", strings()),
             pa.field("size", i64),
-            pa.field("stats", s),
-            pa.field("tags", strings()),
-            pa.field("deletionVector", vector),
-            pa.field("baseRowId", i64),
-            pa.field("defaultRowCommitVersion", i64),
+            *described,
         ]
     )
     metadata = pa.struct(
@@ -213,15 +212,12 @@ def replay(path: str, version: int) -> TableState:
             raise LookupError(f"Delta table {path}: log entries missing after version {since}")
     state = TableState()
     for part in parts:
-        for kind, action in checkpoint_actions(part, ROWS_MAX):
+        for kind, action in delta_log.checkpoint_actions(part, rows_max=ROWS_MAX):
             state.apply(kind, action, part)
     for v in range(since + 1, version + 1):
-        entry = os.path.join(log_dir, f"{v:020d}.json")
-        with open(entry, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    ((kind, action),) = json.loads(line).items()
-                    state.apply(kind, action, entry)
+        for entry in delta_log.entry_actions(log_dir, v):
+            ((kind, action),) = entry.items()
+            state.apply(kind, action, f"{log_dir}: version {v}")
     if not state.protocol or not state.metadata:
         raise LookupError(f"Delta table {path}: no protocol or metadata at version {version}")
     delta_log._check_followed(path, state.protocol)
@@ -232,23 +228,6 @@ def replay(path: str, version: int) -> TableState:
 def _within_rows(path: str, rows: int) -> None:
     if rows > ROWS_MAX:
         raise LookupError(f"Delta table {path}: {rows} actions, delta-rs checkpoints it faster")
-
-
-def checkpoint_actions(
-    part: str, rows_max: int | None = None
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each action of a checkpoint file as (kind, its JSON form); LookupError when it has
-    more than ``rows_max`` rows."""
-    import pyarrow.parquet as pq
-
-    with pq.ParquetFile(part, pre_buffer=False) as f:
-        if rows_max is not None and f.metadata.num_rows > rows_max:
-            raise LookupError(f"{part}: {f.metadata.num_rows} actions, more than {rows_max}")
-        table = f.read(use_threads=False)
-    for name in table.column_names:
-        for row in table.column(name).to_pylist():
-            if row is not None:
-                yield name, delta_log._from_checkpoint(name, row)
 
 
 def _tombstone_cutoff(state: TableState, now_ms: int) -> int:

@@ -39,6 +39,7 @@ import os
 import time
 import uuid
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -249,10 +250,16 @@ def _read_entry(
     txns: dict[str, int],
     live: dict[str, dict[str, Any]] | None,
 ) -> None:
+    for action in entry_actions(log_dir, version):
+        _apply(action, protocol, metadata, txns, live)
+
+
+def entry_actions(log_dir: str, version: int) -> Iterator[dict[str, Any]]:
+    """The actions of the log entry ``version``, each as its JSON object."""
     with open(os.path.join(log_dir, f"{version:020d}.json"), encoding="utf-8") as entry:
         for line in entry:
             if line.strip():
-                _apply(json.loads(line), protocol, metadata, txns, live)
+                yield json.loads(line)
 
 
 def _check_followed(path: str, protocol: dict[str, Any]) -> None:
@@ -384,25 +391,37 @@ def _read_checkpoint(
     txns: dict[str, int],
     live: dict[str, dict[str, Any]] | None,
 ) -> None:
+    wanted = ["protocol", "metaData", "txn"] + (["add"] if live is not None else [])
+    for part in parts:
+        for name, action in checkpoint_actions(part, wanted):
+            _apply({name: action}, protocol, metadata, txns, live)
+
+
+def checkpoint_actions(
+    part: str, columns: list[str] | None = None, rows_max: int | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each action of a checkpoint file (of its ``columns``: action kinds; None: all) as
+    (kind, its JSON form); LookupError when the file has more than ``rows_max`` rows."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    wanted = ["protocol", "metaData", "txn"] + (["add"] if live is not None else [])
-    for part in parts:
-        # Opened once: a small table's checkpoint costs its opening more than its rows
-        # (its schema read apart was a second opening, ~0.7 ms a table of every batch).
-        with pq.ParquetFile(part, pre_buffer=False) as f:
-            have = set(f.schema_arrow.names)
-            table = f.read(columns=[c for c in wanted if c in have], use_threads=False)
-        for name in table.column_names:
-            column = table.column(name)
-            # Each action is one column's row, the others NULL. Filtering a nested column
-            # costs ~0.1 ms whatever its rows: a small checkpoint's NULLs are skipped here.
-            if table.num_rows > SMALL_CHECKPOINT_ROWS:
-                column = column.filter(pc.is_valid(column))
-            for row in column.to_pylist():
-                if row is not None:
-                    _apply({name: _from_checkpoint(name, row)}, protocol, metadata, txns, live)
+    # Opened once: a small table's checkpoint costs its opening more than its rows
+    # (its schema read apart was a second opening, ~0.7 ms a table of every batch).
+    with pq.ParquetFile(part, pre_buffer=False) as f:
+        if rows_max is not None and f.metadata.num_rows > rows_max:
+            raise LookupError(f"{part}: {f.metadata.num_rows} actions, more than {rows_max}")
+        have = f.schema_arrow.names
+        wanted = have if columns is None else [c for c in columns if c in have]
+        table = f.read(columns=wanted, use_threads=False)
+    for name in table.column_names:
+        column = table.column(name)
+        # Each action is one column's row, the others NULL. Filtering a nested column
+        # costs ~0.1 ms whatever its rows: a small checkpoint's NULLs are skipped here.
+        if table.num_rows > SMALL_CHECKPOINT_ROWS:
+            column = column.filter(pc.is_valid(column))
+        for row in column.to_pylist():
+            if row is not None:
+                yield name, _from_checkpoint(name, row)
 
 
 def _from_checkpoint(kind: str, row: dict[str, Any]) -> dict[str, Any]:

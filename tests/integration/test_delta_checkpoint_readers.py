@@ -13,15 +13,12 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from slotlake import delta_log
-from slotlake.delta_checkpoint import checkpoint_actions, write_checkpoint
+from slotlake.delta_checkpoint import write_checkpoint
+from slotlake.delta_log import checkpoint_actions
 from slotlake.lake import query_delta
+from tests.integration.test_dv_merge import vacuum
 from tests.integration.test_readers import duckdb_delta
 from tests.unit.test_delta_checkpoint import _data, _history
-
-VACUUM_SETTINGS = {
-    "spark.databricks.delta.retentionDurationCheck.enabled": "false",
-    "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled": "false",
-}
 
 
 def _rows(table: Any) -> list[tuple[int, str]]:
@@ -62,14 +59,7 @@ def test_spark_and_duckdb_read_a_table_from_the_drivers_checkpoint(
     for name in os.listdir(path):
         if not name.startswith("_"):
             os.utime(os.path.join(path, name), (month_ago, month_ago))
-    before = {k: spark.conf.get(k, None) for k in VACUUM_SETTINGS}
-    try:
-        for k, v in VACUUM_SETTINGS.items():
-            spark.conf.set(k, v)
-        spark.sql(f"VACUUM delta.`{path}` RETAIN 1 HOURS")
-    finally:
-        for k, v in before.items():
-            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+    vacuum(spark, path, 1)
     kept = [p for p in tombstoned if os.path.exists(os.path.join(path, p))]
     assert kept == tombstoned
     assert _rows(spark.read.format("delta").load(path).collect()) == latest

@@ -114,6 +114,23 @@ def _seed(spark: Any, path: str, n: int, files: int) -> Model:
     return {i: (f"v{i}", {}) for i in range(n)}
 
 
+def vacuum(spark: Any, path: str, hours: int) -> None:
+    """Spark's VACUUM of the table keeping ``hours``, below Delta's retention checks (set
+    for this call only)."""
+    settings = {
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled": "false",
+    }
+    before = {k: spark.conf.get(k, None) for k in settings}
+    try:
+        for k, v in settings.items():
+            spark.conf.set(k, v)
+        spark.sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS")
+    finally:
+        for k, v in before.items():
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+
+
 def _last_commit(path: str) -> list[dict[str, Any]]:
     version = DeltaTable(path).version()
     with open(Path(path) / "_delta_log" / f"{version:020d}.json") as f:
@@ -249,18 +266,7 @@ def test_many_merges_across_a_checkpoint(
     # `slotlake maintain`'s upkeep by Spark: OPTIMIZE purges the vectors, VACUUM deletes
     # what no version references; the driver MERGEs on over what they left.
     spark.sql(f"OPTIMIZE delta.`{path}`")
-    settings = {
-        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
-        "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled": "false",
-    }
-    before = {k: spark.conf.get(k, None) for k in settings}
-    try:
-        for k, v in settings.items():
-            spark.conf.set(k, v)
-        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS")
-    finally:
-        for k, v in before.items():
-            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+    vacuum(spark, path, 0)
     assert not list(Path(path).glob("deletion_vector_*.bin"))
     changes = [(key, "after upkeep", {}, False) for key in sorted(model)[:50]]
     changes += [(key, None, {}, True) for key in sorted(model)[50:60]]

@@ -230,7 +230,9 @@ def test_big_batch_matches_per_message_values() -> None:
     assert split.new[0].to_pylist() == [str(i) for i in range(5000)]
 
 
-def test_the_columnar_path_is_the_one_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def split_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each column-wise split make_decoder asks for, as they come."""
     import slotlake.pgoutput.columnar as columnar_module
 
     calls: list[int] = []
@@ -241,6 +243,11 @@ def test_the_columnar_path_is_the_one_taken(monkeypatch: pytest.MonkeyPatch) -> 
         return real(data, ncols)
 
     monkeypatch.setattr(columnar_module, "split_dml", counting)
+    return calls
+
+
+def test_the_columnar_path_is_the_one_taken(split_calls: list[int]) -> None:
+    calls = split_calls
     columnar, reference = both_paths(catalog(TWO_TEXT), raw_batch([GOOD, GOOD]))
     assert calls == [2]
     assert columnar[0].to_pylist() == reference[0].to_pylist()
@@ -255,19 +262,12 @@ def test_the_columnar_path_is_the_one_taken(monkeypatch: pytest.MonkeyPatch) -> 
     assert calls == []
 
 
-def test_small_batches_go_message_by_message(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_batches_go_message_by_message(
+    monkeypatch: pytest.MonkeyPatch, split_calls: list[int]
+) -> None:
     """Below COLUMNAR_FROM_ROWS rows a batch is decoded message by message, from it on
     column-wise: the same rows either way."""
-    import slotlake.pgoutput.columnar as columnar_module
-
-    calls: list[int] = []
-    real = columnar_module.split_dml
-
-    def counting(data: pa.Array, ncols: int) -> Any:
-        calls.append(len(data))
-        return real(data, ncols)
-
-    monkeypatch.setattr(columnar_module, "split_dml", counting)
+    calls = split_calls
     monkeypatch.setattr(decode_module, "COLUMNAR_FROM_ROWS", 3)
     small, reference = both_paths(catalog(TWO_TEXT), raw_batch([GOOD, GOOD]))
     assert calls == []

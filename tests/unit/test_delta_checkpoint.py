@@ -21,7 +21,8 @@ from slotlake import delta_checkpoint, delta_log, dv_merge
 from slotlake.catalog import TableCatalog
 from slotlake.decode import arrow_schema_for
 from slotlake.delta import create_on_driver
-from slotlake.delta_checkpoint import checkpoint_actions, write_checkpoint
+from slotlake.delta_checkpoint import write_checkpoint
+from slotlake.delta_log import checkpoint_actions
 from slotlake.lake import query_delta
 
 SCHEMA = StructType(
