@@ -54,6 +54,8 @@ _INTERVAL_UNITS = {
     "microsecond": 1 / 3_600_000_000,
 }
 _INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+?)s?\b")
+# What write_checkpoint writes beside a name before renaming it onto it.
+_SCRATCH = re.compile(r"\.[0-9a-f]{32}\.(?:last_)?checkpoint\.tmp")
 
 
 def interval_hours(text: str) -> float | None:
@@ -280,8 +282,7 @@ def write_checkpoint(path: str, version: int, now_ms: int | None = None) -> list
     table = pa.Table.from_pylist(rows, schema=checkpoint_schema())
     log_dir = os.path.join(path, "_delta_log")
     name = os.path.join(log_dir, f"{version:020d}.checkpoint.parquet")
-    # Hidden from the log's readers (their names start with a digit) until renamed.
-    scratch = os.path.join(log_dir, f".{uuid.uuid4().hex}.checkpoint.tmp")
+    scratch = os.path.join(log_dir, _scratch_name("checkpoint"))
     try:
         pq.write_table(table, scratch, use_dictionary=False, write_statistics=False)
         os.replace(scratch, name)
@@ -297,11 +298,29 @@ def write_checkpoint(path: str, version: int, now_ms: int | None = None) -> list
         "sizeInBytes": os.path.getsize(name),
         "numOfAddFiles": len(state.live),
     }
-    scratch = os.path.join(log_dir, f".{uuid.uuid4().hex}.last_checkpoint.tmp")
+    scratch = os.path.join(log_dir, _scratch_name("last_checkpoint"))
     with open(scratch, "w", encoding="utf-8") as f:
         f.write(json.dumps(info, separators=(",", ":")))
     os.replace(scratch, hint)
     return [name, hint]
+
+
+def _scratch_name(kind: str) -> str:
+    # Hidden from the log's readers (their names start with a digit or an underscore)
+    # until renamed.
+    return f".{uuid.uuid4().hex}.{kind}.tmp"
+
+
+def leftovers(path: str) -> list[str]:
+    """The scratch files of checkpoint writes that never reached their rename (a process
+    killed mid-write) in the local table at ``path``: nothing reads them, and only a run
+    that knows no writer is at work (one holding the slot's lock) may remove them."""
+    log_dir = os.path.join(path, "_delta_log")
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return []
+    return sorted(os.path.join(log_dir, n) for n in names if _SCRATCH.fullmatch(n))
 
 
 def _hinted_version(hint: str) -> int:

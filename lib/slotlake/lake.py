@@ -624,7 +624,8 @@ class Lake:
     def remove_uncommitted(self, thorough: bool = False) -> list[str]:
         """Delete raw directories of attempts that never got a plan (crashed pulls) and
         temporary files left by a kill between a record's write and its rename
-        (``thorough``: judged against every commit record, see :meth:`_unreferenced_raw`).
+        (``thorough``: judged against every commit record, see :meth:`_unreferenced_raw`,
+        and a local lake's checkpoint scratch files too, see :meth:`_checkpoint_leftovers`).
 
         Delta tables need no such cleanup: a write either committed (and is then skipped
         on rerun) or left files no version references (VACUUM removes them). The caller
@@ -642,6 +643,21 @@ class Lake:
         for rel in self._unreferenced_raw(batches, thorough):
             self.fs.rmtree(self.path(rel))
             removed.append(rel)
+        if thorough and self.local:
+            removed += self._checkpoint_leftovers()
+        return removed
+
+    def _checkpoint_leftovers(self) -> list[str]:
+        """Remove the scratch files a checkpoint write killed before its rename left in
+        the Delta tables' logs (:func:`slotlake.delta_checkpoint.leftovers`): a listing
+        of every table's log, so only the thorough sweep does it."""
+        from slotlake import delta_checkpoint
+
+        removed = []
+        for rel in self.delta_tables():
+            for name in delta_checkpoint.leftovers(str(self.root / rel)):
+                os.unlink(name)
+                removed.append(os.path.relpath(name, self.root))
         return removed
 
     def expire_raw(self, keep_batches: int) -> list[str]:

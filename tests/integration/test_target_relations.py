@@ -82,3 +82,26 @@ def test_catalog_relations_equal_pgoutputs(pg_dsn: str, slot: str) -> None:
     assert [c.name for c in sent["public.listed"].columns] == ["a", "shown"]
     assert [c.name for c in sent["public.pk"].columns][-1] == "d"
     assert [c.name for c in sent["public.dropped"].columns] == ["a", "kept", "later"]
+    # Every live column is in the catalog's attnums, sent or not (generated, outside the
+    # column list), and only those.
+    assert catalog["public.pk"].attnums["g"] == 8
+    assert set(catalog["public.listed"].attnums) == {"a", "secret", "shown"}
+    assert catalog["public.dropped"].attnums == {"a": 1, "kept": 3, "later": 4}
+    assert catalog["public.dropped"].missing == {"later": "5"}
+
+
+def test_a_table_in_two_publications_is_read_once(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(SCHEMA)
+        c.execute("CREATE PUBLICATION pub2 FOR TABLE pk, listed (a, shown), no_key")
+        c.execute("CREATE PUBLICATION pub3 FOR TABLE full_t")
+        one = read_catalog(c, ["pub"])
+        both = read_catalog(c, ["pub", "pub2"])
+        assert both == one
+        assert set(read_catalog(c, ["pub2", "pub3"])) == {
+            "public.pk",
+            "public.listed",
+            "public.no_key",
+            "public.full_t",
+        }
+        assert read_catalog(c, ["pub2"])["public.listed"] == one["public.listed"]

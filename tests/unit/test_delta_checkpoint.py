@@ -268,3 +268,39 @@ def test_a_big_tables_checkpoint_is_left_to_deltalake(
 
 def _actions_of(state: delta_checkpoint.TableState) -> list[Any]:
     return [*state.live, *state.tombstones]
+
+
+def _killed_mid_write(path: str, version: int) -> None:
+    """A forked writer SIGKILLed between writing the checkpoint beside its name and the
+    rename (what a job killed mid-checkpoint leaves)."""
+    import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child dies before reporting
+        os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+        write_checkpoint(path, version)
+        os._exit(0)  # never reached: the rename kills it
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def test_a_write_killed_before_its_rename_leaves_a_scratch_file_readers_ignore(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "t")
+    last = _history(path)
+    _killed_mid_write(path, last)
+    (scratch,) = delta_checkpoint.leftovers(path)
+    assert Path(scratch).name.endswith(".checkpoint.tmp") and Path(scratch).stat().st_size > 0
+    assert not Path(_checkpoint_file(path, last)).exists()
+    # Neither reader takes it for a checkpoint; a later write succeeds beside it.
+    assert DeltaTable(path).version() == last
+    assert delta_log.snapshot(path, files=True).version == last
+    write_checkpoint(path, last)
+    assert Path(_checkpoint_file(path, last)).exists()
+    assert delta_checkpoint.leftovers(path) == [scratch]
+    # Other hidden files of the log are not its own.
+    (Path(path) / "_delta_log" / ".00000000000000000003.json.tmp").write_text("{")
+    assert delta_checkpoint.leftovers(path) == [scratch]
+    assert delta_checkpoint.leftovers(str(tmp_path / "missing")) == []
