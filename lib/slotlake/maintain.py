@@ -9,7 +9,8 @@ never runs beside a batch of the same slot; a run that finds it taken does nothi
    removes the old files and adds the compacted ones (``dataChange = false``).
 2. ``VACUUM`` every such table with a retention that keeps what readers may still use.
 3. Raw batches beyond ``lake.raw_retention_batches`` are deleted (:meth:`Lake.expire_raw`),
-   and so are leftovers of attempts that never committed (:meth:`Lake.remove_uncommitted`).
+   and so are leftovers of attempts that never committed and checkpoint scratch files of
+   a killed writer (:meth:`Lake.remove_uncommitted`).
 
 **Why the VACUUM retention is safe.** VACUUM deletes a file when no commit of the table's
 current version references it *and* it was removed (its tombstone's deletion timestamp;
