@@ -1213,7 +1213,8 @@ def process_batch(
     ``snapshots``: tables copied for this batch (see slotlake.snapshot), re-based on their
     copies whether or not the batch has changes of theirs.
     """
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -1356,53 +1357,65 @@ def process_batch(
         pool = stack.enter_context(
             ThreadPoolExecutor(max_workers=max(1, min(workers, len(order) or 1)))
         )
+        # Each future reports itself on one queue when done: a wait(FIRST_COMPLETED) per
+        # answer installed and removed a waiter on every future still out, quadratic in
+        # the tables (100 tables: ~10,000 lock operations a batch, on the cores the
+        # workers use).
+        done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+
+        def watched(fut: Future[Any]) -> Future[Any]:
+            fut.add_done_callback(done.put)
+            return fut
+
         # The workers fork on the first submit, before any of this batch's threads run.
         forked = {lane.submit(c.name): c for c in forkable} if lane is not None else {}
         in_lane = {c.name for c in forked.values()}
         threaded = {pool.submit(one, c): c for c in order if c.name not in in_lane}
-        pending: set[Future[Any]] = set(forked) | set(threaded)
+        for fut in [*forked, *threaded]:
+            watched(fut)
+        out_in_lane, out_threaded = len(forked), len(threaded)
         due: list[tuple[str, int]] = []
         try:
-            while pending:
-                timeout = None
-                if lane is not None and any(f in forked for f in pending):
-                    timeout = lane.patience()
-                finished, pending = wait(pending, timeout, FIRST_COMPLETED)
-                if not finished:  # only a wait on the lane has a timeout
+            while out_in_lane or out_threaded:
+                # Only a wait on the lane has a timeout.
+                timeout = lane.patience() if lane is not None and out_in_lane else None
+                try:
+                    fut = done.get(timeout=timeout)
+                except queue.Empty:
                     assert lane is not None
                     # Killed when stalled: their tables come back failed, redone below.
                     lane.stalled()
                     continue
-                for fut in finished:
-                    if fut in forked:
-                        assert lane is not None
-                        lane.answered()
-                        cat = forked[fut]
-                        answer, why = _from_worker(fut)
-                        if answer is None:
-                            log.info(
-                                "batch %d: %s: done again by the driver's threads (its "
-                                "worker process: %s)",
-                                batch,
-                                cat.name,
-                                why,
-                            )
-                            again = pool.submit(one, cat)
-                            threaded[again] = cat
-                            pending.add(again)
-                            continue
-                        (name, out, seconds), checkpoints, made = answer
-                        due += checkpoints
-                        adopt_snapshots(made)
-                        fault("table_written")
-                    else:
-                        name, out, seconds = fut.result()
-                    tables[name] = out
-                    timings[f"table:{name}"] = seconds
-                    progress(
-                        f"batch {batch}: {name}: {out.change_rows} changes, "
-                        f"{out.state_rows} rows in state ({seconds:.1f}s)"
-                    )
+                if fut in forked:
+                    assert lane is not None
+                    out_in_lane -= 1
+                    lane.answered()
+                    cat = forked[fut]
+                    answer, why = _from_worker(fut)
+                    if answer is None:
+                        log.info(
+                            "batch %d: %s: done again by the driver's threads (its "
+                            "worker process: %s)",
+                            batch,
+                            cat.name,
+                            why,
+                        )
+                        threaded[watched(pool.submit(one, cat))] = cat
+                        out_threaded += 1
+                        continue
+                    (name, out, seconds), checkpoints, made = answer
+                    due += checkpoints
+                    adopt_snapshots(made)
+                    fault("table_written")
+                else:
+                    out_threaded -= 1
+                    name, out, seconds = fut.result()
+                tables[name] = out
+                timings[f"table:{name}"] = seconds
+                progress(
+                    f"batch {batch}: {name}: {out.change_rows} changes, "
+                    f"{out.state_rows} rows in state ({seconds:.1f}s)"
+                )
         except BaseException:
             for f in [*forked, *threaded]:
                 f.cancel()

@@ -383,6 +383,13 @@ class SlotSource:
             raise SourceError("SlotSource is not connected: call connect() first")
         return self._conn
 
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The open autocommit connection, for a catalog read outside a transaction (the
+        published set: slotlake.snapshot.prepare). Not for statements that leave session
+        state behind: the slot's advisory lock is held on it."""
+        return self._require()
+
     def _query(self, what: str, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
         try:
             return self._require().execute(query, params).fetchall()
