@@ -36,7 +36,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -179,7 +179,15 @@ class BatchPlan:
     snapshot: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        """A line per key, each value compact: indented whole, the published set's names
+        (every table, each batch) went through ``json``'s Python encoder (300 tables:
+        ~4 ms)."""
+        top = {f.name: getattr(self, f.name) for f in fields(self)}
+        return (
+            "{\n"
+            + ",\n".join(f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(top.items()))
+            + "\n}"
+        )
 
     @classmethod
     def from_json(cls, text: str) -> BatchPlan:
