@@ -140,10 +140,8 @@ class CommitRecord:
         through its C encoder."""
         top = {f.name: getattr(self, f.name) for f in fields(self)}
         tables = top.pop("tables")
-        lines = [f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(top.items())]
         rows = [f"    {json.dumps(k)}: {_compact(vars(t))}" for k, t in sorted(tables.items())]
-        lines.append('  "tables": {' + ("\n" + ",\n".join(rows) + "\n  }" if rows else "}"))
-        return "{\n" + ",\n".join(sorted(lines)) + "\n}"
+        return _by_key(top, {"tables": "{" + ("\n" + ",\n".join(rows) + "\n  }" if rows else "}")})
 
     @classmethod
     def from_json(cls, text: str) -> CommitRecord:
@@ -156,6 +154,13 @@ class CommitRecord:
 
 def _compact(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(", ", ": "))
+
+
+def _by_key(values: dict[str, Any], written: dict[str, str] | None = None) -> str:
+    """A JSON object a line per key, in key order, each value compact (``written``: values
+    already in their JSON text)."""
+    lines = {k: _compact(v) for k, v in values.items()} | (written or {})
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {v}" for k, v in sorted(lines.items())) + "\n}"
 
 
 @dataclass
@@ -182,12 +187,7 @@ class BatchPlan:
         """A line per key, each value compact: indented whole, the published set's names
         (every table, each batch) went through ``json``'s Python encoder (300 tables:
         ~4 ms)."""
-        top = {f.name: getattr(self, f.name) for f in fields(self)}
-        return (
-            "{\n"
-            + ",\n".join(f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(top.items()))
-            + "\n}"
-        )
+        return _by_key({f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
     def from_json(cls, text: str) -> BatchPlan:

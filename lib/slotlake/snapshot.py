@@ -321,13 +321,13 @@ def prepare(
     last: CommitRecord | None,
     batch: int,
     attempt: str,
+    conn: psycopg.Connection[Any],
     progress: Callable[[str], None] = log.info,
-    conn: psycopg.Connection[Any] | None = None,
 ) -> Prepared:
     """Read the published set, and copy every table that needs a snapshot (before the target).
 
-    ``conn``: an open autocommit connection to the source to read the published set on
-    (the sync's own: a connection of its own cost a batch 3-7 ms), else one is opened.
+    ``conn``: the sync's open autocommit connection to the source, which the published set
+    is read on (a connection of its own cost a batch 3-7 ms).
 
     No SparkSession: the copy is Arrow and Parquet, its schema from
     :func:`slotlake.ddltypes.parse_struct`; the batch starts Spark only for a table the
@@ -336,11 +336,7 @@ def prepare(
     dsn = cfg.source.dsn
     secrets = [p for p in (dsn_password(dsn),) if p]
     try:
-        if conn is not None:
-            published = published_tables(conn, cfg.source.publications)
-        else:
-            with psycopg.connect(dsn, autocommit=True, application_name=APPLICATION_NAME) as c:
-                published = published_tables(c, cfg.source.publications)
+        published = published_tables(conn, cfg.source.publications)
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(f"cannot read the published tables: {' '.join(str(exc).split())}", secrets)

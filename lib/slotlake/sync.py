@@ -307,9 +307,7 @@ def _run_batch(
         attempt = new_attempt()
         # Tables that need a copy are copied now, before the target: the target must not
         # be below their consistent point (slotlake.snapshot).
-        prepared = snapshot.prepare(
-            cfg, lake, last, batch, attempt, progress, conn=source.connection
-        )
+        prepared = snapshot.prepare(cfg, lake, last, batch, attempt, source.connection, progress)
         # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
         flush, catalog = source.flush_lsn_and_catalog()
         target = target_lsn if target_lsn is not None else flush
