@@ -43,6 +43,13 @@ def setup_source(dsn: str) -> None:
         c.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text, n numeric)")
         c.execute("CREATE TABLE t2 (id int, v text)")
         c.execute("ALTER TABLE t2 REPLICA IDENTITY FULL")
+        # An autovacuum's ANALYZE of a table updates its pg_class row, a relcache
+        # invalidation: a decoding session that receives it mid-peek sends the table's
+        # Relation message again. The tests compare a pull's row count with the server's
+        # count of the same peek (count_floor), which one such Relation more broke once
+        # in a full suite (692 vs 693, the pulled rows the usual ones).
+        for table in ("t1", "t2"):
+            c.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
         c.execute(f"CREATE PUBLICATION {PUB} FOR TABLE t1, t2")
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_of(dsn),))
 
