@@ -240,6 +240,13 @@ class LocalPostgres:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.dsn(name)
 
+    def drop_database(self, name: str) -> None:
+        """DROP DATABASE name, closing its sessions first (none may linger from a test)."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     def _run(self, argv: list[str]) -> None:
         if self._run_as is not None:
             argv = ["runuser", "-u", self._run_as, "--", *argv]
