@@ -247,6 +247,9 @@ def scenario(
         if after is not None:
             after(cfg)
         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    # Kept when the scenario failed (to look at), removed once measured: a full run's lakes
+    # are gigabytes.
+    shutil.rmtree(cfg.lake.path, ignore_errors=True)
     return seconds
 
 
