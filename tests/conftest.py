@@ -93,7 +93,7 @@ def pg_dsn(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> Iterato
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
             (name,),
         )
-    # Dropped, not kept for the session: ~700 databases of 7.5 MB each a run otherwise.
+    # Dropped, not kept for the session: ~450 databases of 7.5 MB each a run otherwise.
     try:
         pg_cluster.drop_database(name)
     except psycopg.Error as exc:

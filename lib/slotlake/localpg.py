@@ -235,17 +235,21 @@ class LocalPostgres:
     def create_database(self, name: str) -> str:
         """CREATE DATABASE name; returns its DSN."""
         import psycopg
+        from psycopg import sql
 
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.dsn(name)
 
     def drop_database(self, name: str) -> None:
         """DROP DATABASE name, closing its sessions first (none may linger from a test)."""
         import psycopg
+        from psycopg import sql
 
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
     def _run(self, argv: list[str]) -> None:
         if self._run_as is not None:
