@@ -234,22 +234,21 @@ class LocalPostgres:
 
     def create_database(self, name: str) -> str:
         """CREATE DATABASE name; returns its DSN."""
-        import psycopg
-        from psycopg import sql
-
-        with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        self._maintenance("CREATE DATABASE {}", name)
         return self.dsn(name)
 
     def drop_database(self, name: str) -> None:
         """DROP DATABASE name, closing its sessions first (none may linger from a test)."""
+        self._maintenance("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+
+    def _maintenance(self, statement: str, database: str) -> None:
+        """A statement about ``database`` (its name as an identifier), run from ``postgres``
+        outside a transaction, as CREATE and DROP DATABASE must be."""
         import psycopg
         from psycopg import sql
 
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            conn.execute(sql.SQL(statement).format(sql.Identifier(database)))
 
     def _run(self, argv: list[str]) -> None:
         if self._run_as is not None:
