@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import warnings
@@ -23,9 +24,11 @@ _db_counter = itertools.count()
 _MEMORY_DIR_ROOM = 6 << 30
 
 
+@functools.cache
 def _memory_dir() -> Path | None:
     """Where the suite's PostgreSQL clusters and tmp_path trees go: ``SLOTLAKE_TEST_DIR``
     ('' = the system's temporary directory), else /dev/shm when it is there with room.
+    Decided once a run, so that the room used meanwhile cannot part the two.
 
     On this project's machines a disk-backed /tmp made every CREATE DATABASE cost 0.1-0.3 s
     (the template's 7.5 MB written through) and every lake commit a real fsync; the tests
