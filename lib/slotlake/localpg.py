@@ -5,6 +5,12 @@ are known: Debian's ``postgresql-NN`` packages (``/usr/lib/postgresql/NN/bin``) 
 the PyPI wheel ``pgserver`` (PostgreSQL 16). ``initdb`` refuses to run as root, so
 when this process is root the server runs as an unprivileged user (``postgres`` if
 it exists, else a system user ``slotlake`` created on first use).
+
+A cluster's directory names the process that made it (:data:`OWNER_FILE`). A process
+killed before it stopped its clusters (SIGKILL, a timeout) leaves them running, and where
+they live in memory (the tests put them on ``/dev/shm``) they hold that memory until
+someone stops them: the next cluster started in the same directory does
+(:func:`sweep_stale`).
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,8 +50,83 @@ SERVER_SETTINGS: dict[str, str] = {
 }
 
 
+# In each cluster's directory: "<pid> <start time>" of the process that made it.
+OWNER_FILE = "owner"
+_PREFIX = "slotlake-pg"
+
+
 class LocalPostgresError(RuntimeError):
     pass
+
+
+def _started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat's 22nd field),
+    None when there is no such process: with the pid it names one process, never a later
+    one that reused its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # The fields after the command's closing parenthesis start at the third.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _postmaster_of(data_dir: Path) -> int | None:
+    """The pid of the server running on ``data_dir``, if one does."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    # A pid reused since by another process has another command line.
+    return pid if os.fsencode(str(data_dir)) in cmdline else None
+
+
+def _stop_server(pid: int, seconds: float = 10.0) -> None:
+    """Immediate shutdown (SIGQUIT, as ``pg_ctl -m immediate``), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + seconds
+        while _started_at(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _started_at(pid) is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def sweep_stale(base_dir: Path) -> list[Path]:
+    """Stop and remove the clusters in ``base_dir`` whose making process is gone; the
+    directories removed.
+
+    Only directories with an owner file are looked at: one being made has none yet, and
+    a cluster of a live process (another test run, a demo) is left alone."""
+    if _started_at(os.getpid()) is None:  # no /proc here: nothing can be told apart
+        return []
+    removed = []
+    for tmp in sorted(base_dir.glob(f"{_PREFIX}*-*")):
+        try:
+            pid, start = (tmp / OWNER_FILE).read_text().split()
+            owner = int(pid)
+        except (OSError, ValueError):
+            continue
+        if _started_at(owner) == start:
+            continue
+        server = _postmaster_of(tmp / "data")
+        try:
+            if server is not None:
+                _stop_server(server)
+            shutil.rmtree(tmp)
+        except OSError as exc:  # another user's cluster: theirs to remove
+            log.info("left a stale PostgreSQL cluster in %s: %s", tmp, exc)
+            continue
+        log.warning(
+            "removed a PostgreSQL cluster left by process %d, which ended without stopping "
+            "it%s: %s",
+            owner,
+            f" (its server, pid {server}, stopped)" if server is not None else "",
+            tmp,
+        )
+        removed.append(tmp)
+    return removed
 
 
 def _pgserver_bin() -> Path | None:
@@ -142,7 +225,10 @@ class LocalPostgres:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> LocalPostgres:
         self._run_as = _server_user()
-        self._tmp = Path(tempfile.mkdtemp(prefix=f"slotlake-pg{self.version}-", dir=self.base_dir))
+        sweep_stale(Path(self.base_dir or tempfile.gettempdir()))
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{self.version}-", dir=self.base_dir))
+        me = os.getpid()
+        (self._tmp / OWNER_FILE).write_text(f"{me} {_started_at(me)}")
         self.data_dir = self._tmp / "data"
         if self._run_as is not None:
             info = pwd.getpwnam(self._run_as)
