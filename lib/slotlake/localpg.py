@@ -61,14 +61,15 @@ class LocalPostgresError(RuntimeError):
 
 def _started_at(pid: int) -> str | None:
     """The process's start time (clock ticks since boot, /proc/<pid>/stat's 22nd field),
-    None when there is no such process: with the pid it names one process, never a later
-    one that reused its pid."""
+    None when there is no such process or it has ended (a zombie not yet reaped): with the
+    pid it names one process, never a later one that reused its pid."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    # The fields after the command's closing parenthesis start at the third.
-    return stat.rsplit(")", 1)[1].split()[19]
+    # The fields after the command's closing parenthesis start at the third (the state).
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _postmaster_of(data_dir: Path) -> int | None:
