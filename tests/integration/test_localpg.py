@@ -46,7 +46,7 @@ def _is_gone(conn: psycopg.Connection) -> bool:
 _STARTER = """
 import sys, time
 from pathlib import Path
-from slotlake.localpg import LocalPostgres, _postmaster_of, _stop_server
+from slotlake.localpg import LocalPostgres
 pg = LocalPostgres(version=int(sys.argv[1]), base_dir=Path(sys.argv[2])).start()
 print(pg.data_dir.parent, pg.port, flush=True)
 time.sleep(600)
