@@ -111,7 +111,7 @@ def slot(pg_dsn: str) -> str:
 
 # The tests' session evaluates expressions interpreted, not compiled: a test's frames are a
 # few rows, and compiling each query's generated Java (Janino) cost more than running it.
-# Measured on four of the slowest Spark-path tests in one JVM: 317 s compiled, 240 s
+# Measured on four of the slowest Spark-path tests in one JVM: 296-317 s compiled, 211-247 s
 # interpreted. The same answers either way (Spark's own suites run both modes); the job's
 # sessions keep code generation, and the tests that run the job as users do (spark-submit,
 # the demo, the Airflow DAG) build theirs as the job does.
