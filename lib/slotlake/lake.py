@@ -324,26 +324,6 @@ class LocalFS:
         shutil.copytree(p, local_dir)
 
 
-def _file_system(root: str, fs: Any) -> Any:
-    if fs is not None:
-        return fs
-    if is_local(root):
-        return LocalFS()
-    try:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession()
-    except ImportError:  # pragma: no cover - pyspark is a dependency
-        spark = None
-    if spark is not None:
-        from slotlake.hadoopfs import HadoopFS
-
-        return HadoopFS(spark)
-    if root.startswith("file://"):
-        return _FileUriFS()
-    raise LakeError(f"lake {root}: a Hadoop file system URI needs a running SparkSession")
-
-
 class _FileUriFS(LocalFS):
     """file:// URIs without a SparkSession (readers, status): the local file system."""
 
