@@ -165,16 +165,27 @@ def _last_add(
     baseline: dict[str, int] | None,
     points: list[tuple[int, dict[str, int], dict[str, str | None], str]],
 ) -> tuple[int, str | None, str] | None:
-    """(seq, missing text, source) of the last point at which ``col`` got a new attnum."""
+    """(seq, missing text, source) of the point at which ``col`` got the attnum it has now."""
+    # The column is its attnum as the latest point naming it gives it: from there back,
+    # each point's name of that attnum is the one of its time. Names alone would miss a
+    # RENAME seen only by the trigger and the catalog (no Relation message between: the
+    # table unchanged after it in the batch), which ``cat.renames`` does not know.
+    current = None
+    for _, cols, _, _ in reversed(points):
+        current = cols.get(col)
+        if current is None:
+            current = {_latest(cat.renames, n): a for n, a in cols.items()}.get(col)
+        if current is not None:
+            break
+    if current is None:
+        return None
     prev: set[int] | None = None if baseline is None else set(baseline.values())
     found = None
     for seq, cols, missing, source in points:
-        # Message names are those of their time; a later RENAME is followed by attnum.
-        by_latest = {_latest(cat.renames, n): a for n, a in cols.items()}
-        attnum = by_latest.get(col)
-        if attnum is not None:
+        name_then = next((n for n, a in cols.items() if a == current), None)
+        if name_then is not None:
             if prev is not None:
-                new = attnum not in prev
+                new = current not in prev
             elif source == "trigger":
                 # No earlier attnums known (first batch since the lake began recording
                 # them): a column the lake never had and no earlier Relation showed.
@@ -186,8 +197,7 @@ def _last_add(
                     all(c.name != col for c in v.columns) for v in cat.versions
                 )
             if new:
-                text = next((t for n, t in missing.items() if _latest(cat.renames, n) == col), None)
-                found = (seq, text, source)
+                found = (seq, missing.get(name_then), source)
         prev = set(cols.values())
     return found
 

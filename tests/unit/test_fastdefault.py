@@ -111,6 +111,32 @@ def test_trigger_messages_win_and_give_the_exact_position() -> None:
     assert (d.seq, d.value) == (20, "first")
 
 
+def test_a_rename_only_the_trigger_and_the_catalog_saw() -> None:
+    # A change (R at 10), ADD x DEFAULT (seq 20), x → c (seq 30), no change after them:
+    # no Relation names x, so the catalog does not know the rename; the attnum does.
+    cat = catalog((10, V1), (1 << 61, V2), prior=BASE)
+    assert "x" not in cat.renames
+    msgs = [
+        message(20, {"id": 1, "v": 2, "x": 3}, {"x": "d"}),
+        message(30, {"id": 1, "v": 2, "c": 3}, {"c": "d"}),
+    ]
+    end = TableColumns({"id": 1, "v": 2, "c": 3}, {"c": "d"})
+    (d,) = plan_defaults(cat, prior_commit(BASE, {"id": 1, "v": 2}), msgs, end)
+    assert (d.column, d.seq, d.value, d.source, d.update_prior) == (
+        "c",
+        20,
+        "d",
+        "trigger",
+        True,
+    )
+    # The name c was another column's before the batch (dropped, then x took it):
+    # still the ADD of attnum 3, not the older c.
+    prior = prior_commit([*BASE, ("c", "string")], {"id": 1, "v": 2, "c": 9})
+    drop = message(15, {"id": 1, "v": 2}, {})
+    (d,) = plan_defaults(cat, prior, [drop, *msgs], end)
+    assert (d.seq, d.value) == (20, "d")
+
+
 def test_readd_without_default_sets_null_only_where_needed() -> None:
     cat = catalog((10, V2), (50, V2), prior=[*BASE, ("c", "string")])
     prior = prior_commit([*BASE, ("c", "string")], {"id": 1, "v": 2, "c": 3})
