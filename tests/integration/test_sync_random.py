@@ -81,7 +81,7 @@ class Workload:
     settled: set[str] = field(default_factory=set)
 
     def synced(self) -> None:
-        self.settled = set(self.extra)
+        self.settled = set(self.extra) | {f"{t}.{n}" for t, cols in self.more.items() for n in cols}
 
     def _fresh(self, prefix: str) -> str:
         self.serial += 1
@@ -182,7 +182,10 @@ class Workload:
             self.extra[name] = typ
             self.done["add default" if default else "add"] += 1
         elif roll < 0.75:
-            old = rng.choice(sorted(self.extra))
+            names = self._renamable(self.extra, "")
+            if not names:
+                return
+            old = rng.choice(names)
             new = self._fresh("r")
             c.execute(f"ALTER TABLE k1 RENAME COLUMN {old} TO {new}")
             self.extra[new] = self.extra.pop(old)
@@ -192,6 +195,16 @@ class Workload:
             c.execute(f"ALTER TABLE k1 DROP COLUMN {name}")
             del self.extra[name]
             self.done["drop"] += 1
+
+    def _renamable(self, names: Any, prefix: str) -> list[str]:
+        """Columns a RENAME may take. Without the trigger, only those the last sync saw
+        (none: no rename this time): a column added in the batch and renamed after the
+        table's last change, beside a later ADD, reads as a DROP and an ADD (README,
+        "Known limits"), which a check after every round cannot wait for."""
+        ordered = sorted(names) if isinstance(names, dict) else list(names)
+        if self.widen_any:
+            return ordered
+        return [n for n in ordered if prefix + n in self.settled]
 
     def other_ddl(self) -> None:
         """A column of k2 or of the multiset added (a fast default or not), renamed or
@@ -209,7 +222,11 @@ class Workload:
             added.append(name)
             self.done["add default" if default else "add"] += 1
         elif roll < 0.75:
-            old = added.pop(rng.randrange(len(added)))
+            names = self._renamable(added, f"{table}.")
+            if not names:
+                return
+            old = names[rng.randrange(len(names))]
+            added.remove(old)
             new = self._fresh("y")
             c.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
             added.append(new)
