@@ -171,14 +171,26 @@ def column_ids(
     """Each table's attnums as the lake last wrote it, after each DDL the capture trigger
     reported in the batch (``messages``) and at the batch's target: what tells a rename
     from a DROP and an ADD (:func:`slotlake.catalog.build_catalogs`)."""
-    before = {n: t.attnums for n, t in prior.tables.items()} if prior is not None else {}
+    tables = prior.tables if prior is not None else {}
+    before = {n: t.attnums for n, t in tables.items()}
     after = {n: t.attnums for n, t in target.items()} if target is not None else {}
+    sent = {
+        n: frozenset(c.name for c in t.relation.relation.columns)
+        for n, t in (target or {}).items()
+        if t.relation is not None and t.natts is not None
+    }
     points: dict[str, list[tuple[int, dict[str, int]]]] = {}
     for m in messages:
         for name, attnums in m.columns.items():
             points.setdefault(name, []).append((m.seq, attnums))
     return {
-        n: ColumnIds(before.get(n, {}), after.get(n, {}), tuple(points.get(n, ())))
+        n: ColumnIds(
+            before.get(n, {}),
+            after.get(n, {}),
+            tuple(points.get(n, ())),
+            tables[n].natts if n in tables else None,
+            sent.get(n),
+        )
         for n in {*before, *after, *points}
     }
 

@@ -191,6 +191,7 @@ class TablePlan:
     # On-disk bytes to copy (heap + TOAST of every leaf): what decides the driver path.
     bytes: int = 0
     ranges: list[tuple[int | None, int | None]] = field(default_factory=list)
+    natts: int | None = None  # pg_class.relnatts (recorded: see TableCommit.natts)
 
     @property
     def multiset(self) -> bool:
@@ -364,14 +365,15 @@ def read_plan(
         # applies to every partition's scan alike). pg_partition_tree lists nothing for a
         # table that is neither partitioned nor a partition. The size (heap and TOAST of
         # every leaf) is the file size, not a statistic: right even before any ANALYZE.
-        blocks, nbytes = conn.execute(
+        blocks, nbytes, natts = conn.execute(
             "SELECT coalesce((SELECT max(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)"
             " WHERE isleaf), pg_relation_size(%s::oid))::bigint"
             " / current_setting('block_size')::int,"
             " coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree(%s::oid)"
-            " WHERE isleaf), pg_table_size(%s::oid))::bigint",
-            (oid, oid, oid, oid),
-        ).fetchone() or (0, 0)
+            " WHERE isleaf), pg_table_size(%s::oid))::bigint,"
+            " (SELECT relnatts::int FROM pg_class WHERE oid = %s::oid)",
+            (oid, oid, oid, oid, oid),
+        ).fetchone() or (0, 0, None)
         row_filter = None
         if not entry["unfiltered"] and entry["filters"]:
             row_filter = " OR ".join(f"({f})" for f in entry["filters"])
@@ -385,6 +387,7 @@ def read_plan(
             row_filter=row_filter,
             blocks=int(blocks),
             bytes=int(nbytes),
+            natts=natts,
         )
         plan_.ranges = split_ranges(plan_.blocks, parallel, min_range_blocks)
         plans.append(plan_)
@@ -1151,6 +1154,7 @@ def _table_commit(
         key_columns=list(plan.key_columns),
         replica_identity=plan.replica_identity,
         attnums={c.name: c.attnum for c in plan.columns if c.attnum is not None},
+        natts=plan.natts,
         changes_version=changes_version,
         state_version=state.version,
         written=True,

@@ -199,6 +199,10 @@ def _renames(
                 old_ids[n] = ids.before[lake]
             else:
                 old_ids[n] = prev_at.get(n, ids.after.get(n))
+        if None in old_ids.values():
+            # A column the batch added: its attnum may follow from the lake's relnatts.
+            pinned = ids.added_in_batch(prev, origin)
+            old_ids = {n: pinned.get(n) if i is None else i for n, i in old_ids.items()}
         new_ids = {n: new_at.get(n, ids.after.get(n, ids.before.get(n))) for n in came}
         if None not in old_ids.values() and None not in new_ids.values():
             by_id = {i: n for n, i in new_ids.items()}
@@ -225,6 +229,38 @@ class ColumnIds:
     before: Mapping[str, int]
     after: Mapping[str, int]
     points: tuple[tuple[int, Mapping[str, int]], ...] = ()
+    # pg_class.relnatts when the lake last wrote the table (every attnum given by then,
+    # dropped columns' too), and the columns the target's Relation message would send:
+    # None when unknown (a lake or catalog file from before they were recorded).
+    natts_before: int | None = None
+    sent_after: frozenset[str] | None = None
+
+    def added_in_batch(
+        self, prev: Sequence[tuple[str, str]], origin: Callable[[str], str | None]
+    ) -> dict[str, int]:
+        """Attnums of ``prev``'s columns added since the lake last wrote the table, where
+        the target pins them (else none).
+
+        Attnums are given in order (``natts + 1``, ``+ 2``, …) and never reused, and a
+        Relation message lists its columns in attnum order. A column the target sends
+        with attnum ``natts + i`` was added before any later one and is alive from then
+        to the target, so if ``natts + 1`` … ``natts + i`` all are such columns, the
+        first ``i`` added columns a Relation lists are those, whatever names they had.
+        A column added and dropped unseen breaks the run, and no more is pinned."""
+        if self.natts_before is None or self.sent_after is None or not self.before:
+            return {}
+        added = [n for n, _ in prev if origin(n) not in self.before]
+        by_attnum = {a: n for n, a in self.after.items()}
+        out: dict[str, int] = {}
+        for i, name in enumerate(added, start=1):
+            attnum = self.natts_before + i
+            target_name = by_attnum.get(attnum)
+            if target_name is None or target_name not in self.sent_after:
+                break
+            if name in self.after and self.after[name] != attnum:
+                return {}  # the same name is another column at the target: not pinned
+            out[name] = attnum
+        return out
 
     def as_of(self, seq: int) -> Mapping[str, int]:
         """The attnums the last DDL report before ``seq`` gave (empty: none before it).

@@ -361,6 +361,10 @@ class BatchDdl:
 
         table_catalog = None if self.catalog is None else self.catalog.get(cat.name)
         commit.attnums = final_attnums(prior, self.messages, table_catalog, cat.name)
+        if table_catalog is not None:
+            commit.natts = table_catalog.natts
+        elif prior is not None and not any(cat.name in m.columns for m in self.messages):
+            commit.natts = prior.natts  # no DDL of it seen: unchanged
         return plan_defaults(cat, prior, self.messages, table_catalog)
 
 
@@ -510,7 +514,8 @@ SELECT n.nspname::text || '.' || c.relname::text, a.attname::text, a.attnum::int
        c.relreplident = 'f' OR a.attnum = ANY(ident.indkey),
        CASE WHEN a.atttypid >= 10000 THEN
            CASE WHEN bn.nspname = 'pg_catalog' THEN '' ELSE bn.nspname::text END END,
-       CASE WHEN a.atttypid >= 10000 THEN b.typname::text END
+       CASE WHEN a.atttypid >= 10000 THEN b.typname::text END,
+       c.relnatts::int
 FROM rels r
 JOIN pg_class c ON c.oid = r.oid
 JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -540,11 +545,16 @@ class TableColumns:
     attnums: dict[str, int] = field(default_factory=dict)
     missing: dict[str, str | None] = field(default_factory=dict)
     relation: TargetRelation | None = None
+    # pg_class.relnatts: the attnums given so far, dropped columns' too (the next ADD
+    # gets natts + 1); None in a catalog file written before it was recorded.
+    natts: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attnums": self.attnums, "missing": self.missing}
         if self.relation is not None:
             out["relation"] = self.relation.to_json()
+        if self.natts is not None:
+            out["natts"] = self.natts
         return out
 
     @classmethod
@@ -557,6 +567,7 @@ class TableColumns:
                 for k, v in (obj.get("missing") or {}).items()
             },
             None if relation is None else TargetRelation.from_json(relation),
+            None if obj.get("natts") is None else int(obj["natts"]),
         )
 
 
@@ -574,11 +585,12 @@ def read_catalog(conn: psycopg.Connection[Any], publications: list[str]) -> dict
     attnames = "attnames" if conn.info.server_version >= 150000 else "NULL::name[]"
     out: dict[str, TableColumns] = {}
     sent: dict[str, list[Any]] = {}
-    for row in conn.execute(CATALOG_SQL.format(attnames=attnames), (publications,)):
+    for full in conn.execute(CATALOG_SQL.format(attnames=attnames), (publications,)):
+        row, natts = full[:-1], full[-1]
         table, column, attnum, missing, has_missing, is_sent = row[:6]
         tc = out.get(table)
         if tc is None:
-            tc = out[table] = TableColumns()
+            tc = out[table] = TableColumns(natts=natts)
         tc.attnums[column] = attnum
         if has_missing:
             tc.missing[column] = missing

@@ -90,6 +90,9 @@ class TableCommit:
     # attnum of each column when this table was last written (slotlake.fastdefault: a
     # column with a new attnum was added, or dropped and added again, since)
     attnums: dict[str, int] = field(default_factory=dict)
+    # pg_class.relnatts then (attnums given so far, dropped columns' too): pins the
+    # attnums of columns a later batch adds (slotlake.catalog.ColumnIds.added_in_batch)
+    natts: int | None = None
 
     @property
     def multiset(self) -> bool:

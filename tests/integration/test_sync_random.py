@@ -76,7 +76,9 @@ class Workload:
     more: dict[str, list[str]] = field(default_factory=dict)
     # What was done, committed or not: the test checks that a run covers its cases.
     done: Counter[str] = field(default_factory=Counter)
-    # Whether any int column of k1 may be widened, or only those the last sync saw (play).
+    # With the trigger (play): k1 may be widened and any column renamed at any time;
+    # without it, only while every column of k1 is one the last sync saw, and only such
+    # columns renamed.
     widen_any: bool = True
     settled: set[str] = field(default_factory=set)
 
@@ -164,9 +166,10 @@ class Workload:
         """A column of k1 added (maybe with a default: a fast default), renamed or dropped."""
         c, rng = self.conn, self.rng
         roll = rng.random()
-        ints = sorted(
-            n for n, t in self.extra.items() if t == "int" and (self.widen_any or n in self.settled)
-        )
+        # Without the trigger, a rewrite clears the fast defaults of every column added
+        # since the last sync (README, "Known limits"): no widening while there is one.
+        settled = self.widen_any or all(n in self.settled for n in self.extra)
+        ints = sorted(n for n, t in self.extra.items() if t == "int") if settled else []
         if roll < 0.1 and ints:
             # A widening type change: PostgreSQL rewrites the table (a new relfilenode).
             name = rng.choice(ints)
@@ -404,8 +407,9 @@ def play(
     (also run by hand over many seeds). ``capture_ddl``: with the DDL capture trigger;
     without it, a rewrite that clears a fast default added in the same batch leaves older
     rows NULL until the next run's snapshot (README, "Known limits"), which a check after
-    every round cannot wait for: only columns the lake already has are widened then.
-    Returns the workload and the tables in the lake."""
+    every round cannot wait for: k1 is widened then only while the lake has all its
+    columns (and a column added and renamed in one batch is another limit: no rename
+    of such a column then). Returns the workload and the tables in the lake."""
     lake = cfg.lake.path
     tables = list(KEYS)
     audited_schema(c, SCHEMA, KEYS)

@@ -7,6 +7,7 @@ import pytest
 from slotlake.catalog import (
     TARGET_SEQ,
     ColumnIds,
+    TableCatalog,
     TargetRelation,
     build_catalogs,
     target_versions,
@@ -520,3 +521,47 @@ def test_column_ids_as_of_a_seq() -> None:
     assert ids.as_of(5) == {}
     assert ids.as_of(6) == {"a": 1, "x": 4}
     assert ids.as_of(10) == {"b": 2}
+
+
+def test_a_column_added_in_the_batch_pinned_by_the_lakes_relnatts() -> None:
+    """ADD c, a row (Relation), ADD d, RENAME c TO e, no change after: the target version
+    has one column more than the last Relation, and no report gives c's attnum. The lake's
+    relnatts (2: id, v) pins the first column added since at 3, which the target sends
+    as e: a rename, d a new column."""
+    prior = {"public.t": [("id", "int"), ("v", "string")]}
+    versions = [
+        (10, rel(col("id", INT4, key=True), col("v", TEXT), col("c", INT4))),
+        (
+            TARGET_SEQ,
+            rel(col("id", INT4, key=True), col("v", TEXT), col("e", INT4), col("d", INT4)),
+        ),
+    ]
+    after = {"id": 1, "v": 2, "e": 3, "d": 4}
+    sent = frozenset(after)
+
+    def cat_with(natts: int | None, sent_after: frozenset[str] | None = sent) -> TableCatalog:
+        ids = ColumnIds({"id": 1, "v": 2}, after, (), natts, sent_after)
+        return build_catalogs(versions, [], prior, {"public.t": ids})["public.t"]
+
+    cat = cat_with(2)
+    assert cat.renames == {"c": "e"}
+    assert cat.state_columns == ["id", "v", "e", "d"]
+    # Unknown relnatts, or an attnum given to a column dropped unseen (3 is not sent at
+    # the target: e is 4), or one the target does not send: nothing pinned, not a rename.
+    assert cat_with(None).renames == {}
+    assert cat_with(1).renames == {}
+    assert cat_with(2, frozenset({"id", "v", "d"})).renames == {}
+    ids = ColumnIds({"id": 1, "v": 2}, {"id": 1, "v": 2, "e": 4, "d": 5}, (), 2, sent)
+    assert build_catalogs(versions, [], prior, {"public.t": ids})["public.t"].renames == {}
+
+
+def test_added_in_batch_pins_only_the_unbroken_run() -> None:
+    ids = ColumnIds(
+        {"id": 1}, {"id": 1, "x": 6, "y": 7, "z": 9}, (), 5, frozenset({"id", "x", "y", "z"})
+    )
+    prev = [("id", "int"), ("a", "int"), ("b", "int"), ("c", "int")]
+    lake = {"id": "id"}
+    assert ids.added_in_batch(prev, lake.get) == {"a": 6, "b": 7}
+    # A name the target gives another attnum: the run is not trusted at all.
+    assert ids.added_in_batch([("id", "int"), ("z", "int")], lake.get) == {}
+    assert ColumnIds({}, {"x": 6}, (), 5, frozenset({"x"})).added_in_batch(prev, lake.get) == {}

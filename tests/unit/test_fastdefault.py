@@ -238,8 +238,9 @@ def test_catalog_file_round_trip() -> None:
     )
     shape = TargetRelation(relation, (Type(None, 16500, "", "mood"),))
     tables = {
-        "public.t": TableColumns({"id": 1, "c": 3}, {"c": None}, shape),
-        # A catalog file written before the Relation shapes were recorded reads as None.
+        "public.t": TableColumns({"id": 1, "c": 3}, {"c": None}, shape, natts=3),
+        # A catalog file written before the Relation shapes (and relnatts) were recorded
+        # reads as None.
         "public.old": TableColumns({"id": 1}, {}),
     }
     assert catalog_from_json(catalog_to_json("0/1", tables)) == tables
