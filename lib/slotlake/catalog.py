@@ -174,8 +174,10 @@ def _renames(
 
     Both are (name, spark ddl) lists in attnum order. A Relation message names no attnum,
     so a rename is told from a DROP plus an ADD by the attnums when ``ids`` knows them
-    for every column that went and every one that came (a column's identity: the same
-    attnum under another name is a rename, whatever its type became); ``origin`` gives
+    for every column that went and every one that came, or for every column that went
+    and each is found among those that came (a column's identity: the same attnum under
+    another name is a rename, whatever its type became); a column the batch added may be
+    pinned by the lake's relnatts (:meth:`ColumnIds.added_in_batch`); ``origin`` gives
     the lake's name of a column of ``prev`` (``a`` for ``b`` after ``a → b`` inside the
     batch), None for one the batch added; a name the lake and the target lack is looked up
     in the DDL reports as of its version (``prev_seq``, ``new_seq``). Else by position:
@@ -204,9 +206,13 @@ def _renames(
             pinned = ids.added_in_batch(prev, origin)
             old_ids = {n: pinned.get(n) if i is None else i for n, i in old_ids.items()}
         new_ids = {n: new_at.get(n, ids.after.get(n, ids.before.get(n))) for n in came}
-        if None not in old_ids.values() and None not in new_ids.values():
-            by_id = {i: n for n, i in new_ids.items()}
-            return {n: by_id[i] for n, i in old_ids.items() if i in by_id}
+        if None not in old_ids.values():
+            by_id = {i: n for n, i in new_ids.items() if i is not None}
+            found = {n: by_id[i] for n, i in old_ids.items() if i in by_id}
+            # Every column that went found under another name: the others came (an ADD
+            # dropped again by the target has no attnum, but cannot be one of them).
+            if None not in new_ids.values() or len(found) == len(gone):
+                return found
     if len(prev) != len(new):
         return {}
     renamed: dict[str, str] = {}
@@ -249,7 +255,22 @@ class ColumnIds:
         A column added and dropped unseen breaks the run, and no more is pinned."""
         if self.natts_before is None or self.sent_after is None or not self.before:
             return {}
-        added = [n for n, _ in prev if origin(n) not in self.before]
+        lake = [origin(n) for n, _ in prev]
+        added = [n for (n, _), o in zip(prev, lake, strict=True) if o not in self.before]
+        # Only when every column of the lake is told apart: one whose rename the batch
+        # did not see would pass for an added one and shift the attnums. The lake's
+        # columns come first (smaller attnums), and each the target still sends was alive
+        # when ``prev`` was sent, so ``prev`` must show it under a name followed to it.
+        known = [o in self.before for o in lake]
+        if False in known and True in known[known.index(False) :]:
+            return {}
+        seen = {self.before[o] for o in lake if o in self.before}
+        if any(
+            a <= self.natts_before and a not in seen
+            for n, a in self.after.items()
+            if n in self.sent_after
+        ):
+            return {}
         by_attnum = {a: n for n, a in self.after.items()}
         out: dict[str, int] = {}
         for i, name in enumerate(added, start=1):

@@ -76,14 +76,13 @@ class Workload:
     more: dict[str, list[str]] = field(default_factory=dict)
     # What was done, committed or not: the test checks that a run covers its cases.
     done: Counter[str] = field(default_factory=Counter)
-    # With the trigger (play): k1 may be widened and any column renamed at any time;
-    # without it, only while every column of k1 is one the last sync saw, and only such
-    # columns renamed.
+    # With the trigger (play): k1 may be widened at any time; without it, only while
+    # every column of k1 is one the last sync saw.
     widen_any: bool = True
     settled: set[str] = field(default_factory=set)
 
     def synced(self) -> None:
-        self.settled = set(self.extra) | {f"{t}.{n}" for t, cols in self.more.items() for n in cols}
+        self.settled = set(self.extra)
 
     def _fresh(self, prefix: str) -> str:
         self.serial += 1
@@ -185,10 +184,7 @@ class Workload:
             self.extra[name] = typ
             self.done["add default" if default else "add"] += 1
         elif roll < 0.75:
-            names = self._renamable(self.extra, "")
-            if not names:
-                return
-            old = rng.choice(names)
+            old = rng.choice(sorted(self.extra))
             new = self._fresh("r")
             c.execute(f"ALTER TABLE k1 RENAME COLUMN {old} TO {new}")
             self.extra[new] = self.extra.pop(old)
@@ -198,16 +194,6 @@ class Workload:
             c.execute(f"ALTER TABLE k1 DROP COLUMN {name}")
             del self.extra[name]
             self.done["drop"] += 1
-
-    def _renamable(self, names: Any, prefix: str) -> list[str]:
-        """Columns a RENAME may take. Without the trigger, only those the last sync saw
-        (none: no rename this time): a column added in the batch and renamed after the
-        table's last change, beside a later ADD, reads as a DROP and an ADD (README,
-        "Known limits"), which a check after every round cannot wait for."""
-        ordered = sorted(names) if isinstance(names, dict) else list(names)
-        if self.widen_any:
-            return ordered
-        return [n for n in ordered if prefix + n in self.settled]
 
     def other_ddl(self) -> None:
         """A column of k2 or of the multiset added (a fast default or not), renamed or
@@ -225,11 +211,7 @@ class Workload:
             added.append(name)
             self.done["add default" if default else "add"] += 1
         elif roll < 0.75:
-            names = self._renamable(added, f"{table}.")
-            if not names:
-                return
-            old = names[rng.randrange(len(names))]
-            added.remove(old)
+            old = added.pop(rng.randrange(len(added)))
             new = self._fresh("y")
             c.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
             added.append(new)
@@ -408,8 +390,7 @@ def play(
     without it, a rewrite that clears a fast default added in the same batch leaves older
     rows NULL until the next run's snapshot (README, "Known limits"), which a check after
     every round cannot wait for: k1 is widened then only while the lake has all its
-    columns (and a column added and renamed in one batch is another limit: no rename
-    of such a column then). Returns the workload and the tables in the lake."""
+    columns. Returns the workload and the tables in the lake."""
     lake = cfg.lake.path
     tables = list(KEYS)
     audited_schema(c, SCHEMA, KEYS)

@@ -565,3 +565,36 @@ def test_added_in_batch_pins_only_the_unbroken_run() -> None:
     # A name the target gives another attnum: the run is not trusted at all.
     assert ids.added_in_batch([("id", "int"), ("z", "int")], lake.get) == {}
     assert ColumnIds({}, {"x": 6}, (), 5, frozenset({"x"})).added_in_batch(prev, lake.get) == {}
+
+
+def test_added_in_batch_pins_nothing_when_a_lake_column_passes_for_added() -> None:
+    """A rename of a lake column the batch did not see (no attnum for its middle name)
+    leaves that column looking added: pinning would shift every attnum by one."""
+    sent = frozenset({"id", "r8", "c3", "c6", "b3", "y", "w"})
+    # It stands before columns the lake knows: not all added columns come last.
+    ids = ColumnIds({"id": 1, "c1": 2, "c3": 3}, {"id": 1, "r8": 2, "c3": 3, "c6": 5}, (), 4, sent)
+    prev = [("id", "int"), ("r7", "int"), ("c3", "int"), ("c6", "int")]
+    lineage = {"id": "id", "c3": "c3"}
+    assert ids.added_in_batch(prev, lineage.get) == {}
+    # It is the lake's last column: the target sends attnum 2, which no column of
+    # ``prev`` the lake knows has.
+    ids = ColumnIds({"id": 1, "b": 2}, {"id": 1, "b3": 2, "y": 3, "w": 4}, (), 2, sent)
+    prev = [("id", "int"), ("b2", "int"), ("x", "int")]
+    assert ids.added_in_batch(prev, {"id": "id"}.get) == {}
+    # The same with the lake's column told apart (b2 followed to b): x is pinned at 3.
+    assert ids.added_in_batch(prev, {"id": "id", "b2": "b"}.get) == {"x": 3}
+
+
+def test_every_column_that_went_found_by_attnum_though_an_add_has_none() -> None:
+    """RENAME x4 TO y6 and ADD x7 before a change, x7 dropped again before the target
+    (seed 6124, a multiset, without the trigger): x7 has no attnum anywhere, but x4's
+    is y6's, so that is a rename and x7 an ADD."""
+    prior = {"public.t": [("a", "int"), ("b", "string"), ("x4", "string")]}
+    versions = [
+        (10, rel(col("a", INT4), col("b", TEXT), col("y6", TEXT), col("x7", INT4))),
+        (TARGET_SEQ, rel(col("a", INT4), col("b", TEXT), col("y6", TEXT))),
+    ]
+    ids = ColumnIds({"a": 1, "b": 2, "x4": 3}, {"a": 1, "b": 2, "y6": 3})
+    cat = build_catalogs(versions, [], prior, {"public.t": ids})["public.t"]
+    assert cat.renames == {"x4": "y6"}
+    assert cat.state_columns == ["a", "b", "y6"]
