@@ -256,15 +256,15 @@ class ColumnIds:
         if self.natts_before is None or self.sent_after is None or not self.before:
             return {}
         lake = [origin(n) for n, _ in prev]
-        added = [n for (n, _), o in zip(prev, lake, strict=True) if o not in self.before]
+        known = [o in self.before for o in lake]
+        added = [n for (n, _), k in zip(prev, known, strict=True) if not k]
         # Only when every column of the lake is told apart: one whose rename the batch
         # did not see would pass for an added one and shift the attnums. The lake's
         # columns come first (smaller attnums), and each the target still sends was alive
         # when ``prev`` was sent, so ``prev`` must show it under a name followed to it.
-        known = [o in self.before for o in lake]
-        if False in known and True in known[known.index(False) :]:
+        if known != sorted(known, reverse=True):
             return {}
-        seen = {self.before[o] for o in lake if o in self.before}
+        seen = {self.before[o] for o, k in zip(lake, known, strict=True) if k}
         if any(
             a <= self.natts_before and a not in seen
             for n, a in self.after.items()
