@@ -62,7 +62,9 @@ from slotlake.delta import (
     merge,
     overwrite,
     quote,
+    renames_marker,
     reusing_local_tables,
+    swaps,
     table_bytes,
     table_session,
     txn_version,
@@ -693,9 +695,21 @@ def process_table(
         changes = changes.orderBy("_commit_lsn", "_tx_ordinal")
     changes_path, state_path = lake.path(changes_rel), lake.path(state_rel)
     try:
-        ensure_table(session, changes_path, changes.schema, renames=cat.renames)
+        if lake.on_local_disk and swaps(cat.renames):
+            # Spark's ALTERs rename one column at a time, and a rerun could not tell a swap
+            # done by them: the driver makes it, as it does for the tables it writes.
+            marker = renames_marker(app_id, batch)
+            for rel, schema, drop in (
+                (changes_rel, changes.schema, False),
+                (state_rel, _state_schema(cat), True),
+            ):
+                path = lake.path(rel)
+                local = str(local_path(path))
+                ensure_local(lambda: session, path, local, schema, cat.renames, drop, marker)
+        else:
+            ensure_table(session, changes_path, changes.schema, renames=cat.renames)
+            ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
         target = session.read.format("delta").load(changes_path).schema
-        ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
         _count_keyed_rows_once(session, lake, cat, prior, state_path)
         if fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None:
             assert ddl_input is not None
@@ -888,6 +902,7 @@ def _process_local(
             schema,
             cat.renames,
             drop,
+            renames_marker(app_id, batch),
         )
         for rel, schema, drop in (
             (changes_rel, _change_log_schema(cat), False),

@@ -23,6 +23,7 @@ Schema evolution rule (documented in the README):
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,11 +118,13 @@ class TableCatalog:
     def prior_name(self, name: str, have: Collection[str] | None = None) -> str:
         """The name the prior state has for the column ``name`` (its latest name):
         ``have``, the prior's columns, when known. Several earlier names lead to one
-        latest (``a → b → c``): only the lake's is in the prior."""
-        if have is not None and name in have:
-            return name
+        latest (``a → b → c``): only the lake's is in the prior. A name the batch gave
+        to another lake column (``a → b``, ``c → a``) is that column's: the prior is read
+        as the lake had it before the batch."""
         if name in self.lake_names:
             return self.lake_names[name]
+        if have is not None and name in have:
+            return name
         for old, new in self.renames.items():
             if new == name and (have is None or old in have):
                 return old
@@ -186,6 +189,10 @@ def _renames(
     """
     prev_names = {n for n, _ in prev}
     new_names = {n for n, _ in new}
+    if ids is not None:
+        moved = _handed_on(prev, new, ids, origin, prev_seq, new_seq)
+        if moved is not None:
+            return moved
     gone = [n for n, _ in prev if n not in new_names]
     came = [n for n, _ in new if n not in prev_names]
     if not gone or not came:
@@ -292,6 +299,55 @@ class ColumnIds:
                 break
             found = attnums
         return found
+
+
+def _handed_on(
+    prev: Sequence[tuple[str, str]],
+    new: Sequence[tuple[str, str]],
+    ids: ColumnIds,
+    origin: Callable[[str], str | None],
+    prev_seq: int,
+    new_seq: int,
+) -> dict[str, str] | None:
+    """The renames between ``prev`` and ``new`` by attnum, when a name both have is
+    another column in each (``RENAME a TO b`` and ``RENAME c TO a``, or a swap through a
+    third name, between two Relation messages): names alone read those as no rename at
+    all. None, for :func:`_renames`' other rules, when no name moved or an attnum is not
+    known on either side.
+
+    An attnum is taken from the lake (the column followed to its lake name), the DDL
+    reports as of the message or the lake's relnatts (a column the batch added,
+    :meth:`ColumnIds.added_in_batch`), else from the target for a name it has; both
+    lists must then ascend, as a Relation message lists its columns in attnum order, or
+    a name the target gave to another column was taken for this one."""
+    prev_at, new_at = ids.as_of(prev_seq), ids.as_of(new_seq)
+    pinned: dict[str, int] | None = None
+
+    def before(name: str) -> int | None:
+        nonlocal pinned
+        lake = origin(name)
+        if lake is not None and lake in ids.before:
+            return ids.before[lake]
+        if name in prev_at:
+            return prev_at[name]
+        if pinned is None:  # a column the batch added: maybe pinned by the lake's relnatts
+            pinned = ids.added_in_batch(prev, origin)
+        return pinned.get(name)
+
+    was = {n: before(n) for n, _ in prev}
+    now = {n: new_at.get(n, ids.after.get(n)) for n, _ in new}
+    if not _ascending([was[n] for n, _ in prev]) or not _ascending([now[n] for n, _ in new]):
+        return None
+    if all(was[n] == now[n] for n in was.keys() & now.keys()):
+        return None
+    by_id = {i: n for n, i in now.items()}
+    return {n: by_id[i] for n, i in was.items() if i in by_id and by_id[i] != n}
+
+
+def _ascending(attnums: Sequence[int | None]) -> bool:
+    """Whether every attnum is known and each is above the one before."""
+    known = [a for a in attnums if a is not None]
+    return len(known) == len(attnums) and all(a < b for a, b in itertools.pairwise(known))
 
 
 @dataclass

@@ -364,12 +364,51 @@ def rename_order(renames: dict[str, str], names: set[str]) -> list[tuple[str, st
     return out
 
 
-def renamed_names(renames: dict[str, str], names: set[str]) -> dict[str, str]:
-    """Each of ``names`` that :func:`rename_order` renames → its name after all of them."""
+def renamed_names(renames: dict[str, str], names: set[str], cycles: bool = False) -> dict[str, str]:
+    """Each of ``names`` that :func:`rename_order` renames → its name after all of them;
+    with ``cycles`` also the columns of a cycle (``a → b``, ``b → a``), which one change
+    of the schema renames at once."""
     origin = {n: n for n in names}  # current name → the name it started as
     for old, new in rename_order(renames, names):
         origin[new] = origin.pop(old)
-    return {start: now for now, start in origin.items() if start != now}
+    out = {start: now for now, start in origin.items() if start != now}
+    if cycles:
+        out |= {origin[old]: new for old, new in _cycles(renames, set(origin)).items()}
+    return out
+
+
+def _cycles(renames: dict[str, str], names: set[str]) -> dict[str, str]:
+    """The renames of ``names`` that form cycles (each new name is the old name of the
+    next), which :func:`rename_order` leaves out."""
+    pending = {old: new for old, new in renames.items() if old in names and old != new}
+    out: dict[str, str] = {}
+    for start in sorted(pending):
+        path, at = [start], pending[start]
+        while at in pending and at not in path:
+            path.append(at)
+            at = pending[at]
+        if at == start and len(path) > 1:
+            out |= {old: pending[old] for old in path}
+    return out
+
+
+def swaps(renames: dict[str, str]) -> bool:
+    """Whether some of ``renames`` form a cycle (names swapped)."""
+    return bool(_cycles(renames, set(renames)))
+
+
+def renames_marker(app_id: str, batch: int) -> tuple[str, int]:
+    """The transaction an evolution that renames a cycle carries: the batch's writers'
+    txnAppId with a suffix, so that it does not count as the batch's data."""
+    return f"{app_id}.renames", batch
+
+
+def renames_done(path: str, marker: tuple[str, int]) -> bool:
+    """Whether the table at a local ``path`` already took the cycles of renames of batch
+    ``marker[1]`` (its evolution carries ``marker`` as a transaction of its own): names
+    alone cannot tell a swap done from one not done."""
+    held = txn_version(path, marker[0])
+    return held is not None and held >= marker[1]
 
 
 def needs_evolution(
@@ -834,19 +873,31 @@ def ensure_local(
     schema: StructType,
     renames: dict[str, str] | None = None,
     drop_missing: bool = False,
+    marker: tuple[str, int] | None = None,
 ) -> StructType:
     """:func:`ensure_table` for a table on local disk (``uri`` as Spark names it, ``path``
     on disk), without Spark unless a column's values must be rewritten: a new table's first
     log entry is written by the driver (:func:`create_on_driver`), so are renamed, added
     and dropped columns (:func:`evolve_on_driver`); a table that already has the columns
     is left as it is, and only a changed column type asks ``spark`` for a session to
-    rewrite it. Returns the table's schema."""
+    rewrite it. ``marker`` (txnAppId, batch): renames that form a cycle are made too, in
+    one entry that carries it, unless the table holds it already. Returns the table's
+    schema."""
     current = delta_schema(path)
+    swap = None
+    if (
+        current is not None
+        and marker is not None
+        and _cycles(renames or {}, set(current.fieldNames()))
+        and not renames_done(path, marker)
+    ):
+        swap = marker
     if current is None:
         create_on_driver(path, schema)
-    elif not needs_evolution(current, schema, renames or {}, drop_missing):
+    elif swap is None and not needs_evolution(current, schema, renames or {}, drop_missing):
         return current
-    elif not evolve_on_driver(path, current, schema, renames or {}, drop_missing):
+    elif not evolve_on_driver(path, current, schema, renames or {}, drop_missing, swap):
+        # Spark's ALTERs rename one column at a time: a cycle is left as it is.
         ensure_table(spark(), uri, schema, renames, drop_missing)
     out = delta_schema(path)
     assert out is not None
@@ -972,9 +1023,12 @@ def evolve_on_driver(
     schema: StructType,
     renames: dict[str, str],
     drop_missing: bool,
+    swap: tuple[str, int] | None = None,
 ) -> bool:
     """:func:`ensure_table`'s renames, added columns (top level and inside ``_old``) and
-    dropped columns for the table at a local ``path``, as one log entry the driver writes.
+    dropped columns for the table at a local ``path``, as one log entry the driver writes;
+    with ``swap`` (txnAppId, batch) the renames that form a cycle too, the entry carrying
+    that transaction (:func:`renames_done`).
 
     With column mapping in name mode all three are changes of the schema alone (Delta
     protocol: a column's data is found by its physical name, which a rename keeps and a
@@ -1001,7 +1055,7 @@ def evolve_on_driver(
 
     def renamed(fields: list[Any]) -> list[Any]:
         # The renames Spark's ALTERs would make, as one change of the schema.
-        to = renamed_names(renames, {f.name for f in fields})
+        to = renamed_names(renames, {f.name for f in fields}, cycles=swap is not None)
         return [
             StructField(to[f.name], f.dataType, f.nullable, f.metadata) if f.name in to else f
             for f in fields
@@ -1065,6 +1119,10 @@ def evolve_on_driver(
         },
         {"metaData": metadata},
     ]
+    if swap is not None:
+        from slotlake.delta_log import txn
+
+        actions.append(txn(swap[0], swap[1], now))
     # A concurrent writer's commit of this version fails this one.
     _commit_on_driver(path, version, actions)
     log.info("%s: columns changed on the driver (%s)", path, parameters)

@@ -379,3 +379,149 @@ def test_renames_that_chain_and_reuse_a_name_in_one_batch(
         c.execute("UPDATE t SET v = 'later' WHERE id = 5")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, ["public.t"])
+
+
+def _handed_on_tables(c: Any, names: list[str]) -> None:
+    """Keyed tables whose text columns are stored out of line (an UPDATE of ``v`` leaves
+    them unchanged TOAST, filled from the prior state) and multisets (``…m``)."""
+    for name in names:
+        keyed = not name.endswith("m")
+        key = " PRIMARY KEY" if keyed else ""
+        c.execute(f"CREATE TABLE {name} (id int{key}, a text, c text, v text)")
+        if not keyed:
+            c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+        for col in ("a", "c"):
+            c.execute(f"ALTER TABLE {name} ALTER COLUMN {col} SET STORAGE EXTERNAL")
+
+
+def _handed_on_rows(c: Any, names: list[str]) -> None:
+    for name in names:
+        c.execute(
+            f"INSERT INTO {name} SELECT g, repeat('a' || g, 1500), repeat('c' || g, 1500), 'v' "
+            "FROM generate_series(1, 5) g"
+        )
+
+
+def _hand_on_and_swap(c: Any, names: list[str]) -> None:
+    """``a → b``, ``c → a`` in h and hm; a swap of a and c through a third name in s and sm;
+    no change of the table between the ALTERs, so one Relation message shows them all."""
+    for name in names:
+        if name.startswith("h"):
+            c.execute(f"ALTER TABLE {name} RENAME COLUMN a TO b")
+            c.execute(f"ALTER TABLE {name} RENAME COLUMN c TO a")
+        else:
+            with c.transaction():
+                c.execute(f"ALTER TABLE {name} RENAME COLUMN a TO tmp")
+                c.execute(f"ALTER TABLE {name} RENAME COLUMN c TO a")
+                c.execute(f"ALTER TABLE {name} RENAME COLUMN tmp TO c")
+        c.execute(f"UPDATE {name} SET v = 'x' WHERE id = 1")
+
+
+# Through Spark the keyed tables only: each table there is a chain of Spark jobs.
+HANDED_ON = {"driver": ["h", "s", "hm", "sm"], "spark": ["h", "s"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "trigger"),
+    [
+        ("driver", False),
+        ("driver", True),
+        pytest.param("spark", False, marks=pytest.mark.one_pg_version),
+    ],
+)
+def test_names_handed_on_or_swapped_in_one_step(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, path: str, trigger: bool
+) -> None:
+    """``a → b`` then ``c → a``, and a swap through a third name, with no change between
+    the ALTERs: one Relation message shows a name both before and after on another
+    column, which names alone read as no rename at all (found in session 31: the state's
+    unchanged rows kept the other column's values, and an unchanged TOAST value was
+    filled from the wrong column). The attnums (the target's catalog, the trigger's
+    reports) tell them; a swap is one change of the lake's schema."""
+    import psycopg
+
+    from slotlake import ddl
+    from slotlake.lake import read_changes
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror
+
+    lake = str(tmp_path / "lake")
+    cfg = _config(pg_dsn, lake, slot, path)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        if trigger:
+            ddl.install(c)
+        names = HANDED_ON[path]
+        tables = [f"public.{n}" for n in names]
+        _handed_on_tables(c, names)
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _handed_on_rows(c, names)
+        run_sync(cfg, spark=spark)
+        _hand_on_and_swap(c, names)
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, tables)
+        for name, first, second in (("h", "b", "a"), ("s", "c", "a")):
+            logged = [r for r in read_changes(lake, f"public.{name}").to_pylist() if r["v"] == "x"]
+            assert len(logged) == 1, logged
+            # The UPDATE's image under the latest names, its unchanged TOAST filled.
+            assert logged[0][first] == "a1" * 1500 and logged[0][second] == "c1" * 1500
+        c.execute("UPDATE h SET v = 'y' WHERE id = 2")
+        c.execute(f"DELETE FROM {names[-1]} WHERE id = 3")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, tables)
+
+
+@pytest.mark.parametrize(
+    "path", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
+def test_a_swap_is_made_once_when_its_batch_runs_again(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run killed after the tables' schemas took the swap, before their data: names
+    alone cannot tell the swap done, so the evolution carries a transaction of its own
+    and the rerun does not swap the names back."""
+    import psycopg
+
+    from slotlake import batch, local_table
+    from slotlake.delta import delta_schema, renames_done
+    from slotlake.lake import STATE, Lake, local_path
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror
+
+    lake = str(tmp_path / "lake")
+    cfg = _config(pg_dsn, lake, slot, path)
+    names = ["s", "sm"] if path == "driver" else ["s"]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _handed_on_tables(c, names)
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _handed_on_rows(c, names)
+        run_sync(cfg, spark=spark)
+        _hand_on_and_swap(c, names)
+        first = Lake(lake).last_commit()
+        assert first is not None
+
+        def killed(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("killed before the change log's append")
+
+        target = (local_table, "arrow_append") if path == "driver" else (batch, "append")
+        with monkeypatch.context() as m:
+            m.setattr(*target, killed)
+            with pytest.raises(RuntimeError, match="killed before"):
+                run_sync(cfg, spark=spark)
+        state = str(local_path(Lake(lake).path(Lake.table_path(STATE, "public.s"))))
+        swapped = delta_schema(state)
+        assert swapped is not None and swapped.fieldNames()[:3] == ["id", "c", "a"]
+        app_id = Lake(lake).app_id()
+        assert renames_done(state, (f"{app_id}.renames", first.batch + 1))
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, [f"public.{n}" for n in names])
+        again = delta_schema(state)
+        assert again is not None and again.fieldNames() == swapped.fieldNames()

@@ -80,9 +80,13 @@ class Workload:
     # every column of k1 is one the last sync saw.
     widen_any: bool = True
     settled: set[str] = field(default_factory=set)
+    # Without the trigger: no more DDL of k1 until the next sync once names were handed
+    # on or swapped (a name renamed again in the same batch: README, "Known limits").
+    names_moved: bool = False
 
     def synced(self) -> None:
         self.settled = set(self.extra)
+        self.names_moved = False
 
     def _fresh(self, prefix: str) -> str:
         self.serial += 1
@@ -168,8 +172,12 @@ class Workload:
         # Without the trigger, a rewrite clears the fast defaults of every column added
         # since the last sync (README, "Known limits"): no widening while there is one.
         settled = self.widen_any or all(n in self.settled for n in self.extra)
+        if self.names_moved:
+            return
         ints = sorted(n for n, t in self.extra.items() if t == "int") if settled else []
-        if roll < 0.1 and ints:
+        if 0.5 <= roll < 0.6 and settled and len(self.extra) >= 2:
+            self._move_names()
+        elif roll < 0.1 and ints:
             # A widening type change: PostgreSQL rewrites the table (a new relfilenode).
             name = rng.choice(ints)
             c.execute(f"ALTER TABLE k1 ALTER COLUMN {name} TYPE bigint")
@@ -194,6 +202,24 @@ class Workload:
             c.execute(f"ALTER TABLE k1 DROP COLUMN {name}")
             del self.extra[name]
             self.done["drop"] += 1
+
+    def _move_names(self) -> None:
+        """Two of k1's columns swap names (through a third, in one transaction), or one
+        hands its name on (``RENAME a TO fresh``, ``RENAME b TO a``): a name both before
+        and after the step, on another column."""
+        a, b = self.rng.sample(sorted(self.extra), 2)
+        tmp = self._fresh("r")
+        with self.conn.transaction():
+            self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {a} TO {tmp}")
+            self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {b} TO {a}")
+            if self.rng.random() < 0.5:
+                self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {tmp} TO {b}")
+                self.extra[a], self.extra[b] = self.extra[b], self.extra[a]
+                self.done["swap"] += 1
+            else:
+                self.extra[tmp], self.extra[a] = self.extra[a], self.extra.pop(b)
+                self.done["hand on"] += 1
+        self.names_moved = not self.widen_any
 
     def other_ddl(self) -> None:
         """A column of k2 or of the multiset added (a fast default or not), renamed or

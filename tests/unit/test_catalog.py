@@ -157,6 +157,68 @@ def test_attnums_find_renames_across_batches_and_positions() -> None:
     assert cat.renames == {"x": "x2"}
 
 
+def test_a_name_handed_on_in_one_step_is_told_by_attnums() -> None:
+    """``RENAME a TO b`` and ``RENAME c TO a`` between two Relation messages: ``a`` is on
+    both sides, another column on each. Names alone find no rename (the lake's ``a``
+    kept the old values); the attnums say a → b and c → a, and the prior state's
+    ``a`` is read from the lake's ``c``."""
+    prior = {"public.t": [("id", "int"), ("a", "string"), ("c", "string"), ("v", "string")]}
+    now = rel(col("id", INT4, key=True), col("b", TEXT), col("a", TEXT), col("v", TEXT))
+    assert build_catalogs([(10, now)], [], prior)["public.t"].renames == {}
+    ids = _ids({"id": 1, "a": 2, "c": 3, "v": 4}, {"id": 1, "b": 2, "a": 3, "v": 4})
+    cat = build_catalogs([(10, now)], [], prior, ids)["public.t"]
+    assert cat.renames == {"a": "b", "c": "a"}
+    assert cat.state_columns == ["id", "b", "a", "v"]
+    have = {"id", "a", "c", "v"}
+    assert [cat.prior_name(n, have) for n in cat.state_columns] == ["id", "a", "c", "v"]
+
+
+def test_a_swap_in_one_step_is_told_by_attnums() -> None:
+    """A swap through a third name between two Relation messages, told by the target's
+    attnums (the lake's, then the target's) or the trigger's report at the step; attnums
+    that do not ascend in a Relation's order are another column's name: not used."""
+    prior = {"public.t": [("id", "int"), ("a", "string"), ("c", "string")]}
+    first = rel(col("id", INT4, key=True), col("a", TEXT), col("c", TEXT))
+    swapped = rel(col("id", INT4, key=True), col("c", TEXT), col("a", TEXT))
+    ids = _ids({"id": 1, "a": 2, "c": 3}, {"id": 1, "c": 2, "a": 3})
+    cat = build_catalogs([(10, swapped)], [], prior, ids)["public.t"]
+    assert cat.renames == {"a": "c", "c": "a"}
+    assert cat.lake_names == {"c": "a", "a": "c"}
+    # Inside the batch, the trigger's report after the swap; the target renamed a again.
+    reported = {
+        "public.t": ColumnIds(
+            {"id": 1, "a": 2, "c": 3},
+            {"id": 1, "c": 2, "z": 3},
+            ((15, {"id": 1, "c": 2, "a": 3}),),
+        )
+    }
+    cat = build_catalogs([(10, first), (20, swapped)], [], prior, reported)["public.t"]
+    assert cat.renames == {"a": "c", "c": "a"}
+    assert [c.name for c in cat.versions[0].columns] == ["id", "c", "a"]
+    # The target's names on other attnums than the Relation's order allows: not a swap.
+    odd = _ids({"id": 1, "a": 2, "c": 3}, {"id": 1, "c": 3, "a": 2})
+    assert build_catalogs([(10, swapped)], [], prior, odd)["public.t"].renames == {}
+
+
+def test_a_name_handed_on_to_a_column_the_batch_added() -> None:
+    """ADD c1, a change, then ``RENAME v TO w`` and ``RENAME c1 TO v``, without the
+    trigger: c1 has no attnum in the lake, the lake's relnatts pins it (3), so ``v``
+    is seen to be another column after the step."""
+    prior = {"public.t": [("id", "int"), ("v", "string")]}
+    versions = [
+        (10, rel(col("id", INT4, key=True), col("v", TEXT), col("c1", TEXT))),
+        (20, rel(col("id", INT4, key=True), col("w", TEXT), col("v", TEXT))),
+    ]
+    after = {"id": 1, "w": 2, "v": 3}
+    ids = ColumnIds({"id": 1, "v": 2}, after, (), 2, frozenset(after))
+    cat = build_catalogs(versions, [], prior, {"public.t": ids})["public.t"]
+    assert cat.renames == {"v": "w", "c1": "v"}
+    assert [c.name for c in cat.versions[0].columns] == ["id", "w", "v"]
+    # Without the relnatts nothing pins c1: names alone (the rule before).
+    unpinned = ColumnIds({"id": 1, "v": 2}, after)
+    assert build_catalogs(versions, [], prior, {"public.t": unpinned})["public.t"].renames == {}
+
+
 def test_attnums_say_a_drop_and_add_of_one_type_is_no_rename() -> None:
     before = rel(col("id", INT4, key=True), col("a", TEXT))
     after = rel(col("id", INT4, key=True), col("z", TEXT))

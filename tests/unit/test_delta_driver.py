@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql.types import (
     ArrayType,
     LongType,
@@ -107,3 +107,49 @@ def test_rename_order_frees_a_name_before_it_is_taken() -> None:
     ]
     assert rename_order({"a": "b", "b": "a"}, {"a", "b"}) == []
     assert renamed_names({"a": "b", "c": "a"}, {"a", "c", "v"}) == {"a": "b", "c": "a"}
+
+
+def test_a_cycle_of_renames_only_when_asked() -> None:
+    from slotlake.delta import renamed_names, swaps
+
+    names = {"id", "a", "c", "x"}
+    # A swap (a ↔ c) beside a plain rename (x → y).
+    renames = {"a": "c", "c": "a", "x": "y"}
+    assert swaps(renames) and not swaps({"a": "b", "c": "a"})
+    assert renamed_names(renames, names) == {"x": "y"}
+    assert renamed_names(renames, names, cycles=True) == {"a": "c", "c": "a", "x": "y"}
+    # A three-way cycle; through a name the table lacks it is a chain.
+    three = {"a": "b", "b": "c", "c": "a"}
+    assert renamed_names(three, {"a", "b", "c"}, cycles=True) == three
+    assert renamed_names(three, {"a", "b"}) == {"a": "b", "b": "c"}
+
+
+def test_a_swap_is_one_entry_made_once(tmp_path: Path) -> None:
+    """The driver swaps two columns' names in one entry that carries the batch's marker;
+    asked again for the same batch (a rerun), it leaves the table as it is. The values
+    follow their columns (column mapping: only the names move)."""
+    import pyarrow as pa
+
+    from slotlake.delta import arrow_append, ensure_local, renames_done
+
+    path = str(tmp_path / "t")
+    schema = _schema(("id", LongType()), ("a", StringType()), ("c", StringType()))
+    create_on_driver(path, schema)
+    arrow_append(path, pa.table({"id": [1], "a": ["A"], "c": ["C"]}), "app", 1)
+    swapped = _schema(("id", LongType()), ("c", StringType()), ("a", StringType()))
+    marker = ("app.renames", 2)
+    assert not renames_done(path, marker)
+
+    def no_spark() -> None:
+        raise AssertionError("the driver evolves this table")
+
+    for _ in range(2):
+        got = ensure_local(no_spark, path, path, swapped, {"a": "c", "c": "a"}, True, marker)
+        assert got.fieldNames() == ["id", "c", "a"]
+        assert local_version(path) == 2
+        assert renames_done(path, marker)
+        read = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t")
+        assert pa.table(read.read_all()).to_pylist() == [{"id": 1, "c": "A", "a": "C"}]
+    # Without a marker, no swap (what Spark's ALTERs would do, one at a time).
+    ensure_local(no_spark, path, path, schema, {"a": "c", "c": "a"}, True)
+    assert local_version(path) == 2
