@@ -8,9 +8,11 @@ table that precedes it in peek order (``seq``).
 
 Schema evolution rule (documented in the README):
 
-* Columns are matched by name. A column whose name disappears between two consecutive
-  versions while a new name appears *at the same position with the same type* is a
-  RENAME: older values are carried under the new name.
+* Columns are matched by attnum where the lake, the DDL capture trigger's reports or
+  the target's catalog tell it (a name handed on or two names swapped between two
+  versions included), else by name: a column whose name disappears between two
+  consecutive versions while a new name appears *at the same position with the same
+  type* is a RENAME. Older values are carried under the new name.
 * ADD COLUMN appends a column; rows written before it have NULL there in the change log.
 * DROP COLUMN: the change log keeps the column (NULL from the drop on); the state keeps
   only the columns of the latest version.

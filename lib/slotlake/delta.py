@@ -897,11 +897,33 @@ def ensure_local(
     elif swap is None and not needs_evolution(current, schema, renames or {}, drop_missing):
         return current
     elif not evolve_on_driver(path, current, schema, renames or {}, drop_missing, swap):
-        # Spark's ALTERs rename one column at a time: a cycle is left as it is.
+        if swap is not None:
+            # A type changed too: the names move first, in the driver's entry that carries
+            # the marker (Spark's ALTERs rename one column at a time and would leave a
+            # cycle as it is), then Spark rewrites the values.
+            moved = _names_moved(current, renames or {})
+            evolve_on_driver(path, current, moved, renames or {}, False, swap)
         ensure_table(spark(), uri, schema, renames, drop_missing)
     out = delta_schema(path)
     assert out is not None
     return out
+
+
+def _names_moved(current: StructType, renames: dict[str, str]) -> StructType:
+    """``current`` with ``renames`` made, cycles included (top level and inside ``_old``),
+    nothing else changed."""
+    from pyspark.sql.types import StructField
+    from pyspark.sql.types import StructType as ST
+
+    def moved(fields: list[Any]) -> list[Any]:
+        to = renamed_names(renames, {f.name for f in fields}, cycles=True)
+        return [StructField(to.get(f.name, f.name), f.dataType, f.nullable) for f in fields]
+
+    out = moved(list(current.fields))
+    for i, f in enumerate(out):
+        if f.name == "_old" and isinstance(f.dataType, ST):
+            out[i] = StructField("_old", ST(moved(list(f.dataType.fields))), f.nullable)
+    return ST(out)
 
 
 def create_on_driver(path: str, schema: StructType) -> int:

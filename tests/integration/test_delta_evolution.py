@@ -525,3 +525,43 @@ def test_a_swap_is_made_once_when_its_batch_runs_again(
         assert_mirror(c, lake, [f"public.{n}" for n in names])
         again = delta_schema(state)
         assert again is not None and again.fieldNames() == swapped.fieldNames()
+
+
+@pytest.mark.one_pg_version
+def test_a_swap_beside_a_type_change(pg_dsn: str, slot: str, spark: Any, tmp_path: Path) -> None:
+    """A swap through a third name in the transaction that widens one of the two columns:
+    the driver moves the names (one entry, its marker), then Spark rewrites the widened
+    column's values, which Spark's one-column-at-a-time ALTERs could not have swapped."""
+    import psycopg
+
+    from slotlake.lake import STATE, Lake, local_path
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror
+
+    lake = str(tmp_path / "lake")
+    cfg = _config(pg_dsn, lake, slot, "driver")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, a int, c int, v text)")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO t SELECT g, g, 100 + g, 'v' FROM generate_series(1, 5) g")
+        run_sync(cfg, spark=spark)
+        with c.transaction():
+            c.execute("ALTER TABLE t ALTER COLUMN a TYPE bigint")
+            c.execute("ALTER TABLE t RENAME COLUMN a TO tmp")
+            c.execute("ALTER TABLE t RENAME COLUMN c TO a")
+            c.execute("ALTER TABLE t RENAME COLUMN tmp TO c")
+        c.execute("UPDATE t SET v = 'x' WHERE id = 1")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.t"])
+        state = delta_schema(str(local_path(Lake(lake).path(Lake.table_path(STATE, "public.t")))))
+        assert state is not None
+        assert [(f.name, f.dataType.simpleString()) for f in state.fields][:3] == [
+            ("id", "int"),
+            ("c", "bigint"),
+            ("a", "int"),
+        ]
+        c.execute("UPDATE t SET v = 'w' WHERE id = 3")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.t"])
