@@ -117,16 +117,19 @@ class TableCatalog:
         """FULL identity or no key: rows are matched by their whole value."""
         return self.replica_identity == "f" or not self.key_columns
 
-    def prior_name(self, name: str, have: Collection[str] | None = None) -> str:
+    def prior_name(self, name: str, have: Collection[str] | None = None, lake: bool = True) -> str:
         """The name the prior state has for the column ``name`` (its latest name):
         ``have``, the prior's columns, when known. Several earlier names lead to one
-        latest (``a → b → c``): only the lake's is in the prior. A name the batch gave
-        to another lake column (``a → b``, ``c → a``) is that column's: the prior is read
-        as the lake had it before the batch."""
-        if name in self.lake_names:
+        latest (``a → b → c``): only the lake's is in the prior. ``lake``: the prior is
+        the lake's state before the batch, so a name the batch gave to another lake
+        column (``a → b``, ``c → a``) is that column's; else (a snapshot's copy, named as
+        the source named its columns then) a name the prior has is taken as it is."""
+        if lake and name in self.lake_names:
             return self.lake_names[name]
         if have is not None and name in have:
             return name
+        if name in self.lake_names:
+            return self.lake_names[name]
         for old, new in self.renames.items():
             if new == name and (have is None or old in have):
                 return old

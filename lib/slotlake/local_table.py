@@ -249,13 +249,16 @@ def _conform_struct(col: pa.Array, target: pa.StructType) -> pa.Array:
     return pa.StructArray.from_arrays(children, fields=list(target), mask=col.is_null())
 
 
-def align_prior_arrow(prior: pa.Table, cat: TableCatalog, state: pa.Schema) -> pa.Table:
+def align_prior_arrow(
+    prior: pa.Table, cat: TableCatalog, state: pa.Schema, lake: bool = True
+) -> pa.Table:
     """The prior state's rows renamed/cast/trimmed to this batch's state columns (the
-    Arrow twin of :func:`slotlake.state.align_prior`)."""
+    Arrow twin of :func:`slotlake.state.align_prior`; ``lake``: as
+    :meth:`TableCatalog.prior_name`)."""
     from slotlake.lake import COPIES, one_copy_each
 
     have = set(prior.column_names)
-    pairs = [(f.name, cat.prior_name(f.name, have)) for f in state]
+    pairs = [(f.name, cat.prior_name(f.name, have, lake)) for f in state]
     pairs = [(name, src) for name, src in pairs if src in have]
     picked = prior.select([src for _, src in pairs]).rename_columns([n for n, _ in pairs])
     if COPIES in state.names:
@@ -315,7 +318,7 @@ def read_copy(directory: str, cat: TableCatalog, state: pa.Schema) -> pa.Table:
     """A per-table snapshot's copy (its staging Parquet) as ``state``'s rows."""
     import pyarrow.parquet as pq
 
-    return align_prior_arrow(pq.read_table(directory), cat, state)
+    return align_prior_arrow(pq.read_table(directory), cat, state, lake=False)
 
 
 def rows_reader(rows: pa.Table, cat: TableCatalog) -> Callable[[list[Any], bool], pa.Table]:

@@ -696,7 +696,7 @@ def rebase(
     from slotlake.state import align_prior, fill_keyed, multiset_delta
 
     cp = snap.cp_signed
-    copy = align_prior(session.read.parquet(lake.path(snap.staging)), cat)
+    copy = align_prior(session.read.parquet(lake.path(snap.staging)), cat, lake=False)
     before = events.filter(F.col("_commit_lsn") < cp)
     after = events.filter(F.col("_commit_lsn") >= cp)
     truncs_before = [t for t in truncs if t[0] < cp]

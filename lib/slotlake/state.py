@@ -54,15 +54,16 @@ def empty_state(spark, cat: TableCatalog) -> DataFrame:  # type: ignore[no-untyp
     return spark.createDataFrame([], parse_struct(state_schema_ddl(cat)))
 
 
-def align_prior(prior: DataFrame, cat: TableCatalog) -> DataFrame:
-    """The previous state version, renamed/cast/trimmed to this batch's state columns."""
+def align_prior(prior: DataFrame, cat: TableCatalog, lake: bool = True) -> DataFrame:
+    """The previous state version, renamed/cast/trimmed to this batch's state columns
+    (``lake``: as :meth:`TableCatalog.prior_name`)."""
     from pyspark.sql import functions as F
 
     types = dict(cat.columns)
     existing = set(prior.columns)
     cols: list[Column] = []
     for name in cat.state_columns:
-        source = cat.prior_name(name, existing)
+        source = cat.prior_name(name, existing, lake)
         if source not in existing:
             cols.append(F.lit(None).cast(types[name]).alias(name))
         else:

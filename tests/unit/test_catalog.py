@@ -171,6 +171,11 @@ def test_a_name_handed_on_in_one_step_is_told_by_attnums() -> None:
     assert cat.state_columns == ["id", "b", "a", "v"]
     have = {"id", "a", "c", "v"}
     assert [cat.prior_name(n, have) for n in cat.state_columns] == ["id", "a", "c", "v"]
+    # A snapshot's copy taken after the renames has the latest names.
+    copy = {"id", "b", "a", "v"}
+    assert [cat.prior_name(n, copy, lake=False) for n in cat.state_columns] == list(
+        cat.state_columns
+    )
 
 
 def test_a_swap_in_one_step_is_told_by_attnums() -> None:
