@@ -381,9 +381,10 @@ def test_renames_that_chain_and_reuse_a_name_in_one_batch(
         assert_mirror(c, lake, ["public.t"])
 
 
-def _handed_on_tables(c: Any, names: list[str]) -> None:
+def _handed_on_setup(c: Any, slot: str, names: list[str]) -> None:
     """Keyed tables whose text columns are stored out of line (an UPDATE of ``v`` leaves
-    them unchanged TOAST, filled from the prior state) and multisets (``…m``)."""
+    them unchanged TOAST, filled from the prior state) and multisets (``…m``), published,
+    a slot, five rows each."""
     for name in names:
         keyed = not name.endswith("m")
         key = " PRIMARY KEY" if keyed else ""
@@ -392,9 +393,8 @@ def _handed_on_tables(c: Any, names: list[str]) -> None:
             c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
         for col in ("a", "c"):
             c.execute(f"ALTER TABLE {name} ALTER COLUMN {col} SET STORAGE EXTERNAL")
-
-
-def _handed_on_rows(c: Any, names: list[str]) -> None:
+    c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     for name in names:
         c.execute(
             f"INSERT INTO {name} SELECT g, repeat('a' || g, 1500), repeat('c' || g, 1500), 'v' "
@@ -453,10 +453,7 @@ def test_names_handed_on_or_swapped_in_one_step(
             ddl.install(c)
         names = HANDED_ON[path]
         tables = [f"public.{n}" for n in names]
-        _handed_on_tables(c, names)
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        _handed_on_rows(c, names)
+        _handed_on_setup(c, slot, names)
         run_sync(cfg, spark=spark)
         _hand_on_and_swap(c, names)
         run_sync(cfg, spark=spark)
@@ -499,10 +496,7 @@ def test_a_swap_is_made_once_when_its_batch_runs_again(
     cfg = _config(pg_dsn, lake, slot, path)
     names = ["s", "sm"] if path == "driver" else ["s"]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        _handed_on_tables(c, names)
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        _handed_on_rows(c, names)
+        _handed_on_setup(c, slot, names)
         run_sync(cfg, spark=spark)
         _hand_on_and_swap(c, names)
         first = Lake(lake).last_commit()
