@@ -306,6 +306,10 @@ def ensure_table(
     if not needs_evolution(current, schema, renames or {}, drop_missing):
         return  # the usual batch: no DDL since the last one, no schema read more
     names = set(current.fieldNames())
+    taken = names_taken(renames or {}, names) if drop_missing else set()
+    if taken:
+        spark.sql(f"ALTER TABLE {ref} DROP COLUMNS ({', '.join(quote(n) for n in sorted(taken))})")
+        names -= taken
     for old, new in rename_order(renames or {}, names):
         spark.sql(f"ALTER TABLE {ref} RENAME COLUMN {quote(old)} TO {quote(new)}")
     if "_old" in names:
@@ -362,6 +366,15 @@ def rename_order(renames: dict[str, str], names: set[str]) -> list[tuple[str, st
             have.add(new)
             out.append((old, new))
     return out
+
+
+def names_taken(renames: dict[str, str], names: set[str]) -> set[str]:
+    """The columns of ``names`` whose name another of them is renamed to while they keep
+    it (``DROP a``, ``RENAME c TO a``): the source dropped them. A state drops them before
+    its renames, else the rename would find its new name taken and the state's ``a``
+    would keep the dropped column's values."""
+    targets = {new for old, new in renames.items() if old in names and old != new}
+    return {n for n in names & targets if renames.get(n, n) == n}
 
 
 def renamed_names(renames: dict[str, str], names: set[str], cycles: bool = False) -> dict[str, str]:
@@ -1092,7 +1105,9 @@ def evolve_on_driver(
         mapped, last_id = _column_mapped(ST(new), last_id)
         return fields + list(mapped.fields)
 
-    fields = added(renamed(list(current.fields)), list(schema.fields))
+    taken = names_taken(renames, set(current.fieldNames())) if drop_missing else set()
+    kept = [f for f in current.fields if f.name not in taken]
+    fields = added(renamed(kept), list(schema.fields))
     if "_old" in schema.fieldNames() and "_old" in current.fieldNames():
         at = [f.name for f in fields].index("_old")
         old = fields[at]
@@ -1111,7 +1126,7 @@ def evolve_on_driver(
     parameters = {
         "renamed": json.dumps({o: n for o, n in renames.items() if o in before and n in after}),
         "added": json.dumps(sorted(after - before - set(renames.values()))),
-        "dropped": json.dumps(sorted(before - after - set(renames))),
+        "dropped": json.dumps(sorted((before - after - set(renames)) | taken)),
     }
     now = int(time.time() * 1000)
     metadata: dict[str, Any] = {

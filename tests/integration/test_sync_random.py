@@ -204,15 +204,24 @@ class Workload:
             self.done["drop"] += 1
 
     def _move_names(self) -> None:
-        """Two of k1's columns swap names (through a third, in one transaction), or one
-        hands its name on (``RENAME a TO fresh``, ``RENAME b TO a``): a name both before
-        and after the step, on another column."""
+        """Two of k1's columns swap names (through a third, in one transaction), one
+        hands its name on (``RENAME a TO fresh``, ``RENAME b TO a``) or replaces the
+        other (``DROP a``, ``RENAME b TO a``): a name both before and after the step, on
+        another column."""
         a, b = self.rng.sample(sorted(self.extra), 2)
         tmp = self._fresh("r")
+        roll = self.rng.random()
         with self.conn.transaction():
+            if roll < 0.3:
+                self.conn.execute(f"ALTER TABLE k1 DROP COLUMN {a}")
+                self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {b} TO {a}")
+                self.extra[a] = self.extra.pop(b)
+                self.done["replace"] += 1
+                self.names_moved = not self.widen_any
+                return
             self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {a} TO {tmp}")
             self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {b} TO {a}")
-            if self.rng.random() < 0.5:
+            if roll < 0.65:
                 self.conn.execute(f"ALTER TABLE k1 RENAME COLUMN {tmp} TO {b}")
                 self.extra[a], self.extra[b] = self.extra[b], self.extra[a]
                 self.done["swap"] += 1

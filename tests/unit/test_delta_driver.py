@@ -153,3 +153,15 @@ def test_a_swap_is_one_entry_made_once(tmp_path: Path) -> None:
     # Without a marker, no swap (what Spark's ALTERs would do, one at a time).
     ensure_local(no_spark, path, path, schema, {"a": "c", "c": "a"}, True)
     assert local_version(path) == 2
+
+
+def test_names_taken_are_the_columns_a_rename_replaces() -> None:
+    from slotlake.delta import names_taken
+
+    # DROP a, RENAME c TO a: the state's a goes first.
+    assert names_taken({"c": "a"}, {"id", "a", "c"}) == {"a"}
+    # A name handed on (a moves away first) or swapped: nothing is replaced.
+    assert names_taken({"a": "b", "c": "a"}, {"id", "a", "c"}) == set()
+    assert names_taken({"a": "c", "c": "a"}, {"id", "a", "c"}) == set()
+    # A rename of a column the table lacks replaces nothing.
+    assert names_taken({"x": "a"}, {"id", "a"}) == set()
