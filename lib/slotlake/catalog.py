@@ -370,6 +370,8 @@ class _Lineage:
     prior: dict[str, int] = field(default_factory=dict)  # the lake's name → identity
     versions: list[list[int]] = field(default_factory=list)  # each version's identities
     added: set[int] = field(default_factory=set)  # identities a version after the first added
+    # Latest names given by :meth:`settle` (identity → name), over ``names``' last.
+    moved: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, prior: Sequence[tuple[str, str]]) -> _Lineage:
@@ -409,16 +411,44 @@ class _Lineage:
         return None if ident in self.added else self.names[ident][0]
 
     def final(self, ident: int) -> str:
-        return self.names[ident][-1]
+        return self.moved.get(ident, self.names[ident][-1])
+
+    def settle(self) -> None:
+        """A column dropped in the batch whose name another column took while both were
+        there (``DROP a``, ``RENAME c TO a``) gets a latest name of its own, ``a__dropped``
+        (its values in the change log, the lake's ``a`` renamed to it): under one name, a
+        version showing both would put two columns' values in one place, and the state's
+        ``a`` could not be renamed from ``c``."""
+        live = set(self.versions[-1])
+        taken = {n for names in self.names for n in names}
+        for idents in [list(self.prior.values()), *self.versions]:
+            by_name: dict[str, list[int]] = {}
+            for ident in idents:
+                by_name.setdefault(self.final(ident), []).append(ident)
+            for name, group in by_name.items():
+                if len(group) < 2:
+                    continue
+                owners = [i for i in group if i in live] or [
+                    i for i in group if self.names[i][0] != name
+                ]
+                owner = owners[0] if owners else group[0]
+                for ident in group:
+                    if ident == owner:
+                        continue
+                    new, k = f"{name}__dropped", 2
+                    while new in taken:
+                        new, k = f"{name}__dropped{k}", k + 1
+                    taken.add(new)
+                    self.moved[ident] = new
 
     def renames(self) -> dict[str, str]:
         """Every earlier name of a column → its latest, looked up once (never chained); the
         lake's own names decide where a name meant two columns."""
         out: dict[str, str] = {}
-        for names in self.names:
+        for ident, names in enumerate(self.names):
             for name in names[:-1]:
-                if name != names[-1]:
-                    out[name] = names[-1]
+                if name != self.final(ident):
+                    out[name] = self.final(ident)
         for name, ident in self.prior.items():
             if self.final(ident) != name:
                 out[name] = self.final(ident)
@@ -579,6 +609,7 @@ def target_versions(
 
 
 def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _Lineage) -> None:
+    lineage.settle()
     latest = cat.versions[-1]
     cat.replica_identity = latest.replica_identity
     cat.key_columns = list(latest.key_columns)

@@ -573,11 +573,13 @@ def test_a_dropped_columns_name_taken_by_a_rename(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, path: str, between: bool
 ) -> None:
     """``DROP COLUMN a``, then ``RENAME COLUMN c TO a`` (one column replacing another),
-    in one step or with a change between: the state drops its ``a`` before the rename,
-    which otherwise found the name taken (found in session 31: the state's unchanged rows
-    kept the dropped column's values under ``a``)."""
+    in one step or with a change between, after a row changed under both: the dropped
+    column's latest name is ``a__dropped`` (found in session 31: the state's unchanged
+    rows kept the dropped column's values under ``a``, and a row decoded under both
+    columns put two values in one place and failed the batch)."""
     import psycopg
 
+    from slotlake.lake import read_changes
     from slotlake.sync import run_sync
 
     from .sync_helpers import assert_mirror
@@ -590,6 +592,7 @@ def test_a_dropped_columns_name_taken_by_a_rename(
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         c.execute("INSERT INTO t SELECT g, 'a' || g, 'c' || g, 'v' FROM generate_series(1, 5) g")
         run_sync(cfg, spark=spark)
+        c.execute("UPDATE t SET v = 'before' WHERE id = 2")
         c.execute("ALTER TABLE t DROP COLUMN a")
         if between:
             c.execute("UPDATE t SET v = 'q' WHERE id = 4")
@@ -597,6 +600,11 @@ def test_a_dropped_columns_name_taken_by_a_rename(
         c.execute("UPDATE t SET v = 'x' WHERE id = 1")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, ["public.t"])
+        # Each column's values under its latest name, the first batch's rows too.
+        logged = {(r["id"], r["v"]): r for r in read_changes(lake, "public.t").to_pylist()}
+        for key, dropped, taken in (((3, "v"), "a3", "c3"), ((2, "before"), "a2", "c2")):
+            assert (logged[key]["a__dropped"], logged[key]["a"]) == (dropped, taken)
+        assert (logged[(1, "x")]["a__dropped"], logged[(1, "x")]["a"]) == (None, "c1")
         c.execute("UPDATE t SET v = 'w' WHERE id = 3")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, ["public.t"])

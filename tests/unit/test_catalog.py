@@ -224,6 +224,27 @@ def test_a_name_handed_on_to_a_column_the_batch_added() -> None:
     assert build_catalogs(versions, [], prior, {"public.t": unpinned})["public.t"].renames == {}
 
 
+def test_a_dropped_columns_name_taken_by_a_rename() -> None:
+    """``DROP a`` then ``RENAME c TO a``: a version (and the lake) has both, so the
+    dropped column gets a latest name of its own; a DROP and re-ADD of one name never
+    has both at once and keeps sharing it."""
+    prior = {"public.t": [("id", "int"), ("a", "string"), ("c", "int"), ("v", "string")]}
+    both = rel(col("id", INT4, key=True), col("a", TEXT), col("c", INT4), col("v", TEXT))
+    taken = rel(col("id", INT4, key=True), col("a", INT4), col("v", TEXT))
+    ids = _ids({"id": 1, "a": 2, "c": 3, "v": 4}, {"id": 1, "a": 3, "v": 4})
+    cat = build_catalogs([(10, both), (20, taken)], [], prior, ids)["public.t"]
+    assert cat.renames == {"a": "a__dropped", "c": "a"}
+    assert [c.name for c in cat.versions[0].columns] == ["id", "a__dropped", "a", "v"]
+    assert ("a", "int") in cat.columns and ("a__dropped", "string") in cat.columns
+    assert cat.state_columns == ["id", "a", "v"]
+    gone = rel(col("id", INT4, key=True), col("c", INT4), col("v", TEXT))
+    readded = rel(col("id", INT4, key=True), col("c", INT4), col("v", TEXT), col("a", TEXT))
+    again = _ids({"id": 1, "a": 2, "c": 3, "v": 4}, {"id": 1, "c": 3, "v": 4, "a": 5})
+    cat = build_catalogs([(10, both), (20, gone), (30, readded)], [], prior, again)["public.t"]
+    assert cat.renames == {}
+    assert [n for n, _ in cat.columns] == ["id", "c", "v", "a"]
+
+
 def test_attnums_say_a_drop_and_add_of_one_type_is_no_rename() -> None:
     before = rel(col("id", INT4, key=True), col("a", TEXT))
     after = rel(col("id", INT4, key=True), col("z", TEXT))
