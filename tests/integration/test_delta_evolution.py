@@ -419,16 +419,15 @@ def _hand_on_and_swap(c: Any, names: list[str]) -> None:
 
 # Through Spark the keyed tables only: each table there is a chain of Spark jobs.
 HANDED_ON = {"driver": ["h", "s", "hm", "sm"], "spark": ["h", "s"]}
+# (path, a flag): the driver with it off and on, Spark (slower) with it off.
+DRIVER_BOTH_SPARK_ONE = [
+    ("driver", False),
+    ("driver", True),
+    pytest.param("spark", False, marks=pytest.mark.one_pg_version),
+]
 
 
-@pytest.mark.parametrize(
-    ("path", "trigger"),
-    [
-        ("driver", False),
-        ("driver", True),
-        pytest.param("spark", False, marks=pytest.mark.one_pg_version),
-    ],
-)
+@pytest.mark.parametrize(("path", "trigger"), DRIVER_BOTH_SPARK_ONE)
 def test_names_handed_on_or_swapped_in_one_step(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, path: str, trigger: bool
 ) -> None:
@@ -521,6 +520,16 @@ def test_a_swap_is_made_once_when_its_batch_runs_again(
         assert again is not None and again.fieldNames() == swapped.fieldNames()
 
 
+def _columns_a_and_c(c: Any, slot: str, typ: str) -> None:
+    """Table t (id, a, c, v) of five rows, published, and a slot: a and c of ``typ``
+    (text: ``a1`` / ``c1``, …; int: 1 / 101, …)."""
+    c.execute(f"CREATE TABLE t (id int PRIMARY KEY, a {typ}, c {typ}, v text)")
+    c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    values = "'a' || g, 'c' || g" if typ == "text" else "g, 100 + g"
+    c.execute(f"INSERT INTO t SELECT g, {values}, 'v' FROM generate_series(1, 5) g")
+
+
 @pytest.mark.one_pg_version
 def test_a_swap_beside_a_type_change(pg_dsn: str, slot: str, spark: Any, tmp_path: Path) -> None:
     """A swap through a third name in the transaction that widens one of the two columns:
@@ -536,10 +545,7 @@ def test_a_swap_beside_a_type_change(pg_dsn: str, slot: str, spark: Any, tmp_pat
     lake = str(tmp_path / "lake")
     cfg = _config(pg_dsn, lake, slot, "driver")
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE t (id int PRIMARY KEY, a int, c int, v text)")
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO t SELECT g, g, 100 + g, 'v' FROM generate_series(1, 5) g")
+        _columns_a_and_c(c, slot, "int")
         run_sync(cfg, spark=spark)
         with c.transaction():
             c.execute("ALTER TABLE t ALTER COLUMN a TYPE bigint")
@@ -561,14 +567,7 @@ def test_a_swap_beside_a_type_change(pg_dsn: str, slot: str, spark: Any, tmp_pat
         assert_mirror(c, lake, ["public.t"])
 
 
-@pytest.mark.parametrize(
-    ("path", "between"),
-    [
-        ("driver", False),
-        ("driver", True),
-        pytest.param("spark", False, marks=pytest.mark.one_pg_version),
-    ],
-)
+@pytest.mark.parametrize(("path", "between"), DRIVER_BOTH_SPARK_ONE)
 def test_a_dropped_columns_name_taken_by_a_rename(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, path: str, between: bool
 ) -> None:
@@ -587,10 +586,7 @@ def test_a_dropped_columns_name_taken_by_a_rename(
     lake = str(tmp_path / "lake")
     cfg = _config(pg_dsn, lake, slot, path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE t (id int PRIMARY KEY, a text, c text, v text)")
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO t SELECT g, 'a' || g, 'c' || g, 'v' FROM generate_series(1, 5) g")
+        _columns_a_and_c(c, slot, "text")
         run_sync(cfg, spark=spark)
         c.execute("UPDATE t SET v = 'before' WHERE id = 2")
         c.execute("ALTER TABLE t DROP COLUMN a")
