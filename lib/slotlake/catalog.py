@@ -107,6 +107,9 @@ class TableCatalog:
     text_columns: set[str] = field(default_factory=set)  # forced to string by a type change
     # A renamed column's name in the lake before the batch (latest → the lake's).
     lake_names: dict[str, str] = field(default_factory=dict)
+    # A column of the latest version that a later name-sharing ADD made (DROP and re-ADD
+    # of one name, told by attnums) → seq of the first version that has it.
+    readded_at: dict[str, int] = field(default_factory=dict)
 
     @property
     def oids(self) -> set[int]:
@@ -177,8 +180,10 @@ def _renames(
     origin: Callable[[str], str | None] = lambda name: name,
     prev_seq: int = -1,
     new_seq: int = -1,
-) -> dict[str, str]:
-    """Columns of ``prev`` that ``new`` has under another name (old name → new name).
+) -> tuple[dict[str, str], frozenset[str]]:
+    """Columns of ``prev`` that ``new`` has under another name (old name → new name), and
+    the names ``new`` gives a column added under a name ``prev`` had (a DROP and re-ADD
+    between the two, told by the attnums: :func:`_handed_on`).
 
     Both are (name, spark ddl) lists in attnum order. A Relation message names no attnum,
     so a rename is told from a DROP plus an ADD by the attnums when ``ids`` knows them
@@ -192,12 +197,25 @@ def _renames(
     a rename keeps the position and the type; ADD appends and DROP removes, so any other
     difference is not a rename (which a DROP and an ADD in one step can fool).
     """
-    prev_names = {n for n, _ in prev}
-    new_names = {n for n, _ in new}
     if ids is not None:
         moved = _handed_on(prev, new, ids, origin, prev_seq, new_seq)
         if moved is not None:
             return moved
+    return _renamed(prev, new, ids, origin, prev_seq, new_seq), frozenset()
+
+
+def _renamed(
+    prev: Sequence[tuple[str, str]],
+    new: Sequence[tuple[str, str]],
+    ids: ColumnIds | None,
+    origin: Callable[[str], str | None],
+    prev_seq: int,
+    new_seq: int,
+) -> dict[str, str]:
+    """:func:`_renames` where no name moved to another column: by the attnums of the
+    columns that went and came, else by position."""
+    prev_names = {n for n, _ in prev}
+    new_names = {n for n, _ in new}
     gone = [n for n, _ in prev if n not in new_names]
     came = [n for n, _ in new if n not in prev_names]
     if not gone or not came:
@@ -313,12 +331,13 @@ def _handed_on(
     origin: Callable[[str], str | None],
     prev_seq: int,
     new_seq: int,
-) -> dict[str, str] | None:
+) -> tuple[dict[str, str], frozenset[str]] | None:
     """The renames between ``prev`` and ``new`` by attnum, when a name both have is
     another column in each (``RENAME a TO b`` and ``RENAME c TO a``, or a swap through a
     third name, between two Relation messages): names alone read those as no rename at
-    all. None, for :func:`_renames`' other rules, when no name moved or an attnum is not
-    known on either side.
+    all. With them the names of columns added under a name ``prev`` had (``DROP a``,
+    ``ADD a``: a new column, whatever its name). None, for :func:`_renames`' other rules,
+    when no name moved or an attnum is not known on either side.
 
     An attnum is taken from the lake (the column followed to its lake name), the DDL
     reports as of the message or the lake's relnatts (a column the batch added,
@@ -346,7 +365,9 @@ def _handed_on(
     if all(was[n] == now[n] for n in was.keys() & now.keys()):
         return None
     by_id = {i: n for n, i in now.items()}
-    return {n: by_id[i] for n, i in was.items() if i in by_id and by_id[i] != n}
+    before_ids = set(was.values())
+    fresh = frozenset(n for n in was.keys() & now.keys() if now[n] not in before_ids)
+    return {n: by_id[i] for n, i in was.items() if i in by_id and by_id[i] != n}, fresh
 
 
 def _ascending(attnums: Sequence[int | None]) -> bool:
@@ -384,7 +405,11 @@ class _Lineage:
         self.names.append([name])
         return len(self.names) - 1
 
-    def step(self, names: Sequence[str], renamed: Mapping[str, str]) -> None:
+    def step(
+        self, names: Sequence[str], renamed: Mapping[str, str], fresh: Collection[str] = ()
+    ) -> None:
+        """The next version's ``names``: ``renamed`` (old → new) keep their identity
+        under the new name, ``fresh`` ones are new columns under a name the last had."""
         came_from = {new: old for old, new in renamed.items()}
         at: dict[str, int] = {}
         for name in names:
@@ -392,7 +417,7 @@ class _Lineage:
             if old is not None and old in self.at:
                 ident = self.at[old]
                 self.names[ident].append(name)
-            elif name in self.at and name not in renamed:
+            elif name in self.at and name not in renamed and name not in fresh:
                 ident = self.at[name]
             else:
                 ident = self._new(name)
@@ -486,11 +511,12 @@ def build_catalogs(
         ddls = [resolve_type(c.type_oid, c.typmod, type_names).spark_ddl for c in rel.columns]
         shape = [(c.name, ddl) for c, ddl in zip(rel.columns, ddls, strict=True)]
         renamed: dict[str, str] = {}
+        fresh: frozenset[str] = frozenset()
         if tname in previous:
             ids = (column_ids or {}).get(tname)
             prev_seq = previous_seq.get(tname, -1)
-            renamed = _renames(previous[tname], shape, ids, lineage.origin, prev_seq, seq)
-        lineage.step([c.name for c in rel.columns], renamed)
+            renamed, fresh = _renames(previous[tname], shape, ids, lineage.origin, prev_seq, seq)
+        lineage.step([c.name for c in rel.columns], renamed, fresh)
         previous[tname], previous_seq[tname] = shape, seq
         cat.versions.append(
             RelationVersion(
@@ -610,6 +636,15 @@ def target_versions(
 
 def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _Lineage) -> None:
     lineage.settle()
+    for ident in lineage.versions[-1]:
+        name = lineage.final(ident)
+        if ident in lineage.added and any(
+            lineage.final(other) == name and other != ident
+            for idents in [list(lineage.prior.values()), *lineage.versions]
+            for other in idents
+        ):
+            first = next(i for i, idents in enumerate(lineage.versions) if ident in idents)
+            cat.readded_at[name] = cat.versions[first].seq
     latest = cat.versions[-1]
     cat.replica_identity = latest.replica_identity
     cat.key_columns = list(latest.key_columns)

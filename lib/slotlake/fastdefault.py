@@ -203,7 +203,10 @@ def _last_add(
 
 
 def _relation_add_point(cat: TableCatalog, col: str) -> int:
-    """Seq of the first Relation version from which every version has ``col``."""
+    """Seq of the first Relation version from which every version has ``col`` (the one
+    the attnums say re-added it, when a column of that name was dropped before)."""
+    if col in cat.readded_at:
+        return cat.readded_at[col]
     start = BEFORE_BATCH
     for v in cat.versions:
         if all(c.name != col for c in v.columns):

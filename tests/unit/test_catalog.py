@@ -243,6 +243,11 @@ def test_a_dropped_columns_name_taken_by_a_rename() -> None:
     cat = build_catalogs([(10, both), (20, gone), (30, readded)], [], prior, again)["public.t"]
     assert cat.renames == {}
     assert [n for n, _ in cat.columns] == ["id", "c", "v", "a"]
+    # The attnums tell the re-added a from the first from the version that has it on.
+    assert cat.readded_at == {"a": 30}
+    in_one_step = build_catalogs([(10, both), (20, readded)], [], prior, again)["public.t"]
+    assert in_one_step.renames == {} and in_one_step.readded_at == {"a": 20}
+    assert build_catalogs([(10, both), (20, readded)], [], prior)["public.t"].readded_at == {}
 
 
 def test_attnums_say_a_drop_and_add_of_one_type_is_no_rename() -> None:
