@@ -699,11 +699,10 @@ def process_table(
             # Spark's ALTERs rename one column at a time, and a rerun could not tell a swap
             # done by them: the driver makes it, as it does for the tables it writes.
             marker = renames_marker(app_id, batch)
-            for rel, schema, drop in (
-                (changes_rel, changes.schema, False),
-                (state_rel, _state_schema(cat), True),
+            for path, schema, drop in (
+                (changes_path, changes.schema, False),
+                (state_path, _state_schema(cat), True),
             ):
-                path = lake.path(rel)
                 local = str(local_path(path))
                 ensure_local(lambda: session, path, local, schema, cat.renames, drop, marker)
         else:

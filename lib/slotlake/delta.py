@@ -922,20 +922,29 @@ def ensure_local(
     return out
 
 
+def _renamed_fields(fields: list[Any], renames: dict[str, str], cycles: bool) -> list[Any]:
+    """``fields`` with the renames Spark's ALTERs would make (and, with ``cycles``, those
+    of a cycle), as one change of the schema: each keeps its type and metadata."""
+    from pyspark.sql.types import StructField
+
+    to = renamed_names(renames, {f.name for f in fields}, cycles)
+    return [
+        StructField(to[f.name], f.dataType, f.nullable, f.metadata) if f.name in to else f
+        for f in fields
+    ]
+
+
 def _names_moved(current: StructType, renames: dict[str, str]) -> StructType:
     """``current`` with ``renames`` made, cycles included (top level and inside ``_old``),
     nothing else changed."""
     from pyspark.sql.types import StructField
     from pyspark.sql.types import StructType as ST
 
-    def moved(fields: list[Any]) -> list[Any]:
-        to = renamed_names(renames, {f.name for f in fields}, cycles=True)
-        return [StructField(to.get(f.name, f.name), f.dataType, f.nullable) for f in fields]
-
-    out = moved(list(current.fields))
+    out = _renamed_fields(list(current.fields), renames, cycles=True)
     for i, f in enumerate(out):
         if f.name == "_old" and isinstance(f.dataType, ST):
-            out[i] = StructField("_old", ST(moved(list(f.dataType.fields))), f.nullable)
+            old = _renamed_fields(list(f.dataType.fields), renames, cycles=True)
+            out[i] = StructField("_old", ST(old), f.nullable, f.metadata)
     return ST(out)
 
 
@@ -1089,12 +1098,7 @@ def evolve_on_driver(
     last_id = int(configuration.get("delta.columnMapping.maxColumnId", "0"))
 
     def renamed(fields: list[Any]) -> list[Any]:
-        # The renames Spark's ALTERs would make, as one change of the schema.
-        to = renamed_names(renames, {f.name for f in fields}, cycles=swap is not None)
-        return [
-            StructField(to[f.name], f.dataType, f.nullable, f.metadata) if f.name in to else f
-            for f in fields
-        ]
+        return _renamed_fields(fields, renames, cycles=swap is not None)
 
     def added(fields: list[Any], wanted: list[Any]) -> list[Any]:
         nonlocal last_id
