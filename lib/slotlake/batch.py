@@ -307,6 +307,13 @@ def read_prior_state(
     return align_prior(df, cat)
 
 
+def swaps_on_driver(lake: Lake) -> bool:
+    """Whether the driver makes a swap of names of a table Spark writes (one log entry
+    carrying the batch's marker), as it does for the tables it writes: on a local lake.
+    Elsewhere Spark's ALTERs make it, one column per commit (:mod:`slotlake.swap_alters`)."""
+    return lake.on_local_disk
+
+
 def _state_schema(cat: TableCatalog, counted: bool | None = None) -> StructType:
     """The state's schema: with ``_copies`` for a multiset (``counted``: with it or
     without, whatever the table's identity)."""
@@ -695,10 +702,8 @@ def process_table(
         changes = changes.orderBy("_commit_lsn", "_tx_ordinal")
     changes_path, state_path = lake.path(changes_rel), lake.path(state_rel)
     try:
-        if lake.on_local_disk and swaps(cat.renames):
-            # Spark's ALTERs rename one column at a time, and a rerun could not tell a swap
-            # done by them: the driver makes it, as it does for the tables it writes.
-            marker = renames_marker(app_id, batch)
+        marker = renames_marker(app_id, batch) if swaps(cat.renames) else None
+        if marker is not None and swaps_on_driver(lake):
             for path, schema, drop in (
                 (changes_path, changes.schema, False),
                 (state_path, _state_schema(cat), True),
@@ -706,8 +711,15 @@ def process_table(
                 local = str(local_path(path))
                 ensure_local(lambda: session, path, local, schema, cat.renames, drop, marker)
         else:
-            ensure_table(session, changes_path, changes.schema, renames=cat.renames)
-            ensure_table(session, state_path, _state_schema(cat), cat.renames, drop_missing=True)
+            ensure_table(session, changes_path, changes.schema, cat.renames, marker=marker)
+            ensure_table(
+                session,
+                state_path,
+                _state_schema(cat),
+                cat.renames,
+                drop_missing=True,
+                marker=marker,
+            )
         target = session.read.format("delta").load(changes_path).schema
         _count_keyed_rows_once(session, lake, cat, prior, state_path)
         if fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None:

@@ -283,13 +283,17 @@ def ensure_table(
     schema: StructType,
     renames: dict[str, str] | None = None,
     drop_missing: bool = False,
+    marker: tuple[str, int] | None = None,
 ) -> None:
     """Create the Delta table at ``path`` with ``schema``, or evolve it to ``schema``.
 
     ``renames`` (old → new) are applied first (top level and inside the ``_old`` struct),
     then missing columns are added; with ``drop_missing`` columns the schema no longer has
     are dropped. A column whose type changed needs a rewrite of the table: its values are
-    cast (the catalog only ever asks for lossless widenings or string).
+    cast (the catalog only ever asks for lossless widenings or string). ``marker``
+    (txnAppId, batch) is given when ``renames`` form a cycle (names swapped): the cycle is
+    made too, planned by physical name so that a rerun finishes it rather than undoing it
+    (:mod:`slotlake.swap_alters`).
     """
     from delta.tables import DeltaTable
 
@@ -303,7 +307,7 @@ def ensure_table(
         return
     ref = table_ref(path)
     current = spark.read.format("delta").load(path).schema
-    if not needs_evolution(current, schema, renames or {}, drop_missing):
+    if marker is None and not needs_evolution(current, schema, renames or {}, drop_missing):
         return  # the usual batch: no DDL since the last one, no schema read more
     names = set(current.fieldNames())
     taken = names_taken(renames or {}, names) if drop_missing else set()
@@ -316,6 +320,10 @@ def ensure_table(
         old_fields = set(_struct_fields(current, "_old"))
         for old, new in rename_order(renames or {}, old_fields):
             spark.sql(f"ALTER TABLE {ref} RENAME COLUMN _old.{quote(old)} TO {quote(new)}")
+    if marker is not None:
+        from slotlake.swap_alters import swap_by_alters
+
+        swap_by_alters(spark, path, ref, renames or {}, marker)
     current = spark.read.format("delta").load(path).schema
     names = set(current.fieldNames())
     adds = [f for f in schema.fields if f.name not in names]
@@ -386,11 +394,11 @@ def renamed_names(renames: dict[str, str], names: set[str], cycles: bool = False
         origin[new] = origin.pop(old)
     out = {start: now for now, start in origin.items() if start != now}
     if cycles:
-        out |= {origin[old]: new for old, new in _cycles(renames, set(origin)).items()}
+        out |= {origin[old]: new for old, new in cycles_of(renames, set(origin)).items()}
     return out
 
 
-def _cycles(renames: dict[str, str], names: set[str]) -> dict[str, str]:
+def cycles_of(renames: dict[str, str], names: set[str]) -> dict[str, str]:
     """The renames of ``names`` that form cycles (each new name is the old name of the
     next), which :func:`rename_order` leaves out."""
     pending = {old: new for old, new in renames.items() if old in names and old != new}
@@ -407,7 +415,7 @@ def _cycles(renames: dict[str, str], names: set[str]) -> dict[str, str]:
 
 def swaps(renames: dict[str, str]) -> bool:
     """Whether some of ``renames`` form a cycle (names swapped)."""
-    return bool(_cycles(renames, set(renames)))
+    return bool(cycles_of(renames, set(renames)))
 
 
 def renames_marker(app_id: str, batch: int) -> tuple[str, int]:
@@ -901,7 +909,7 @@ def ensure_local(
     if (
         current is not None
         and marker is not None
-        and _cycles(renames or {}, set(current.fieldNames()))
+        and cycles_of(renames or {}, set(current.fieldNames()))
         and not renames_done(path, marker)
     ):
         swap = marker

@@ -520,6 +520,72 @@ def test_a_swap_is_made_once_when_its_batch_runs_again(
         assert again is not None and again.fieldNames() == swapped.fieldNames()
 
 
+@pytest.mark.one_pg_version
+def test_a_swap_by_sparks_alters_is_finished_by_the_rerun(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the driver does not make the swap (a lake on HDFS or an object store), Spark's
+    ALTERs make it, one column per commit. A run killed between two of them leaves the
+    change log's names half swapped; the rerun finishes the swap by physical name, from
+    the plan stored before the first rename, instead of undoing it or renaming by name."""
+    import psycopg
+    from pyspark.sql import SparkSession
+
+    from slotlake import batch
+    from slotlake.delta import delta_schema
+    from slotlake.lake import CHANGES, Lake, local_path, read_changes
+    from slotlake.swap_alters import PLAN_PROPERTY, TEMP_PREFIX
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror
+
+    lake = str(tmp_path / "lake")
+    cfg = _config(pg_dsn, lake, slot, "spark")
+    monkeypatch.setattr(batch, "swaps_on_driver", lambda lake: False)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _handed_on_setup(c, slot, ["s"])
+        run_sync(cfg, spark=spark)
+        _hand_on_and_swap(c, ["s"])
+        sql = SparkSession.sql
+        seen: list[str] = []
+
+        def killed_after_two_renames(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+            if PLAN_PROPERTY in query or (seen and "RENAME COLUMN" in query):
+                seen.append(query)
+                if len(seen) == 4:
+                    raise RuntimeError("killed between two ALTERs")
+            return sql(self, query, *args, **kwargs)
+
+        with monkeypatch.context() as m:
+            m.setattr(SparkSession, "sql", killed_after_two_renames)
+            with pytest.raises(RuntimeError, match="killed between"):
+                run_sync(cfg, spark=spark)
+        path = str(local_path(Lake(lake).path(Lake.table_path(CHANGES, "public.s"))))
+        half = delta_schema(path)
+        assert half is not None
+        # Two of the three renames: one column under the temporary name, one under its
+        # final name (which of the two went first is the order of their physical names).
+        assert f"{TEMP_PREFIX}0" in half.fieldNames()[1:3], half.fieldNames()
+        assert set(half.fieldNames()[1:3]) & {"a", "c"}, half.fieldNames()
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.s"])
+        done = delta_schema(path)
+        assert done is not None and done.fieldNames()[:3] == ["id", "c", "a"]
+        assert done["_old"].dataType.fieldNames()[:3] == ["id", "c", "a"]
+        logged = read_changes(lake, "public.s").to_pylist()
+        updated = [(r["c"], r["a"]) for r in logged if r["v"] == "x"]
+        assert updated == [("a1" * 1500, "c1" * 1500)]
+        # The first batch's insert: its values moved with their columns.
+        assert [(r["c"], r["a"]) for r in logged if r["id"] == 2] == [("a2" * 1500, "c2" * 1500)]
+        c.execute("UPDATE s SET v = 'y' WHERE id = 2")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.s"])
+
+
 def _columns_a_and_c(c: Any, slot: str, typ: str) -> None:
     """Table t (id, a, c, v) of five rows, published, and a slot: a and c of ``typ``
     (text: ``a1`` / ``c1``, …; int: 1 / 101, …)."""
