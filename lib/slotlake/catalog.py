@@ -314,13 +314,19 @@ class ColumnIds:
         return out
 
     def as_of(self, seq: int) -> Mapping[str, int]:
-        """The attnums the last DDL report before ``seq`` gave (empty: none before it).
-        A Relation message shows the table as of then: a name there has that attnum."""
-        found: Mapping[str, int] = {}
+        """The attnums the last DDL report before ``seq`` gave. A Relation message shows
+        the table as of then: a name there has that attnum. Before the batch's first
+        report the table is as the lake last wrote it, since the trigger reports every DDL
+        after that: the lake's attnums (the target's would give a name the batch moves
+        later, ``RENAME r TO c`` after a row, to the column that takes it). Empty when
+        the batch has no report of the table (no trigger: nothing known)."""
+        found: Mapping[str, int] | None = None
         for at, attnums in self.points:
             if at >= seq:
                 break
             found = attnums
+        if found is None:
+            return self.before if self.points else {}
         return found
 
 

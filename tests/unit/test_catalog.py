@@ -611,9 +611,40 @@ def test_a_drop_and_add_told_by_the_ddl_reports_when_the_added_column_is_renamed
 
 def test_column_ids_as_of_a_seq() -> None:
     ids = ColumnIds({"a": 1}, {"b": 2}, ((5, {"a": 1, "x": 4}), (9, {"b": 2})))
-    assert ids.as_of(5) == {}
+    # Before the first report: as the lake last wrote the table.
+    assert ids.as_of(5) == {"a": 1}
     assert ids.as_of(6) == {"a": 1, "x": 4}
     assert ids.as_of(10) == {"b": 2}
+    # No report at all (no trigger): nothing known.
+    assert ColumnIds({"a": 1}, {"b": 2}).as_of(5) == {}
+
+
+def test_a_name_moved_after_the_tables_last_change() -> None:
+    """A row under (id, v, r), ``ADD c DEFAULT 7``, ``c`` and ``r`` swapped, no change after
+    (seed 9202): the target has ``r`` on the added column (attnum 4). Taken for the
+    batch's Relation message too, it made that message's ``r`` a new column and the swap
+    no rename at all (the state's ``c`` NULL, its ``r`` the lake's values). Before the
+    trigger's first report the attnums are the lake's."""
+    prior = {"public.t": [("id", "int"), ("v", "string"), ("r", "int")]}
+    relations = [
+        (10, rel(col("id", INT4, key=True), col("v", TEXT), col("r", INT4))),
+        (
+            TARGET_SEQ,
+            rel(col("id", INT4, key=True), col("v", TEXT), col("c", INT4), col("r", INT4)),
+        ),
+    ]
+    before, after = {"id": 1, "v": 2, "r": 3}, {"id": 1, "v": 2, "c": 3, "r": 4}
+    reports = (
+        (12, {"id": 1, "v": 2, "r": 3, "c": 4}),
+        (13, {"id": 1, "v": 2, "r": 3, "tmp": 4}),
+        (14, {"id": 1, "v": 2, "c": 3, "tmp": 4}),
+        (15, after),
+    )
+    ids = {"public.t": ColumnIds(before, after, reports, 3, frozenset(after))}
+    t = build_catalogs(relations, [], prior, ids)["public.t"]
+    assert t.renames == {"r": "c"}
+    assert t.state_columns == ["id", "v", "c", "r"]
+    assert t.prior_name("c", {"id", "v", "r"}) == "r"
 
 
 def test_a_column_added_in_the_batch_pinned_by_the_lakes_relnatts() -> None:
