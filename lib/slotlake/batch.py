@@ -55,9 +55,11 @@ from slotlake.delta import (
     arrow_append_creating,
     arrow_merge_keyed,
     arrow_overwrite,
+    delta_schema,
     ensure_local,
     ensure_table,
     handing_back,
+    is_delta_table,
     local_last_commit,
     merge,
     overwrite,
@@ -305,6 +307,30 @@ def read_prior_state(
     if COPIES in df.columns:
         df = df.drop(COPIES)
     return align_prior(df, cat)
+
+
+def change_log_names(lake: Lake, spark: LazySession, table: str) -> set[str]:
+    """The column names of ``table``'s change log, top level and in its old image (none
+    before it exists): a dropped column's own name (``a__dropped``) must be one it does not
+    have yet, which a replacement of ``a`` in an earlier batch left there."""
+    from pyspark.sql.types import StructType
+
+    path = lake.path(Lake.table_path(CHANGES, table))
+    if lake.on_local_disk:
+        schema = delta_schema(str(local_path(path)))
+    else:
+        session = spark()
+        schema = (
+            session.read.format("delta").load(path).schema
+            if is_delta_table(session, path)
+            else None
+        )
+    if schema is None:
+        return set()
+    names = set(schema.fieldNames())
+    if "_old" in names and isinstance(schema["_old"].dataType, StructType):
+        names |= set(schema["_old"].dataType.fieldNames())
+    return names
 
 
 def swaps_on_driver(lake: Lake) -> bool:
@@ -1283,6 +1309,7 @@ def process_batch(
         stream_content=scan.stream_content,
         column_ids=column_ids(prior, target_catalog, ddl_input.messages),
         at_target=lambda relations: versions_at_target(relations, prior, schemas, target_catalog),
+        log_names=functools.partial(change_log_names, lake, spark),
     )
     timings["catalog"] = time.monotonic() - t0
     prior_tables = dict(prior.tables) if prior else {}

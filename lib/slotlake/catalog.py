@@ -25,6 +25,7 @@ Schema evolution rule (documented in the README):
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -444,14 +445,17 @@ class _Lineage:
     def final(self, ident: int) -> str:
         return self.moved.get(ident, self.names[ident][-1])
 
-    def settle(self) -> None:
+    def settle(self, logged: Callable[[], Collection[str]] = tuple) -> None:
         """A column dropped in the batch whose name another column took while both were
         there (``DROP a``, ``RENAME c TO a``) gets a latest name of its own, ``a__dropped``
         (its values in the change log, the lake's ``a`` renamed to it): under one name, a
         version showing both would put two columns' values in one place, and the state's
-        ``a`` could not be renamed from ``c``."""
+        ``a`` could not be renamed from ``c``. ``logged``: the names the table's change log
+        has (read only when such a name is needed), which keeps the ``a__dropped`` of an
+        earlier batch's replacement of ``a``."""
         live = set(self.versions[-1])
         taken = {n for names in self.names for n in names}
+        logged_read = False
         for idents in [list(self.prior.values()), *self.versions]:
             by_name: dict[str, list[int]] = {}
             for ident in idents:
@@ -466,6 +470,9 @@ class _Lineage:
                 for ident in group:
                     if ident == owner:
                         continue
+                    if not logged_read:
+                        taken |= set(logged())
+                        logged_read = True
                     new, k = f"{name}__dropped", 2
                     while new in taken:
                         new, k = f"{name}__dropped{k}", k + 1
@@ -493,13 +500,16 @@ def build_catalogs(
     types: Iterable[tuple[int, Type]],
     prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
     column_ids: Mapping[str, ColumnIds] | None = None,
+    log_names: Callable[[str], Collection[str]] | None = None,
 ) -> dict[str, TableCatalog]:
     """Table catalogs from the (seq, message) pairs of a batch, in peek order.
 
     ``prior_schemas`` are the state columns (name, ddl) of each table in the lake before
     this batch: a rename or type change between two batches follows the same rules as one
     inside a batch. ``column_ids``: each table's attnums before and after the batch, which
-    tell renames from drops and adds (:func:`_renames`).
+    tell renames from drops and adds (:func:`_renames`). ``log_names``: the column names
+    a table's change log has (top level and old image), asked only when a dropped column
+    needs a name of its own (:meth:`_Lineage.settle`).
     """
     type_list = sorted(types, key=lambda p: p[0])
     prior_schemas = prior_schemas or {}
@@ -538,7 +548,8 @@ def build_catalogs(
             )
         )
     for cat in catalogs.values():
-        _resolve_columns(cat, prior_schemas.get(cat.name, []), lineages[cat.name])
+        logged = functools.partial(log_names, cat.name) if log_names is not None else tuple
+        _resolve_columns(cat, prior_schemas.get(cat.name, []), lineages[cat.name], logged)
     return catalogs
 
 
@@ -640,8 +651,13 @@ def target_versions(
     return out
 
 
-def _resolve_columns(cat: TableCatalog, prior: list[tuple[str, str]], lineage: _Lineage) -> None:
-    lineage.settle()
+def _resolve_columns(
+    cat: TableCatalog,
+    prior: list[tuple[str, str]],
+    lineage: _Lineage,
+    logged: Callable[[], Collection[str]] = tuple,
+) -> None:
+    lineage.settle(logged)
     for ident in lineage.versions[-1]:
         name = lineage.final(ident)
         if ident in lineage.added and any(

@@ -720,6 +720,21 @@ def test_a_dropped_columns_name_taken_by_a_rename(
         c.execute("UPDATE t SET v = 'w' WHERE id = 3")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, ["public.t"])
+        # The same migration again, a later batch: the state has no a__dropped, the change
+        # log has (the random workload's seed 9406: the second replacement took the name
+        # a__dropped again, the renames found their names taken and every rerun failed).
+        c.execute("ALTER TABLE t ADD COLUMN e text")
+        c.execute("UPDATE t SET e = 'e' || id")
+        run_sync(cfg, spark=spark)
+        c.execute("UPDATE t SET v = 'again' WHERE id = 5")
+        c.execute("ALTER TABLE t DROP COLUMN a")
+        c.execute("ALTER TABLE t RENAME COLUMN e TO a")
+        c.execute("UPDATE t SET v = 'y' WHERE id = 1")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.t"])
+        logged = {(r["id"], r["v"]): r for r in read_changes(lake, "public.t").to_pylist()}
+        row = logged[(5, "again")]
+        assert (row["a__dropped"], row["a__dropped2"], row["a"]) == (None, "c5", "e5")
 
 
 @pytest.mark.parametrize("trigger", [False, True])

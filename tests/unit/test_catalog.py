@@ -237,6 +237,19 @@ def test_a_dropped_columns_name_taken_by_a_rename() -> None:
     assert [c.name for c in cat.versions[0].columns] == ["id", "a__dropped", "a", "v"]
     assert ("a", "int") in cat.columns and ("a__dropped", "string") in cat.columns
     assert cat.state_columns == ["id", "a", "v"]
+    # The change log keeps an earlier batch's a__dropped (the state does not): asked only
+    # then, its names are taken too.
+    asked: list[str] = []
+
+    def logged(table: str) -> set[str]:
+        asked.append(table)
+        return {"id", "a", "v", "a__dropped", "_old"}
+
+    again_cat = build_catalogs([(10, both), (20, taken)], [], prior, ids, logged)["public.t"]
+    assert again_cat.renames == {"a": "a__dropped2", "c": "a"}
+    assert asked == ["public.t"]
+    build_catalogs([(10, both)], [], prior, ids, logged)
+    assert asked == ["public.t"]  # no name of its own needed: the log is not read
     gone = rel(col("id", INT4, key=True), col("c", INT4), col("v", TEXT))
     readded = rel(col("id", INT4, key=True), col("c", INT4), col("v", TEXT), col("a", TEXT))
     again = _ids({"id": 1, "a": 2, "c": 3, "v": 4}, {"id": 1, "c": 3, "v": 4, "a": 5})
