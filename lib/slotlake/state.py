@@ -322,7 +322,7 @@ def fill_and_merge_keyed(
 def merge_condition(cat: TableCatalog) -> str:
     """MERGE ON: the replica identity, null-safe, plus the text of a key kept as text
     where the key's type can keep one."""
-    from slotlake.delta import quote
+    from slotlake.delta import quote, sql_string
 
     types = dict(cat.columns)
     parts = []
@@ -331,7 +331,7 @@ def merge_condition(cat: TableCatalog) -> str:
         parts.append(f"t.{q} <=> s._key.{q}")
         if types.get(k) != "string" and cat.may_fall_back(k):
             parts.append(
-                f"try_element_at(t._fallback, {_sql_string(k)}) <=> s._key.{quote('~' + k)}"
+                f"try_element_at(t._fallback, {sql_string(k)}) <=> s._key.{quote('~' + k)}"
             )
     return " AND ".join(parts)
 
@@ -352,10 +352,6 @@ def arrow_merge_predicate(cat: TableCatalog) -> str:
                 f"(t._fallback[{lit(k)}] IS NOT DISTINCT FROM get_field(s._key, {lit('~' + k)}))"
             )
     return " AND ".join(parts)
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _with_lineage(df: DataFrame, key: Column, roots: DataFrame | None) -> DataFrame:

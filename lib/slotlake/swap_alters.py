@@ -104,18 +104,13 @@ def moves(names: dict[str, str], target: dict[str, str]) -> list[tuple[str, str]
     return out
 
 
-def sql_string(value: str) -> str:
-    """``value`` as a Spark SQL string literal (backslash escapes are on by default)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def swap_by_alters(
     spark: SparkSession, path: str, ref: str, renames: dict[str, str], marker: tuple[str, int]
 ) -> int:
     """Make the cycles of ``renames`` (old → new) of the batch ``marker`` names, or finish
     them after a crash, with one ALTER per rename; returns how many ALTERs ran (0 when the
     table already has the names)."""
-    from slotlake.delta import quote
+    from slotlake.delta import quote, sql_string
 
     schema, properties = mapped_metadata(spark, path)
     stored = json.loads(properties[PLAN_PROPERTY]) if PLAN_PROPERTY in properties else None

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from slotlake.swap_alters import TEMP_PREFIX, SwapError, levels, moves, plan, sql_string
+from slotlake.delta import sql_string
+from slotlake.swap_alters import TEMP_PREFIX, SwapError, levels, moves, plan
 
 
 def _field(name: str, physical: str, kind: Any = "string") -> dict[str, Any]:
