@@ -309,10 +309,11 @@ def read_prior_state(
     return align_prior(df, cat)
 
 
-def change_log_names(lake: Lake, spark: LazySession, table: str) -> set[str]:
-    """The column names of ``table``'s change log, top level and in its old image (none
-    before it exists): a dropped column's own name (``a__dropped``) must be one it does not
-    have yet, which a replacement of ``a`` in an earlier batch left there."""
+def change_log_columns(lake: Lake, spark: LazySession, table: str) -> dict[str, str]:
+    """The columns of ``table``'s change log, name → Spark type, top level and in its old
+    image (none before it exists): it keeps the columns dropped at the source, whose names
+    a column added or renamed later may take (:meth:`slotlake.catalog._Lineage.settle`),
+    and the ``a__dropped`` an earlier batch's replacement of ``a`` left."""
     from pyspark.sql.types import StructType
 
     path = lake.path(Lake.table_path(CHANGES, table))
@@ -326,11 +327,12 @@ def change_log_names(lake: Lake, spark: LazySession, table: str) -> set[str]:
             else None
         )
     if schema is None:
-        return set()
-    names = set(schema.fieldNames())
-    if "_old" in names and isinstance(schema["_old"].dataType, StructType):
-        names |= set(schema["_old"].dataType.fieldNames())
-    return names
+        return {}
+    out: dict[str, str] = {}
+    old = schema["_old"].dataType if "_old" in schema.fieldNames() else None
+    for f in [*(old.fields if isinstance(old, StructType) else []), *schema.fields]:
+        out[f.name] = f.dataType.simpleString()
+    return out
 
 
 def swaps_on_driver(lake: Lake) -> bool:
@@ -1309,7 +1311,7 @@ def process_batch(
         stream_content=scan.stream_content,
         column_ids=column_ids(prior, target_catalog, ddl_input.messages),
         at_target=lambda relations: versions_at_target(relations, prior, schemas, target_catalog),
-        log_names=functools.partial(change_log_names, lake, spark),
+        log_columns=functools.partial(change_log_columns, lake, spark),
     )
     timings["catalog"] = time.monotonic() - t0
     prior_tables = dict(prior.tables) if prior else {}

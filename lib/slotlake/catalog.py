@@ -62,6 +62,12 @@ def widens_to(old: str, new: str) -> bool:
     return False
 
 
+def final_type(types: Sequence[str]) -> str:
+    """The lake's type of a column that has had ``types`` (in order): the last, when every
+    earlier one widens to it, else string."""
+    return types[-1] if all(widens_to(t, types[-1]) for t in types) else "string"
+
+
 @dataclass(frozen=True)
 class ColumnSpec:
     name: str  # name in the output (latest name after renames)
@@ -400,6 +406,9 @@ class _Lineage:
     added: set[int] = field(default_factory=set)  # identities a version after the first added
     # Latest names given by :meth:`settle` (identity → name), over ``names``' last.
     moved: dict[int, str] = field(default_factory=dict)
+    # Change log columns of columns dropped in an earlier batch (the state no longer has
+    # them) that :meth:`settle` moved out of a name a column of this batch takes.
+    ghosts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, prior: Sequence[tuple[str, str]]) -> _Lineage:
@@ -445,17 +454,45 @@ class _Lineage:
     def final(self, ident: int) -> str:
         return self.moved.get(ident, self.names[ident][-1])
 
-    def settle(self, logged: Callable[[], Collection[str]] = tuple) -> None:
+    def settle(
+        self,
+        logged: Callable[[], Mapping[str, str]] = dict,
+        types: Mapping[int, Sequence[str]] | None = None,
+    ) -> None:
         """A column dropped in the batch whose name another column took while both were
         there (``DROP a``, ``RENAME c TO a``) gets a latest name of its own, ``a__dropped``
         (its values in the change log, the lake's ``a`` renamed to it): under one name, a
         version showing both would put two columns' values in one place, and the state's
-        ``a`` could not be renamed from ``c``. ``logged``: the names the table's change log
-        has (read only when such a name is needed), which keeps the ``a__dropped`` of an
-        earlier batch's replacement of ``a``."""
+        ``a`` could not be renamed from ``c``. ``logged``: the table's change log's columns
+        (name → type, top level and old image; read only when needed), which keeps the
+        ``a__dropped`` of an earlier batch's replacement of ``a``.
+
+        A dropped column whose name a later one took without both being there (``DROP
+        a``, ``ADD a``) shares that column, unless its type does not widen to the later
+        one's (``types``: each identity's types, in order): shared, the column would
+        become text, which neither is, so it gets a name of its own too. The same holds
+        for a column dropped in an earlier batch, which only the change log still has: a
+        column added under its name shares it while the type widens, and one renamed to
+        it never does (the change log's rename would find the name taken)."""
         live = set(self.versions[-1])
         taken = {n for names in self.names for n in names}
-        logged_read = False
+        log: Mapping[str, str] | None = None
+
+        def log_columns() -> Mapping[str, str]:
+            nonlocal log, taken
+            if log is None:
+                log = logged()
+                taken |= set(log)
+            return log
+
+        def own_name(ident: int, name: str) -> None:
+            log_columns()
+            new, k = f"{name}__dropped", 2
+            while new in taken:
+                new, k = f"{name}__dropped{k}", k + 1
+            taken.add(new)
+            self.moved[ident] = new
+
         for idents in [list(self.prior.values()), *self.versions]:
             by_name: dict[str, list[int]] = {}
             for ident in idents:
@@ -468,16 +505,31 @@ class _Lineage:
                 ]
                 owner = owners[0] if owners else group[0]
                 for ident in group:
-                    if ident == owner:
-                        continue
-                    if not logged_read:
-                        taken |= set(logged())
-                        logged_read = True
-                    new, k = f"{name}__dropped", 2
-                    while new in taken:
-                        new, k = f"{name}__dropped{k}", k + 1
-                    taken.add(new)
-                    self.moved[ident] = new
+                    if ident != owner:
+                        own_name(ident, name)
+        if types is None:
+            return
+        heirs = {self.final(i): i for i in live}
+        for ident in range(len(self.names)):
+            heir = heirs.get(self.final(ident))
+            if ident in live or heir is None:
+                continue
+            heir_type = final_type(types[heir])
+            if not all(widens_to(t, heir_type) for t in types[ident]):
+                own_name(ident, self.final(ident))
+        # Names new to the state: the change log may hold them from an earlier drop. Only
+        # a batch that adds or renames a column reads the change log's schema for it.
+        new_names = {self.final(i): i for i in live if self.final(i) not in self.prior}
+        if not new_names:
+            return
+        for name, heir in sorted(new_names.items()):
+            old_type = log_columns().get(name)
+            if old_type is None:
+                continue
+            renamed = heir in self.prior.values()
+            if renamed or not widens_to(old_type, final_type(types[heir])):
+                ghost = self.ghosts[name] = self._new(name)
+                own_name(ghost, name)
 
     def renames(self) -> dict[str, str]:
         """Every earlier name of a column → its latest, looked up once (never chained); the
@@ -487,7 +539,7 @@ class _Lineage:
             for name in names[:-1]:
                 if name != self.final(ident):
                     out[name] = self.final(ident)
-        for name, ident in self.prior.items():
+        for name, ident in [*self.prior.items(), *self.ghosts.items()]:
             if self.final(ident) != name:
                 out[name] = self.final(ident)
             else:
@@ -500,16 +552,16 @@ def build_catalogs(
     types: Iterable[tuple[int, Type]],
     prior_schemas: dict[str, list[tuple[str, str]]] | None = None,
     column_ids: Mapping[str, ColumnIds] | None = None,
-    log_names: Callable[[str], Collection[str]] | None = None,
+    log_columns: Callable[[str], Mapping[str, str]] | None = None,
 ) -> dict[str, TableCatalog]:
     """Table catalogs from the (seq, message) pairs of a batch, in peek order.
 
     ``prior_schemas`` are the state columns (name, ddl) of each table in the lake before
     this batch: a rename or type change between two batches follows the same rules as one
     inside a batch. ``column_ids``: each table's attnums before and after the batch, which
-    tell renames from drops and adds (:func:`_renames`). ``log_names``: the column names
-    a table's change log has (top level and old image), asked only when a dropped column
-    needs a name of its own (:meth:`_Lineage.settle`).
+    tell renames from drops and adds (:func:`_renames`). ``log_columns``: the columns
+    a table's change log has (name → type, top level and old image), asked only when a
+    batch adds or renames a column (:meth:`_Lineage.settle`).
     """
     type_list = sorted(types, key=lambda p: p[0])
     prior_schemas = prior_schemas or {}
@@ -548,7 +600,7 @@ def build_catalogs(
             )
         )
     for cat in catalogs.values():
-        logged = functools.partial(log_names, cat.name) if log_names is not None else tuple
+        logged = functools.partial(log_columns, cat.name) if log_columns is not None else dict
         _resolve_columns(cat, prior_schemas.get(cat.name, []), lineages[cat.name], logged)
     return catalogs
 
@@ -655,9 +707,15 @@ def _resolve_columns(
     cat: TableCatalog,
     prior: list[tuple[str, str]],
     lineage: _Lineage,
-    logged: Callable[[], Collection[str]] = tuple,
+    logged: Callable[[], Mapping[str, str]] = dict,
 ) -> None:
-    lineage.settle(logged)
+    types: dict[int, list[str]] = {}
+    for name, ddl in prior:
+        types.setdefault(lineage.prior[name], []).append(ddl)
+    for v, idents in zip(cat.versions, lineage.versions, strict=True):
+        for c, ident in zip(v.columns, idents, strict=True):
+            types.setdefault(ident, []).append(c.spark_ddl)
+    lineage.settle(logged, types)
     for ident in lineage.versions[-1]:
         name = lineage.final(ident)
         if ident in lineage.added and any(
@@ -713,10 +771,8 @@ def _resolve_columns(
     cat.versions = versions
     columns = []
     for name in order:
-        types = history[name]
-        final = types[-1]
-        if not all(widens_to(t, final) for t in types):
-            final = "string"
+        final = final_type(history[name])
+        if final != history[name][-1]:
             cat.text_columns.add(name)
         columns.append((name, final))
     cat.columns = columns

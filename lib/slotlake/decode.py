@@ -14,7 +14,7 @@ reprocessing relies on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -217,7 +217,7 @@ def collect_catalog(
     column_ids: Mapping[str, ColumnIds] | None = None,
     at_target: Callable[[list[tuple[int, Relation]]], list[tuple[int, Relation | Type]]]
     | None = None,
-    log_names: Callable[[str], Collection[str]] | None = None,
+    log_columns: Callable[[str], Mapping[str, str]] | None = None,
 ) -> BatchCatalog:
     """Decode the batch's descriptive messages on the driver (a few per table).
 
@@ -226,8 +226,8 @@ def collect_catalog(
     ``column_ids``: the tables' attnums before and after the batch
     (:func:`slotlake.catalog.build_catalogs`). ``at_target``: given the batch's Relation
     messages, the messages that bring each table to its shape at the batch's target
-    (:func:`slotlake.catalog.target_versions`). ``log_names``: a table's change log's
-    column names (:func:`slotlake.catalog.build_catalogs`).
+    (:func:`slotlake.catalog.target_versions`). ``log_columns``: a table's change log's
+    columns, name → type (:func:`slotlake.catalog.build_catalogs`).
     """
     relations: list[tuple[int, Relation]] = []
     types: list[tuple[int, Type]] = []
@@ -259,7 +259,7 @@ def collect_catalog(
         else:
             types.append((seq, extra))
     catalog = BatchCatalog(
-        build_catalogs(relations, types, prior_schemas, column_ids, log_names),
+        build_catalogs(relations, types, prior_schemas, column_ids, log_columns),
         [],
         streams,
         origins,

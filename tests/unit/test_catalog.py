@@ -241,9 +241,9 @@ def test_a_dropped_columns_name_taken_by_a_rename() -> None:
     # then, its names are taken too.
     asked: list[str] = []
 
-    def logged(table: str) -> set[str]:
+    def logged(table: str) -> dict[str, str]:
         asked.append(table)
-        return {"id", "a", "v", "a__dropped", "_old"}
+        return {"id": "int", "a": "int", "v": "string", "a__dropped": "string", "_old": ""}
 
     again_cat = build_catalogs([(10, both), (20, taken)], [], prior, ids, logged)["public.t"]
     assert again_cat.renames == {"a": "a__dropped2", "c": "a"}
@@ -261,6 +261,63 @@ def test_a_dropped_columns_name_taken_by_a_rename() -> None:
     in_one_step = build_catalogs([(10, both), (20, readded)], [], prior, again)["public.t"]
     assert in_one_step.renames == {} and in_one_step.readded_at == {"a": 20}
     assert build_catalogs([(10, both), (20, readded)], [], prior)["public.t"].readded_at == {}
+
+
+def test_a_dropped_columns_name_taken_by_a_column_of_another_type() -> None:
+    """``DROP a`` (text), ``ADD a int``: shared, the column would become text, which
+    neither is; the dropped one gets a name of its own. A type that widens (int to bigint)
+    or the same type still shares the column."""
+    prior = {"public.t": [("id", "int"), ("a", "string"), ("v", "string")]}
+    first = rel(col("id", INT4, key=True), col("a", TEXT), col("v", TEXT))
+    gone = rel(col("id", INT4, key=True), col("v", TEXT))
+    ids = _ids({"id": 1, "a": 2, "v": 3}, {"id": 1, "v": 3, "a": 4})
+    readded = rel(col("id", INT4, key=True), col("v", TEXT), col("a", INT4))
+    cat = build_catalogs([(10, first), (20, gone), (30, readded)], [], prior, ids)["public.t"]
+    assert cat.renames == {"a": "a__dropped"}
+    assert cat.columns == [("id", "int"), ("v", "string"), ("a", "int"), ("a__dropped", "string")]
+    assert cat.text_columns == set()
+    assert [c.name for c in cat.versions[0].columns] == ["id", "a__dropped", "v"]
+    # Without a version of the batch between (the Relation messages show only the new a).
+    cat = build_catalogs([(30, readded)], [], prior, ids)["public.t"]
+    assert cat.renames == {"a": "a__dropped"} and ("a", "int") in cat.columns
+    # int to bigint widens: the column is shared and becomes bigint.
+    wide = {"public.t": [("id", "int"), ("a", "int"), ("v", "string")]}
+    big = rel(col("id", INT4, key=True), col("v", TEXT), col("a", INT8))
+    cat = build_catalogs([(30, big)], [], wide, ids)["public.t"]
+    assert cat.renames == {} and ("a", "bigint") in cat.columns
+
+
+def test_a_name_the_change_log_kept_from_an_earlier_drop() -> None:
+    """The change log keeps a column dropped in an earlier batch, the state does not: a
+    column added later under its name shares it while the type widens, else the change
+    log's one moves to ``a__dropped`` (before, the change log's a was cast to the new
+    type and the batch failed); a column renamed to it never shares it. The change log's
+    schema is read only in a batch that brings a name new to the state."""
+    prior = {"public.t": [("id", "int"), ("v", "string")]}
+    asked: list[str] = []
+
+    def logged(table: str) -> dict[str, str]:
+        asked.append(table)
+        return {"id": "int", "v": "string", "a": "string", "_old": "struct<id:int,a:string>"}
+
+    ids = _ids({"id": 1, "v": 2}, {"id": 1, "v": 2, "a": 4})
+    added = rel(col("id", INT4, key=True), col("v", TEXT), col("a", INT4))
+    cat = build_catalogs([(10, added)], [], prior, ids, logged)["public.t"]
+    assert cat.renames == {"a": "a__dropped"}
+    assert cat.columns == [("id", "int"), ("v", "string"), ("a", "int")]
+    assert asked == ["public.t"]
+    same = rel(col("id", INT4, key=True), col("v", TEXT), col("a", TEXT))
+    assert build_catalogs([(10, same)], [], prior, ids, logged)["public.t"].renames == {}
+    # v renamed to a: the change log's a must leave the name (any type).
+    moved = rel(col("id", INT4, key=True), col("a", TEXT))
+    to_a = _ids({"id": 1, "v": 2}, {"id": 1, "a": 2})
+    cat = build_catalogs([(10, moved)], [], prior, to_a, logged)["public.t"]
+    assert cat.renames == {"a": "a__dropped", "v": "a"}
+    # No name new to the state: the change log is not read.
+    asked.clear()
+    plain = rel(col("id", INT4, key=True), col("v", TEXT))
+    build_catalogs([(10, plain)], [], prior, _ids({"id": 1, "v": 2}, {"id": 1, "v": 2}), logged)
+    assert asked == []
 
 
 def test_attnums_say_a_drop_and_add_of_one_type_is_no_rename() -> None:
