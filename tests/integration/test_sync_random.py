@@ -83,10 +83,17 @@ class Workload:
     # Without the trigger: no more DDL of k1 until the next sync once names were handed
     # on or swapped (a name renamed again in the same batch: README, "Known limits").
     names_moved: bool = False
+    # k1's names dropped since the last sync, and before it (name → type): a name dropped
+    # in an earlier batch, which only the change log still has, is added again (maybe as
+    # another type) or renamed to.
+    dropping: dict[str, str] = field(default_factory=dict)
+    gone: dict[str, str] = field(default_factory=dict)
 
     def synced(self) -> None:
         self.settled = set(self.extra)
         self.names_moved = False
+        self.gone |= self.dropping
+        self.dropping = {}
 
     def _fresh(self, prefix: str) -> str:
         self.serial += 1
@@ -185,6 +192,9 @@ class Workload:
             self.done["widen"] += 1
         elif roll < 0.5 or not self.extra:
             name, typ = self._fresh("c"), rng.choice(["int", "text"])
+            if self.gone and rng.random() < 0.3:
+                name = rng.choice(sorted(self.gone))
+                self.done["re-add" if typ == self.gone.pop(name) else "re-add other type"] += 1
             default = ""
             if rng.random() < 0.5:
                 default = " DEFAULT 7" if typ == "int" else " DEFAULT 'dflt'"
@@ -194,13 +204,17 @@ class Workload:
         elif roll < 0.75:
             old = rng.choice(sorted(self.extra))
             new = self._fresh("r")
+            if self.gone and rng.random() < 0.3:
+                new = rng.choice(sorted(self.gone))
+                del self.gone[new]
+                self.done["rename to a dropped name"] += 1
             c.execute(f"ALTER TABLE k1 RENAME COLUMN {old} TO {new}")
             self.extra[new] = self.extra.pop(old)
             self.done["rename"] += 1
         else:
             name = rng.choice(sorted(self.extra))
             c.execute(f"ALTER TABLE k1 DROP COLUMN {name}")
-            del self.extra[name]
+            self.dropping[name] = self.extra.pop(name)
             self.done["drop"] += 1
 
     def _move_names(self) -> None:
@@ -368,6 +382,7 @@ class Workload:
         rolled back inside it; now and then a TRUNCATE or a column change among them."""
         rng = self.rng
         extra_before = dict(self.extra)
+        dropped_before = dict(self.dropping), dict(self.gone)
         more_before = {t: list(cols) for t, cols in self.more.items()}
         rollback = rng.random() < 0.15
         self.done["rollback" if rollback else "commit"] += 1
@@ -394,6 +409,7 @@ class Workload:
         finally:
             if rollback:
                 self.extra, self.more = extra_before, more_before
+                self.dropping, self.gone = dropped_before
 
 
 def _in_lake(conn: psycopg.Connection[Any], lake: str, tables: list[str]) -> list[str]:
