@@ -646,6 +646,19 @@ def _columns_a_and_c(c: Any, slot: str, typ: str) -> None:
     c.execute(f"INSERT INTO t SELECT g, {values}, 'v' FROM generate_series(1, 5) g")
 
 
+def _text_columns_synced(c: Any, cfg: Any, slot: str, spark: Any, trigger: bool = False) -> None:
+    """:func:`_columns_a_and_c` of text (with the DDL capture trigger if asked), synced,
+    then row 2 changed (``v = 'before'``) in the next batch."""
+    from slotlake import ddl
+    from slotlake.sync import run_sync
+
+    if trigger:
+        ddl.install(c)
+    _columns_a_and_c(c, slot, "text")
+    run_sync(cfg, spark=spark)
+    c.execute("UPDATE t SET v = 'before' WHERE id = 2")
+
+
 @pytest.mark.one_pg_version
 def test_a_swap_beside_a_type_change(pg_dsn: str, slot: str, spark: Any, tmp_path: Path) -> None:
     """A swap through a third name in the transaction that widens one of the two columns:
@@ -702,9 +715,7 @@ def test_a_dropped_columns_name_taken_by_a_rename(
     lake = str(tmp_path / "lake")
     cfg = _config(pg_dsn, lake, slot, path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        _columns_a_and_c(c, slot, "text")
-        run_sync(cfg, spark=spark)
-        c.execute("UPDATE t SET v = 'before' WHERE id = 2")
+        _text_columns_synced(c, cfg, slot, spark)
         c.execute("ALTER TABLE t DROP COLUMN a")
         if between:
             c.execute("UPDATE t SET v = 'q' WHERE id = 4")
@@ -751,7 +762,6 @@ def test_a_dropped_columns_name_taken_by_another_type(
     a``): the change log's ``a`` moves to ``a__dropped2``."""
     import psycopg
 
-    from slotlake import ddl
     from slotlake.lake import read_changes, read_state
     from slotlake.sync import run_sync
 
@@ -760,11 +770,7 @@ def test_a_dropped_columns_name_taken_by_another_type(
     lake = str(tmp_path / "lake")
     cfg = _config(pg_dsn, lake, slot, path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        if trigger:
-            ddl.install(c)
-        _columns_a_and_c(c, slot, "text")
-        run_sync(cfg, spark=spark)
-        c.execute("UPDATE t SET v = 'before' WHERE id = 2")
+        _text_columns_synced(c, cfg, slot, spark, trigger)
         c.execute("ALTER TABLE t DROP COLUMN a")
         if later:
             c.execute("UPDATE t SET v = 'gone' WHERE id = 3")
@@ -802,7 +808,6 @@ def test_a_drop_and_readd_of_one_name_after_a_row_changed(
     (before session 31 it kept the first column's value, a documented limit)."""
     import psycopg
 
-    from slotlake import ddl
     from slotlake.sync import run_sync
 
     from .sync_helpers import assert_mirror
@@ -810,11 +815,7 @@ def test_a_drop_and_readd_of_one_name_after_a_row_changed(
     lake = str(tmp_path / "lake")
     cfg = _config(pg_dsn, lake, slot, "driver")
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        if trigger:
-            ddl.install(c)
-        _columns_a_and_c(c, slot, "text")
-        run_sync(cfg, spark=spark)
-        c.execute("UPDATE t SET v = 'before' WHERE id = 2")
+        _text_columns_synced(c, cfg, slot, spark, trigger)
         c.execute("ALTER TABLE t DROP COLUMN a")
         if case == "change between":
             c.execute("UPDATE t SET v = 'mid' WHERE id = 4")
