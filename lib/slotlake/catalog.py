@@ -472,8 +472,9 @@ class _Lineage:
         one's (``types``: each identity's types, in order): shared, the column would
         become text, which neither is, so it gets a name of its own too. The same holds
         for a column dropped in an earlier batch, which only the change log still has: a
-        column added under its name shares it while the type widens, and one renamed to
-        it never does (the change log's rename would find the name taken)."""
+        column of the batch (still there at its end or not) added under its name shares
+        it while the type widens, and one renamed to it never does (the change log's
+        rename would find the name taken)."""
         live = set(self.versions[-1])
         taken = {n for names in self.names for n in names}
         log: Mapping[str, str] | None = None
@@ -517,17 +518,22 @@ class _Lineage:
             heir_type = final_type(types[heir])
             if not all(widens_to(t, heir_type) for t in types[ident]):
                 own_name(ident, self.final(ident))
-        # Names new to the state: the change log may hold them from an earlier drop. Only
-        # a batch that adds or renames a column reads the change log's schema for it.
-        new_names = {self.final(i): i for i in live if self.final(i) not in self.prior}
-        if not new_names:
-            return
-        for name, heir in sorted(new_names.items()):
+        # Names new to the state, of the batch's columns still there or dropped in it: the
+        # change log may hold them from an earlier drop. Only a batch that adds or renames
+        # a column reads the change log's schema for it.
+        new_names: dict[str, set[int]] = {}
+        for idents in self.versions:
+            for i in idents:
+                if self.final(i) not in self.prior:
+                    new_names.setdefault(self.final(i), set()).add(i)
+        prior = set(self.prior.values())
+        for name, heirs in sorted(new_names.items()):
             old_type = log_columns().get(name)
             if old_type is None:
                 continue
-            renamed = heir in self.prior.values()
-            if renamed or not widens_to(old_type, final_type(types[heir])):
+            if heirs & prior or not all(
+                widens_to(old_type, final_type(types[i])) for i in sorted(heirs)
+            ):
                 ghost = self.ghosts[name] = self._new(name)
                 own_name(ghost, name)
 

@@ -759,7 +759,8 @@ def test_a_dropped_columns_name_taken_by_another_type(
     seed 10004: shared, the column became text; with the ADD in a later batch the change
     log's ``a`` was cast to int and every rerun of the batch failed). Then a column
     renamed to a name only the change log still has (``a`` dropped again, ``RENAME c TO
-    a``): the change log's ``a`` moves to ``a__dropped2``."""
+    a``): the change log's ``a`` moves to ``a__dropped2``; and once more with the
+    renamed column dropped in the same batch."""
     import psycopg
 
     from slotlake.lake import read_changes, read_state
@@ -795,6 +796,22 @@ def test_a_dropped_columns_name_taken_by_another_type(
         logged = {(r["id"], r["v"]): r for r in read_changes(lake, "public.t").to_pylist()}
         assert (logged[(5, "last")]["a__dropped2"], logged[(5, "last")]["a"]) == (None, "c5")
         assert (logged[(4, "new")]["a__dropped2"], logged[(4, "new")]["a"]) == (40, "c4")
+        # A column renamed to such a name and dropped in the same batch (seed 10703: its
+        # values, logged under a, met the change log's text a as bigint, every rerun failed).
+        c.execute("ALTER TABLE t DROP COLUMN a")
+        c.execute("ALTER TABLE t ADD COLUMN e bigint")
+        c.execute("UPDATE t SET e = id * 1000")
+        run_sync(cfg, spark=spark)
+        c.execute("ALTER TABLE t RENAME COLUMN e TO a")
+        c.execute("UPDATE t SET v = 'brief' WHERE id = 1")
+        c.execute("ALTER TABLE t DROP COLUMN a")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.t"])
+        rows = sorted(read_changes(lake, "public.t").to_pylist(), key=lambda r: r["_lsn"])
+        fives = [(r["a__dropped3"], r["a"]) for r in rows if (r["id"], r["v"]) == (5, "last")]
+        assert fives == [("c5", None), (None, 5000)]  # RENAME c TO a's batch, then SET e
+        briefly = [(r["a__dropped3"], r["a"]) for r in rows if r["v"] == "brief"]
+        assert briefly == [(None, 1000)]
 
 
 @pytest.mark.parametrize("trigger", [False, True])

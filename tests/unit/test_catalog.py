@@ -313,6 +313,16 @@ def test_a_name_the_change_log_kept_from_an_earlier_drop() -> None:
     to_a = _ids({"id": 1, "v": 2}, {"id": 1, "a": 2})
     cat = build_catalogs([(10, moved)], [], prior, to_a, logged)["public.t"]
     assert cat.renames == {"a": "a__dropped", "v": "a"}
+    # The same when the column that took the name is dropped again in the batch (seed
+    # 10703: its values, logged under a, met the change log's a of another type).
+    gone = rel(col("id", INT4, key=True))
+    dropped = _ids({"id": 1, "v": 2}, {"id": 1})
+    cat = build_catalogs([(10, moved), (20, gone)], [], prior, dropped, logged)["public.t"]
+    assert cat.renames == {"a": "a__dropped", "v": "a"}
+    briefly = rel(col("id", INT4, key=True), col("v", TEXT), col("a", INT4))
+    only_v = rel(col("id", INT4, key=True), col("v", TEXT))
+    cat = build_catalogs([(10, briefly), (20, only_v)], [], prior, ids, logged)["public.t"]
+    assert cat.renames == {"a": "a__dropped"}
     # No name new to the state: the change log is not read.
     asked.clear()
     plain = rel(col("id", INT4, key=True), col("v", TEXT))
