@@ -59,11 +59,11 @@ from slotlake.delta import (
     ensure_local,
     ensure_table,
     handing_back,
-    is_delta_table,
     local_last_commit,
     merge,
     overwrite,
     quote,
+    renames_left,
     renames_marker,
     reusing_local_tables,
     swaps,
@@ -309,23 +309,27 @@ def read_prior_state(
     return align_prior(df, cat)
 
 
-def change_log_columns(lake: Lake, spark: LazySession, table: str) -> dict[str, str]:
+def change_log_columns(
+    lake: Lake, spark: LazySession, prior: CommitRecord | None, table: str
+) -> dict[str, str]:
     """The columns of ``table``'s change log, name → Spark type, top level and in its old
-    image (none before it exists): it keeps the columns dropped at the source, whose names
-    a column added or renamed later may take (:meth:`slotlake.catalog._Lineage.settle`),
-    and the ``a__dropped`` an earlier batch's replacement of ``a`` left."""
+    image, as the last committed batch left it (none before it exists). It keeps the
+    columns dropped at the source, whose names a column added or renamed later may take
+    (:meth:`slotlake.catalog._Lineage.settle`), and the ``a__dropped`` an earlier batch's
+    replacement of ``a`` left. Read at the version the commit record names, not the
+    latest: a rerun of a batch whose first attempt already moved names in it decides as
+    the first attempt did."""
     from pyspark.sql.types import StructType
 
-    path = lake.path(Lake.table_path(CHANGES, table))
+    t = prior.tables.get(table) if prior is not None else None
+    if t is None or t.changes is None or t.changes_version is None:
+        return {}
+    path = lake.path(t.changes)
     if lake.on_local_disk:
-        schema = delta_schema(str(local_path(path)))
+        schema = delta_schema(str(local_path(path)), t.changes_version)
     else:
-        session = spark()
-        schema = (
-            session.read.format("delta").load(path).schema
-            if is_delta_table(session, path)
-            else None
-        )
+        reader = spark().read.format("delta").option("versionAsOf", t.changes_version)
+        schema = reader.load(path).schema
     if schema is None:
         return {}
     out: dict[str, str] = {}
@@ -333,6 +337,18 @@ def change_log_columns(lake: Lake, spark: LazySession, table: str) -> dict[str, 
     for f in [*(old.fields if isinstance(old, StructType) else []), *schema.fields]:
         out[f.name] = f.dataType.simpleString()
     return out
+
+
+def renames_to_make(
+    lake: Lake, rel: str, version: int | None, renames: dict[str, str]
+) -> dict[str, str]:
+    """``cat.renames`` for one of a table's Delta tables, less those an earlier attempt of
+    the batch made (:func:`slotlake.delta.renames_left`, against ``version``: the one the
+    last commit record names). On a local lake; elsewhere all of them, as before."""
+    if not renames or version is None or not lake.on_local_disk:
+        return renames
+    path = str(local_path(lake.path(rel)))
+    return renames_left(delta_schema(path, version), delta_schema(path), renames)
 
 
 def swaps_on_driver(lake: Lake) -> bool:
@@ -731,20 +747,23 @@ def process_table(
     changes_path, state_path = lake.path(changes_rel), lake.path(state_rel)
     try:
         marker = renames_marker(app_id, batch) if swaps(cat.renames) else None
+        versions = (None, None) if prior is None else (prior.changes_version, prior.state_version)
+        changes_renames = renames_to_make(lake, changes_rel, versions[0], cat.renames)
+        state_renames = renames_to_make(lake, state_rel, versions[1], cat.renames)
         if marker is not None and swaps_on_driver(lake):
-            for path, schema, drop in (
-                (changes_path, changes.schema, False),
-                (state_path, _state_schema(cat), True),
+            for path, schema, drop, renames in (
+                (changes_path, changes.schema, False, changes_renames),
+                (state_path, _state_schema(cat), True, state_renames),
             ):
                 local = str(local_path(path))
-                ensure_local(lambda: session, path, local, schema, cat.renames, drop, marker)
+                ensure_local(lambda: session, path, local, schema, renames, drop, marker)
         else:
-            ensure_table(session, changes_path, changes.schema, cat.renames, marker=marker)
+            ensure_table(session, changes_path, changes.schema, changes_renames, marker=marker)
             ensure_table(
                 session,
                 state_path,
                 _state_schema(cat),
-                cat.renames,
+                state_renames,
                 drop_missing=True,
                 marker=marker,
             )
@@ -933,19 +952,20 @@ def _process_local(
     changes = local_table.in_commit_order(changes)
     # A new table is created by the driver, DDL at the source evolved by it (Spark only
     # for a changed type: slotlake.delta.ensure_local).
+    versions = (None, None) if prior is None else (prior.changes_version, prior.state_version)
     schemas = [
         ensure_local(
             lambda: table_session(spark()),
             lake.path(rel),
             str(local_path(lake.path(rel))),
             schema,
-            cat.renames,
+            renames_to_make(lake, rel, version, cat.renames),
             drop,
             renames_marker(app_id, batch),
         )
-        for rel, schema, drop in (
-            (changes_rel, _change_log_schema(cat), False),
-            (state_rel, state_struct, True),
+        for rel, schema, drop, version in (
+            (changes_rel, _change_log_schema(cat), False, versions[0]),
+            (state_rel, state_struct, True, versions[1]),
         )
     ]
 
@@ -1311,7 +1331,7 @@ def process_batch(
         stream_content=scan.stream_content,
         column_ids=column_ids(prior, target_catalog, ddl_input.messages),
         at_target=lambda relations: versions_at_target(relations, prior, schemas, target_catalog),
-        log_columns=functools.partial(change_log_columns, lake, spark),
+        log_columns=functools.partial(change_log_columns, lake, spark, prior),
     )
     timings["catalog"] = time.monotonic() - t0
     prior_tables = dict(prior.tables) if prior else {}

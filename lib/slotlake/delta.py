@@ -381,6 +381,47 @@ def rename_order(renames: dict[str, str], names: set[str]) -> list[tuple[str, st
     return out
 
 
+def _by_physical(schema: StructType, level: str | None) -> dict[str, str]:
+    """Name → physical name (column mapping) of the columns at ``level`` (None: the top
+    level, else that struct's fields); none without column mapping."""
+    from slotlake.delta_log import PHYSICAL
+
+    fields = list(schema.fields) if level is None else _struct_fields_list(schema, level)
+    return {f.name: f.metadata[PHYSICAL] for f in fields if PHYSICAL in (f.metadata or {})}
+
+
+def _struct_fields_list(schema: StructType, name: str) -> list[Any]:
+    from pyspark.sql.types import StructType as ST
+
+    if name not in schema.fieldNames():
+        return []
+    dtype = schema[name].dataType
+    return list(dtype.fields) if isinstance(dtype, ST) else []
+
+
+def renames_left(
+    before: StructType | None, now: StructType | None, renames: dict[str, str]
+) -> dict[str, str]:
+    """``renames`` (old → new) less those an earlier attempt of the batch made already:
+    told by physical name (column mapping) between the table's schema ``before`` the batch
+    (the version the last commit record names) and ``now``. Names alone cannot tell
+    ``a → a__dropped`` done once another column took ``a``: a rerun would move that one
+    too. A rename is kept where some level (top, ``_old``) still has the column it meant
+    under the old name; one whose name the table did not have before is not for it (a
+    table without column mapping keeps them all, as before)."""
+    if not renames or before is None or now is None or not _by_physical(before, None):
+        return renames
+    out: dict[str, str] = {}
+    for old, new in renames.items():
+        for level in (None, "_old"):
+            physical = _by_physical(before, level).get(old)
+            current = {p: n for n, p in _by_physical(now, level).items()}
+            if physical is not None and current.get(physical) == old:
+                out[old] = new
+                break
+    return out
+
+
 def names_taken(renames: dict[str, str], names: set[str]) -> set[str]:
     """The columns of ``names`` whose name another of them is renamed to while they keep
     it (``DROP a``, ``RENAME c TO a``): the source dropped them. A state drops them before
@@ -463,15 +504,22 @@ def needs_evolution(
     return False
 
 
-def delta_schema(path: str) -> StructType | None:
-    """The schema of the Delta table at a local ``path`` from its log (no Spark), or None."""
+def delta_schema(path: str, version: int | None = None) -> StructType | None:
+    """The schema of the Delta table at a local ``path`` from its log (no Spark), as of
+    ``version`` (None: the latest), or None."""
+    from slotlake import delta_log
 
     if not _has_log(path):
         return None
     try:
-        return local_snapshot(path).schema
+        if version is None:
+            return local_snapshot(path).schema
+        return delta_log.snapshot(path, version=version).schema
     except LookupError:  # a log delta_log does not follow: delta-rs reads it
-        return _struct_from_json(open_local(path).schema().to_json())
+        from deltalake import DeltaTable
+
+        table = open_local(path) if version is None else DeltaTable(path, version=version)
+        return _struct_from_json(table.schema().to_json())
 
 
 @lru_cache(maxsize=4096)

@@ -814,6 +814,64 @@ def test_a_dropped_columns_name_taken_by_another_type(
         assert briefly == [(None, 1000)]
 
 
+@pytest.mark.parametrize("case", ["replaced again", "another type", "renamed to it"])
+def test_a_dropped_columns_own_name_is_kept_by_the_rerun(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed after the change log moved a dropped column to its own name
+    (``a__dropped…``), before the batch's data: the rerun finds that name taken and the
+    change log's ``a`` already the new column's, and must not move it again."""
+    import psycopg
+
+    from slotlake import local_table
+    from slotlake.lake import read_changes
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror
+
+    lake = str(tmp_path / "lake")
+    cfg = _config(pg_dsn, lake, slot, "driver")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _text_columns_synced(c, cfg, slot, spark)
+        c.execute("ALTER TABLE t DROP COLUMN a")
+        if case == "replaced again":
+            c.execute("ALTER TABLE t RENAME COLUMN c TO a")
+            run_sync(cfg, spark=spark)
+            c.execute("ALTER TABLE t ADD COLUMN c text")
+            c.execute("UPDATE t SET c = 'n' || id")
+            run_sync(cfg, spark=spark)
+            c.execute("ALTER TABLE t DROP COLUMN a")
+            c.execute("ALTER TABLE t RENAME COLUMN c TO a")
+            own, value = "a__dropped2", "c4"
+        elif case == "another type":
+            c.execute("ALTER TABLE t ADD COLUMN a int DEFAULT 7")
+            own, value = "a__dropped", "a4"
+        else:
+            run_sync(cfg, spark=spark)
+            c.execute("ALTER TABLE t RENAME COLUMN c TO a")
+            own, value = "a__dropped", "a4"
+        c.execute("UPDATE t SET v = 'kept' WHERE id = 4")
+
+        def killed(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("killed before the change log's append")
+
+        with monkeypatch.context() as m:
+            m.setattr(local_table, "arrow_append", killed)
+            with pytest.raises(RuntimeError, match="killed before"):
+                run_sync(cfg, spark=spark)
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, ["public.t"])
+        changes = read_changes(lake, "public.t")
+        first = next(r for r in changes.to_pylist() if (r["id"], r["v"]) == (4, "v"))
+        assert first[own] == value, first
+        kept = next(r for r in changes.to_pylist() if r["v"] == "kept")
+        assert (
+            kept[own] is None
+            and kept["a"] == c.execute("SELECT a FROM t WHERE id = 4").fetchone()[0]
+        )
+        assert f"{own}2" not in changes.column_names and "a__dropped3" not in changes.column_names
+
+
 @pytest.mark.parametrize("trigger", [False, True])
 @pytest.mark.parametrize("case", ["plain", "default", "change between"])
 def test_a_drop_and_readd_of_one_name_after_a_row_changed(

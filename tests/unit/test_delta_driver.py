@@ -165,3 +165,46 @@ def test_names_taken_are_the_columns_a_rename_replaces() -> None:
     assert names_taken({"a": "c", "c": "a"}, {"id", "a", "c"}) == set()
     # A rename of a column the table lacks replaces nothing.
     assert names_taken({"x": "a"}, {"id", "a"}) == set()
+
+
+def _mapped(*columns: tuple[str, str], old: tuple[tuple[str, str], ...] = ()) -> StructType:
+    """A column-mapped schema: (name, physical name) pairs, ``old`` the ``_old`` struct's."""
+
+    def fields(pairs: tuple[tuple[str, str], ...]) -> list[StructField]:
+        key = "delta.columnMapping.physicalName"
+        return [StructField(n, StringType(), True, {key: p}) for n, p in pairs]
+
+    top = fields(columns)
+    if old:
+        top.append(StructField("_old", StructType(fields(old)), True, {}))
+    return StructType(top)
+
+
+def test_renames_left_by_physical_name() -> None:
+    """A rerun's renames, told done by physical name: ``DROP a``, ``RENAME c TO a`` made
+    (a's column moved to a__dropped, c's took a) leaves nothing to do, though ``a`` still
+    names a column; half made (the top level only, as Spark's ALTERs can stop) leaves what
+    the old image still needs; a name the table did not have is not for it."""
+    from slotlake.delta import renames_left
+
+    renames = {"a": "a__dropped", "c": "a"}
+    before = _mapped(("id", "p1"), ("a", "p2"), ("c", "p3"), old=(("a", "q2"), ("c", "q3")))
+    assert renames_left(before, before, renames) == renames
+    made = _mapped(
+        ("id", "p1"), ("a__dropped", "p2"), ("a", "p3"), old=(("a__dropped", "q2"), ("a", "q3"))
+    )
+    assert renames_left(before, made, renames) == {}
+    top_only = _mapped(
+        ("id", "p1"), ("a__dropped", "p2"), ("a", "p3"), old=(("a", "q2"), ("c", "q3"))
+    )
+    assert renames_left(before, top_only, renames) == renames
+    # The state: a dropped before the rename (its column gone), c's column now a.
+    state = _mapped(("id", "p1"), ("a", "p3"))
+    assert renames_left(_mapped(("id", "p1"), ("a", "p2"), ("c", "p3")), state, renames) == {}
+    # The change log kept a from an earlier batch; the state never had it.
+    assert renames_left(
+        _mapped(("id", "p1"), ("c", "p3")), _mapped(("id", "p1"), ("c", "p3")), renames
+    ) == {"c": "a"}
+    # Without column mapping nothing can be told: all of them, as before.
+    plain = _schema(("id", LongType()), ("a", StringType()), ("c", StringType()))
+    assert renames_left(plain, plain, renames) == renames
