@@ -326,10 +326,17 @@ def change_log_columns(
         return {}
     path = lake.path(t.changes)
     if lake.on_local_disk:
-        schema = delta_schema(str(local_path(path)), t.changes_version)
+        local = str(local_path(path))
+        schema = schema_as_of(local, t.changes_version) or delta_schema(local)
     else:
-        reader = spark().read.format("delta").option("versionAsOf", t.changes_version)
-        schema = reader.load(path).schema
+        try:
+            reader = spark().read.format("delta").option("versionAsOf", t.changes_version)
+            schema = reader.load(path).schema
+        except Exception as exc:  # Spark's own error types: the latest, as before
+            log.warning(
+                "%s: version %d not readable (%s): its latest schema", path, t.changes_version, exc
+            )
+            schema = spark().read.format("delta").load(path).schema
     if schema is None:
         return {}
     out: dict[str, str] = {}
@@ -348,7 +355,18 @@ def renames_to_make(
     if not renames or version is None or not lake.on_local_disk:
         return renames
     path = str(local_path(lake.path(rel)))
-    return renames_left(delta_schema(path, version), delta_schema(path), renames)
+    return renames_left(schema_as_of(path, version), delta_schema(path), renames)
+
+
+def schema_as_of(path: str, version: int) -> StructType | None:
+    """The schema of the local Delta table at ``path`` as of ``version``; None when its log
+    no longer holds that version (expired by the log's retention, a table made anew):
+    the caller then decides by the latest schema, as before such versions were read."""
+    try:
+        return delta_schema(path, version)
+    except Exception as exc:  # delta_log's and deltalake's own error types alike
+        log.warning("%s: version %d not readable (%s): its latest schema", path, version, exc)
+        return None
 
 
 def swaps_on_driver(lake: Lake) -> bool:

@@ -208,3 +208,15 @@ def test_renames_left_by_physical_name() -> None:
     # Without column mapping nothing can be told: all of them, as before.
     plain = _schema(("id", LongType()), ("a", StringType()), ("c", StringType()))
     assert renames_left(plain, plain, renames) == renames
+
+
+def test_a_version_the_log_does_not_hold_is_read_as_none(tmp_path: Path) -> None:
+    """The schema a rerun compares against (the last commit record's version): a version
+    the log no longer holds gives None, and the caller decides by the latest schema."""
+    from slotlake.batch import schema_as_of
+
+    path = str(tmp_path / "t")
+    create_on_driver(path, _schema(("id", LongType()), ("a", StringType())))
+    schema = schema_as_of(path, 0)
+    assert schema is not None and schema.fieldNames() == ["id", "a"]
+    assert schema_as_of(path, 7) is None
