@@ -347,15 +347,32 @@ def change_log_columns(
 
 
 def renames_to_make(
-    lake: Lake, rel: str, version: int | None, renames: dict[str, str]
+    lake: Lake,
+    rel: str,
+    version: int | None,
+    renames: dict[str, str],
+    spark: SparkSession | None = None,
 ) -> dict[str, str]:
     """``cat.renames`` for one of a table's Delta tables, less those an earlier attempt of
     the batch made (:func:`slotlake.delta.renames_left`, against ``version``: the one the
-    last commit record names). On a local lake; elsewhere all of them, as before."""
-    if not renames or version is None or not lake.on_local_disk:
+    last commit record names). A lake elsewhere than on local disk is read through
+    ``spark``'s JVM (without a session: all of them, as before)."""
+    if not renames or version is None:
         return renames
-    path = str(local_path(lake.path(rel)))
-    return renames_left(schema_as_of(path, version), delta_schema(path), renames)
+    if lake.on_local_disk:
+        path = str(local_path(lake.path(rel)))
+        return renames_left(schema_as_of(path, version), delta_schema(path), renames)
+    if spark is None:
+        return renames
+    from slotlake.swap_alters import mapped_schema
+
+    uri = lake.path(rel)
+    try:
+        before = mapped_schema(spark, uri, version)
+    except Exception as exc:  # the JVM's own error types: as before such versions were read
+        log.warning("%s: version %d not readable (%s): its latest schema", uri, version, exc)
+        return renames
+    return renames_left(before, mapped_schema(spark, uri), renames)
 
 
 def schema_as_of(path: str, version: int) -> StructType | None:
@@ -766,8 +783,8 @@ def process_table(
     try:
         marker = renames_marker(app_id, batch) if swaps(cat.renames) else None
         versions = (None, None) if prior is None else (prior.changes_version, prior.state_version)
-        changes_renames = renames_to_make(lake, changes_rel, versions[0], cat.renames)
-        state_renames = renames_to_make(lake, state_rel, versions[1], cat.renames)
+        changes_renames = renames_to_make(lake, changes_rel, versions[0], cat.renames, session)
+        state_renames = renames_to_make(lake, state_rel, versions[1], cat.renames, session)
         if marker is not None and swaps_on_driver(lake):
             for path, schema, drop, renames in (
                 (changes_path, changes.schema, False, changes_renames),

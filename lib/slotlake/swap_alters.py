@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 PLAN_PROPERTY = "slotlake.renames"
 PHYSICAL = "delta.columnMapping.physicalName"
@@ -40,6 +41,21 @@ def mapped_metadata(spark: SparkSession, path: str) -> tuple[dict[str, Any], dic
     metadata = log.update(False, none, none).metadata()
     conf = jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration())
     return json.loads(metadata.schemaString()), {str(k): str(conf[k]) for k in conf}
+
+
+def mapped_schema(spark: SparkSession, path: str, version: int | None = None) -> StructType:
+    """The table's schema with its column mapping metadata, now or as of ``version`` (a
+    DataFrame's schema, even read with ``versionAsOf``, leaves the metadata out)."""
+    from pyspark.sql.types import StructType
+
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    none = jvm.scala.Option.empty()
+    if version is None:
+        snapshot = log.update(False, none, none)
+    else:
+        snapshot = log.getSnapshotAt(version, none, none, False)
+    return StructType.fromJson(json.loads(snapshot.metadata().schemaString()))
 
 
 def levels(schema: dict[str, Any]) -> dict[str, dict[str, str]]:
