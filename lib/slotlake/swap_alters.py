@@ -32,13 +32,21 @@ class SwapError(RuntimeError):
     """A plan that its table's columns cannot reach."""
 
 
+def _snapshot(spark: SparkSession, path: str, version: int | None = None) -> Any:
+    """The table's Delta snapshot in the JVM: a fresh one, or as of ``version``."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    none = jvm.scala.Option.empty()
+    if version is None:
+        return log.update(False, none, none)
+    return log.getSnapshotAt(version, none, none, False)
+
+
 def mapped_metadata(spark: SparkSession, path: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The table's schema as its log holds it (with the column mapping metadata that a
     DataFrame's schema leaves out) and its properties, from a fresh snapshot."""
     jvm = spark._jvm  # type: ignore[attr-defined]
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    none = jvm.scala.Option.empty()
-    metadata = log.update(False, none, none).metadata()
+    metadata = _snapshot(spark, path).metadata()
     conf = jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration())
     return json.loads(metadata.schemaString()), {str(k): str(conf[k]) for k in conf}
 
@@ -48,14 +56,8 @@ def mapped_schema(spark: SparkSession, path: str, version: int | None = None) ->
     DataFrame's schema, even read with ``versionAsOf``, leaves the metadata out)."""
     from pyspark.sql.types import StructType
 
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    none = jvm.scala.Option.empty()
-    if version is None:
-        snapshot = log.update(False, none, none)
-    else:
-        snapshot = log.getSnapshotAt(version, none, none, False)
-    return StructType.fromJson(json.loads(snapshot.metadata().schemaString()))
+    schema = _snapshot(spark, path, version).metadata().schemaString()
+    return StructType.fromJson(json.loads(schema))
 
 
 def levels(schema: dict[str, Any]) -> dict[str, dict[str, str]]:
