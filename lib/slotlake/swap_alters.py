@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from slotlake.delta_log import PHYSICAL
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 PLAN_PROPERTY = "slotlake.renames"
-PHYSICAL = "delta.columnMapping.physicalName"
 TEMP_PREFIX = "__slotlake_swap_"
 
 
