@@ -324,19 +324,9 @@ def change_log_columns(
     t = prior.tables.get(table) if prior is not None else None
     if t is None or t.changes is None or t.changes_version is None:
         return {}
-    path = lake.path(t.changes)
-    if lake.on_local_disk:
-        local = str(local_path(path))
-        schema = schema_as_of(local, t.changes_version) or delta_schema(local)
-    else:
-        try:
-            reader = spark().read.format("delta").option("versionAsOf", t.changes_version)
-            schema = reader.load(path).schema
-        except Exception as exc:  # Spark's own error types: the latest, as before
-            log.warning(
-                "%s: version %d not readable (%s): its latest schema", path, t.changes_version, exc
-            )
-            schema = spark().read.format("delta").load(path).schema
+    schema = schema_as_of(lake, t.changes, t.changes_version, spark) or schema_as_of(
+        lake, t.changes, None, spark
+    )
     if schema is None:
         return {}
     out: dict[str, str] = {}
@@ -348,40 +338,51 @@ def change_log_columns(
 
 def renames_to_make(
     lake: Lake,
+    cat: TableCatalog,
+    prior: TableCommit | None,
+    spark: Callable[[], SparkSession] | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``cat.renames`` for the table's change log and its state, each less those an
+    earlier attempt of the batch made (:func:`slotlake.delta.renames_left`, against the
+    versions the last commit record names). A lake elsewhere than on local disk is read
+    through ``spark``'s JVM (without a session: all of them, as before)."""
+    out = []
+    for kind, version in (
+        (CHANGES, None if prior is None else prior.changes_version),
+        (STATE, None if prior is None else prior.state_version),
+    ):
+        renames = cat.renames
+        if renames and version is not None and (lake.on_local_disk or spark is not None):
+            rel = Lake.table_path(kind, cat.name)
+            before = schema_as_of(lake, rel, version, spark)
+            renames = renames_left(before, schema_as_of(lake, rel, None, spark), renames)
+        out.append(renames)
+    return out[0], out[1]
+
+
+def schema_as_of(
+    lake: Lake,
     rel: str,
     version: int | None,
-    renames: dict[str, str],
-    spark: SparkSession | None = None,
-) -> dict[str, str]:
-    """``cat.renames`` for one of a table's Delta tables, less those an earlier attempt of
-    the batch made (:func:`slotlake.delta.renames_left`, against ``version``: the one the
-    last commit record names). A lake elsewhere than on local disk is read through
-    ``spark``'s JVM (without a session: all of them, as before)."""
-    if not renames or version is None:
-        return renames
-    if lake.on_local_disk:
-        path = str(local_path(lake.path(rel)))
-        return renames_left(schema_as_of(path, version), delta_schema(path), renames)
-    if spark is None:
-        return renames
-    from slotlake.swap_alters import mapped_schema
-
-    uri = lake.path(rel)
+    spark: Callable[[], SparkSession] | None = None,
+) -> StructType | None:
+    """The schema of the lake's Delta table ``rel`` as of ``version`` (None: the latest),
+    with its column mapping metadata: from its log on a local lake, else through
+    ``spark``'s JVM (a DataFrame's schema, even read with ``versionAsOf``, leaves the
+    metadata out). None when the log no longer holds that version (expired by the log's
+    retention, a table made anew): the caller then decides by the latest schema, as
+    before such versions were read."""
+    path = lake.path(rel)
     try:
-        before = mapped_schema(spark, uri, version)
-    except Exception as exc:  # the JVM's own error types: as before such versions were read
-        log.warning("%s: version %d not readable (%s): its latest schema", uri, version, exc)
-        return renames
-    return renames_left(before, mapped_schema(spark, uri), renames)
+        if lake.on_local_disk:
+            return delta_schema(str(local_path(path)), version)
+        assert spark is not None, path
+        from slotlake.swap_alters import mapped_schema
 
-
-def schema_as_of(path: str, version: int) -> StructType | None:
-    """The schema of the local Delta table at ``path`` as of ``version``; None when its log
-    no longer holds that version (expired by the log's retention, a table made anew):
-    the caller then decides by the latest schema, as before such versions were read."""
-    try:
-        return delta_schema(path, version)
-    except Exception as exc:  # delta_log's and deltalake's own error types alike
+        return mapped_schema(spark(), path, version)
+    except Exception as exc:  # delta_log's, deltalake's and the JVM's own error types
+        if version is None:
+            raise
         log.warning("%s: version %d not readable (%s): its latest schema", path, version, exc)
         return None
 
@@ -782,9 +783,7 @@ def process_table(
     changes_path, state_path = lake.path(changes_rel), lake.path(state_rel)
     try:
         marker = renames_marker(app_id, batch) if swaps(cat.renames) else None
-        versions = (None, None) if prior is None else (prior.changes_version, prior.state_version)
-        changes_renames = renames_to_make(lake, changes_rel, versions[0], cat.renames, session)
-        state_renames = renames_to_make(lake, state_rel, versions[1], cat.renames, session)
+        changes_renames, state_renames = renames_to_make(lake, cat, prior, lambda: session)
         if marker is not None and swaps_on_driver(lake):
             for path, schema, drop, renames in (
                 (changes_path, changes.schema, False, changes_renames),
@@ -987,20 +986,20 @@ def _process_local(
     changes = local_table.in_commit_order(changes)
     # A new table is created by the driver, DDL at the source evolved by it (Spark only
     # for a changed type: slotlake.delta.ensure_local).
-    versions = (None, None) if prior is None else (prior.changes_version, prior.state_version)
+    changes_renames, state_renames = renames_to_make(lake, cat, prior)
     schemas = [
         ensure_local(
             lambda: table_session(spark()),
             lake.path(rel),
             str(local_path(lake.path(rel))),
             schema,
-            renames_to_make(lake, rel, version, cat.renames),
+            renames,
             drop,
             renames_marker(app_id, batch),
         )
-        for rel, schema, drop, version in (
-            (changes_rel, _change_log_schema(cat), False, versions[0]),
-            (state_rel, state_struct, True, versions[1]),
+        for rel, schema, drop, renames in (
+            (changes_rel, _change_log_schema(cat), False, changes_renames),
+            (state_rel, state_struct, True, state_renames),
         )
     ]
 

@@ -527,12 +527,12 @@ class _Lineage:
                 if self.final(i) not in self.prior:
                     new_names.setdefault(self.final(i), set()).add(i)
         prior = set(self.prior.values())
-        for name, heirs in sorted(new_names.items()):
+        for name, takers in sorted(new_names.items()):
             old_type = log_columns().get(name)
             if old_type is None:
                 continue
-            if heirs & prior or not all(
-                widens_to(old_type, final_type(types[i])) for i in sorted(heirs)
+            if takers & prior or not all(
+                widens_to(old_type, final_type(types[i])) for i in sorted(takers)
             ):
                 ghost = self.ghosts[name] = self._new(name)
                 own_name(ghost, name)

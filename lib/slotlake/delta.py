@@ -381,24 +381,6 @@ def rename_order(renames: dict[str, str], names: set[str]) -> list[tuple[str, st
     return out
 
 
-def _by_physical(schema: StructType, level: str | None) -> dict[str, str]:
-    """Name → physical name (column mapping) of the columns at ``level`` (None: the top
-    level, else that struct's fields); none without column mapping."""
-    from slotlake.delta_log import PHYSICAL
-
-    fields = list(schema.fields) if level is None else _struct_fields_list(schema, level)
-    return {f.name: f.metadata[PHYSICAL] for f in fields if PHYSICAL in (f.metadata or {})}
-
-
-def _struct_fields_list(schema: StructType, name: str) -> list[Any]:
-    from pyspark.sql.types import StructType as ST
-
-    if name not in schema.fieldNames():
-        return []
-    dtype = schema[name].dataType
-    return list(dtype.fields) if isinstance(dtype, ST) else []
-
-
 def renames_left(
     before: StructType | None, now: StructType | None, renames: dict[str, str]
 ) -> dict[str, str]:
@@ -409,17 +391,25 @@ def renames_left(
     too. A rename is kept where some level (top, ``_old``) still has the column it meant
     under the old name; one whose name the table did not have before is not for it (a
     table without column mapping keeps them all, as before)."""
-    if not renames or before is None or now is None or not _by_physical(before, None):
+    from slotlake.delta_log import PHYSICAL
+    from slotlake.swap_alters import levels
+
+    def mapped(schema: StructType | None) -> bool:
+        return schema is not None and any(PHYSICAL in (f.metadata or {}) for f in schema.fields)
+
+    if not renames or not mapped(before) or not mapped(now):
         return renames
-    out: dict[str, str] = {}
-    for old, new in renames.items():
-        for level in (None, "_old"):
-            physical = _by_physical(before, level).get(old)
-            current = {p: n for n, p in _by_physical(now, level).items()}
-            if physical is not None and current.get(physical) == old:
-                out[old] = new
-                break
-    return out
+    assert before is not None and now is not None
+    was = {
+        level: {name: physical for physical, name in names.items()}
+        for level, names in levels(before.jsonValue()).items()
+    }
+    is_now = levels(now.jsonValue())
+    return {
+        old: new
+        for old, new in renames.items()
+        if any(is_now.get(level, {}).get(names.get(old, "")) == old for level, names in was.items())
+    }
 
 
 def names_taken(renames: dict[str, str], names: set[str]) -> set[str]:

@@ -168,15 +168,16 @@ def test_names_taken_are_the_columns_a_rename_replaces() -> None:
 
 
 def _mapped(*columns: tuple[str, str], old: tuple[tuple[str, str], ...] = ()) -> StructType:
-    """A column-mapped schema: (name, physical name) pairs, ``old`` the ``_old`` struct's."""
+    """A column-mapped schema: (name, physical name) pairs, ``old`` the ``_old`` struct's
+    (a column with a physical name of its own, as every column of a mapped table)."""
+    key = "delta.columnMapping.physicalName"
 
     def fields(pairs: tuple[tuple[str, str], ...]) -> list[StructField]:
-        key = "delta.columnMapping.physicalName"
         return [StructField(n, StringType(), True, {key: p}) for n, p in pairs]
 
     top = fields(columns)
     if old:
-        top.append(StructField("_old", StructType(fields(old)), True, {}))
+        top.append(StructField("_old", StructType(fields(old)), True, {key: "p_old"}))
     return StructType(top)
 
 
@@ -214,9 +215,10 @@ def test_a_version_the_log_does_not_hold_is_read_as_none(tmp_path: Path) -> None
     """The schema a rerun compares against (the last commit record's version): a version
     the log no longer holds gives None, and the caller decides by the latest schema."""
     from slotlake.batch import schema_as_of
+    from slotlake.lake import Lake
 
-    path = str(tmp_path / "t")
-    create_on_driver(path, _schema(("id", LongType()), ("a", StringType())))
-    schema = schema_as_of(path, 0)
+    create_on_driver(str(tmp_path / "t"), _schema(("id", LongType()), ("a", StringType())))
+    lake = Lake(str(tmp_path))
+    schema = schema_as_of(lake, "t", 0)
     assert schema is not None and schema.fieldNames() == ["id", "a"]
-    assert schema_as_of(path, 7) is None
+    assert schema_as_of(lake, "t", 7) is None
