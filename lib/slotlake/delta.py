@@ -583,12 +583,54 @@ def spark_metrics(metrics: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def jvm_snapshot(spark: SparkSession, path: str, version: int | None = None) -> Any:
+    """The table's Delta snapshot in Spark's JVM: a fresh one, or as of ``version``."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    none = jvm.scala.Option.empty()
+    if version is None:
+        return log.update(False, none, none)
+    return log.getSnapshotAt(version, none, none, False)
+
+
 def last_commit(spark: SparkSession, path: str) -> WriteResult:
+    """The table's newest commit: its version and operationMetrics.
+
+    Read from the commit's own file through the JVM's DeltaLog and log store (any file
+    system Spark reaches): ``DeltaTable.history(1)`` runs a Spark job for it, 0.4-0.5 s a
+    write in local mode against 0.13-0.2 s. A runtime whose Delta classes live elsewhere
+    (Databricks ships its own) is read through ``history(1)`` as before."""
+    try:
+        return _commit_from_log(spark, path)
+    except Exception as exc:
+        if not _is_py4j_error(exc):
+            raise
+        log.debug("commit of %s read through DeltaTable.history: %s", path, exc)
     from delta.tables import DeltaTable
 
     row = DeltaTable.forPath(spark, path).history(1).select("version", "operationMetrics").first()
     assert row is not None
     return WriteResult(int(row["version"]), spark_metrics(row["operationMetrics"]))
+
+
+def _is_py4j_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("py4j")
+
+
+def _commit_from_log(spark: SparkSession, path: str) -> WriteResult:
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    snapshot = jvm_snapshot(spark, path)
+    delta_log = snapshot.deltaLog()
+    version = int(snapshot.version())
+    commit = jvm.org.apache.hadoop.fs.Path(delta_log.logPath(), f"{version:020d}.json")
+    info = jvm.org.apache.spark.sql.delta.DeltaHistoryManager.getCommitInfoOpt(
+        delta_log.store(), commit, delta_log.newDeltaHadoopConf()
+    )
+    metrics: dict[str, Any] = {}
+    if info.isDefined() and info.get().operationMetrics().isDefined():
+        as_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
+        metrics = dict(as_java(info.get().operationMetrics().get()))
+    return WriteResult(version, spark_metrics(metrics))
 
 
 def txn_version(path: str, app_id: str) -> int | None:

@@ -33,21 +33,13 @@ class SwapError(RuntimeError):
     """A plan that its table's columns cannot reach."""
 
 
-def _snapshot(spark: SparkSession, path: str, version: int | None = None) -> Any:
-    """The table's Delta snapshot in the JVM: a fresh one, or as of ``version``."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
-    none = jvm.scala.Option.empty()
-    if version is None:
-        return log.update(False, none, none)
-    return log.getSnapshotAt(version, none, none, False)
-
-
 def mapped_metadata(spark: SparkSession, path: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The table's schema as its log holds it (with the column mapping metadata that a
     DataFrame's schema leaves out) and its properties, from a fresh snapshot."""
+    from slotlake.delta import jvm_snapshot
+
     jvm = spark._jvm  # type: ignore[attr-defined]
-    metadata = _snapshot(spark, path).metadata()
+    metadata = jvm_snapshot(spark, path).metadata()
     conf = jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration())
     return json.loads(metadata.schemaString()), {str(k): str(conf[k]) for k in conf}
 
@@ -57,7 +49,9 @@ def mapped_schema(spark: SparkSession, path: str, version: int | None = None) ->
     DataFrame's schema, even read with ``versionAsOf``, leaves the metadata out)."""
     from pyspark.sql.types import StructType
 
-    schema = _snapshot(spark, path, version).metadata().schemaString()
+    from slotlake.delta import jvm_snapshot
+
+    schema = jvm_snapshot(spark, path, version).metadata().schemaString()
     return StructType.fromJson(json.loads(schema))
 
 
