@@ -586,11 +586,11 @@ def spark_metrics(metrics: dict[str, Any] | None) -> dict[str, str]:
 def jvm_snapshot(spark: SparkSession, path: str, version: int | None = None) -> Any:
     """The table's Delta snapshot in Spark's JVM: a fresh one, or as of ``version``."""
     jvm = spark._jvm  # type: ignore[attr-defined]
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    table_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
     none = jvm.scala.Option.empty()
     if version is None:
-        return log.update(False, none, none)
-    return log.getSnapshotAt(version, none, none, False)
+        return table_log.update(False, none, none)
+    return table_log.getSnapshotAt(version, none, none, False)
 
 
 def last_commit(spark: SparkSession, path: str) -> WriteResult:
