@@ -598,14 +598,16 @@ def last_commit(spark: SparkSession, path: str) -> WriteResult:
 
     Read from the commit's own file through the JVM's DeltaLog and log store (any file
     system Spark reaches): ``DeltaTable.history(1)`` runs a Spark job for it, 0.4-0.5 s a
-    write in local mode against 0.13-0.2 s. A runtime whose Delta classes live elsewhere
-    (Databricks ships its own) is read through ``history(1)`` as before."""
-    try:
-        return _commit_from_log(spark, path)
-    except Exception as exc:
-        if not _is_py4j_error(exc):
-            raise
-        log.debug("commit of %s read through DeltaTable.history: %s", path, exc)
+    write in local mode against 0.13-0.2 s. A runtime without the open-source Delta
+    classes (Databricks ships its own), or whose DeltaLog lacks a method used here (another
+    Delta release), is read through ``history(1)`` as before."""
+    from py4j.protocol import Py4JError
+
+    if has_open_source_delta_log(spark):
+        try:
+            return _commit_from_log(spark, path)
+        except Py4JError as exc:
+            log.debug("commit of %s read through DeltaTable.history: %s", path, exc)
     from delta.tables import DeltaTable
 
     row = DeltaTable.forPath(spark, path).history(1).select("version", "operationMetrics").first()
@@ -613,8 +615,13 @@ def last_commit(spark: SparkSession, path: str) -> WriteResult:
     return WriteResult(int(row["version"]), spark_metrics(row["operationMetrics"]))
 
 
-def _is_py4j_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("py4j")
+def has_open_source_delta_log(spark: SparkSession) -> bool:
+    """Whether Spark's JVM has open-source Delta's DeltaLog class (py4j answers a name it
+    cannot find as a package, which is not callable)."""
+    from py4j.java_gateway import JavaClass
+
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    return isinstance(jvm.org.apache.spark.sql.delta.DeltaLog, JavaClass)
 
 
 def _commit_from_log(spark: SparkSession, path: str) -> WriteResult:

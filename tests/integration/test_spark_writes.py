@@ -78,12 +78,28 @@ def test_a_runtime_without_the_open_source_delta_log_reads_the_history(
 
     path = str(tmp_path / "t")
     written = delta.append(spark.range(3), path, "app", 1)
+    assert delta.has_open_source_delta_log(spark)
+    # What py4j answers for a class the JVM lacks (here, Databricks Runtime's DeltaLog).
+    from py4j.java_gateway import JavaClass
+
+    assert not isinstance(spark._jvm.com.databricks.sql.transaction.tahoe.DeltaLog, JavaClass)
+    history = delta.WriteResult(*_history(spark, path))
+
+    def unused(*_: Any) -> delta.WriteResult:
+        raise AssertionError("the JVM's DeltaLog read without the class")
+
+    # Databricks Runtime: no org.apache.spark.sql.delta.DeltaLog in the JVM.
+    with monkeypatch.context() as m:
+        m.setattr(delta, "has_open_source_delta_log", lambda _: False)
+        m.setattr(delta, "_commit_from_log", unused)
+        assert delta.last_commit(spark, path) == written == history
 
     def missing(*_: Any) -> delta.WriteResult:
-        raise Py4JError("org.apache.spark.sql.delta.DeltaLog does not exist in the JVM")
+        raise Py4JError("org.apache.spark.sql.delta.DeltaLog.store does not exist in the JVM")
 
+    # Another Delta release, without a method the read calls.
     monkeypatch.setattr(delta, "_commit_from_log", missing)
-    assert delta.last_commit(spark, path) == written == delta.WriteResult(*_history(spark, path))
+    assert delta.last_commit(spark, path) == history
 
     def broken(*_: Any) -> delta.WriteResult:
         raise ValueError("not a lookup failure")
