@@ -39,7 +39,7 @@ import os
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -97,10 +97,17 @@ class Snapshot:
 
 def _names(log_dir: str) -> tuple[list[int], dict[int, list[str]]]:
     """The log's JSON versions, and its complete classic checkpoints (version → files)."""
+    versions, checkpoints = log_names(os.listdir(log_dir))
+    return versions, {v: [os.path.join(log_dir, p) for p in ps] for v, ps in checkpoints.items()}
+
+
+def log_names(names: Iterable[str]) -> tuple[list[int], dict[int, list[str]]]:
+    """Of a ``_delta_log`` directory's file names: its JSON versions, in order, and its
+    complete classic checkpoints (version → the names of its parts, in order)."""
     versions: list[int] = []
     parts: dict[int, dict[int, str]] = {}
     wanted: dict[int, int] = {}
-    for name in os.listdir(log_dir):
+    for name in names:
         head = name[:20]
         if not head.isdigit():
             continue
@@ -116,11 +123,7 @@ def _names(log_dir: str) -> tuple[list[int], dict[int, list[str]]]:
                 parts.setdefault(int(head), {})[int(bits[0])] = name
                 wanted[int(head)] = int(bits[1])
             # else: a V2 checkpoint (uuid-named): found through the protocol's feature
-    checkpoints = {
-        v: [os.path.join(log_dir, p[i]) for i in sorted(p)]
-        for v, p in parts.items()
-        if len(p) == wanted[v]
-    }
+    checkpoints = {v: [p[i] for i in sorted(p)] for v, p in parts.items() if len(p) == wanted[v]}
     return sorted(versions), checkpoints
 
 
@@ -180,6 +183,28 @@ def _entries_after(log_dir: str, version: int, limit: int | None = None) -> list
     return after
 
 
+def replay_plan(
+    path: str, versions: list[int], checkpoints: dict[int, Any], version: int | None
+) -> tuple[int, list[int]]:
+    """The checkpoint (its version, -1 for none) and the JSON entries after it that make
+    the table's latest version, or ``version``, of the log's ``versions`` and
+    ``checkpoints`` (:func:`log_names`). FileNotFoundError: no table; LookupError: that
+    version's entries are no longer kept, or some after the checkpoint are missing."""
+    if version is not None:
+        versions = [v for v in versions if v <= version]
+        checkpoints = {v: p for v, p in checkpoints.items() if v <= version}
+    since = max(checkpoints, default=-1)
+    tail = [v for v in versions if v > since]
+    latest = tail[-1] if tail else since
+    if latest < 0 and version is None:
+        raise FileNotFoundError(f"no Delta table at {path}")
+    if version is not None and latest != version:
+        raise LookupError(f"Delta table {path}: version {version} is not in its log")
+    if tail and tail != list(range(since + 1, latest + 1)):
+        raise LookupError(f"Delta table {path}: log entries missing after version {since}")
+    return since, tail
+
+
 def snapshot(path: str, files: bool = False, version: int | None = None) -> Snapshot:
     """The table at a local ``path`` as of its latest version, or of ``version`` (time
     travel: the newest checkpoint at or before it and the entries up to it), with its
@@ -192,18 +217,8 @@ def snapshot(path: str, files: bool = False, version: int | None = None) -> Snap
         checkpoints = {since: parts}
     else:
         versions, checkpoints = _names(log_dir)
-        if version is not None:
-            versions = [v for v in versions if v <= version]
-            checkpoints = {v: p for v, p in checkpoints.items() if v <= version}
-        since = max(checkpoints, default=-1)
-        tail = [v for v in versions if v > since]
+        since, tail = replay_plan(path, versions, checkpoints, version)
     latest = tail[-1] if tail else since
-    if latest < 0 and version is None:
-        raise FileNotFoundError(f"no Delta table at {path}")
-    if version is not None and latest != version:
-        raise LookupError(f"Delta table {path}: version {version} is not in its log")
-    if tail and tail != list(range(since + 1, latest + 1)):
-        raise LookupError(f"Delta table {path}: log entries missing after version {since}")
     protocol: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     txns: dict[str, int] = {}

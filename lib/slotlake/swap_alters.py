@@ -17,6 +17,7 @@ nothing more. Only batches whose renames form a cycle come here.
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from slotlake.delta_log import PHYSICAL
@@ -24,6 +25,8 @@ from slotlake.delta_log import PHYSICAL
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
 
 PLAN_PROPERTY = "slotlake.renames"
 TEMP_PREFIX = "__slotlake_swap_"
@@ -33,26 +36,40 @@ class SwapError(RuntimeError):
     """A plan that its table's columns cannot reach."""
 
 
-def mapped_metadata(spark: SparkSession, path: str) -> tuple[dict[str, Any], dict[str, str]]:
+def mapped_metadata(
+    spark: SparkSession, path: str, version: int | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The table's schema as its log holds it (with the column mapping metadata that a
-    DataFrame's schema leaves out) and its properties, from a fresh snapshot."""
-    from slotlake.delta import jvm_snapshot
+    DataFrame's schema leaves out, even read with ``versionAsOf``) and its properties, now
+    or as of ``version``: from a snapshot in Spark's JVM, or, on a runtime without
+    open-source Delta's classes (Databricks ships its own) or with a DeltaLog that lacks a
+    method used here (another Delta release), from the log itself."""
+    from py4j.protocol import Py4JError, Py4JJavaError
 
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    metadata = jvm_snapshot(spark, path).metadata()
-    conf = jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration())
-    return json.loads(metadata.schemaString()), {str(k): str(conf[k]) for k in conf}
+    from slotlake.delta import has_open_source_delta_log, jvm_snapshot
+
+    if has_open_source_delta_log(spark):
+        try:
+            meta = jvm_snapshot(spark, path, version).metadata()
+            conf = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(  # type: ignore[attr-defined]
+                meta.configuration()
+            )
+            return json.loads(meta.schemaString()), {str(k): str(conf[k]) for k in conf}
+        except Py4JJavaError:
+            raise  # Delta's own answer (no such version, say), not a missing method
+        except Py4JError as exc:
+            log.debug("metadata of %s read from its log: %s", path, exc)
+    from slotlake import delta_log_hadoop
+
+    schema, properties = delta_log_hadoop.metadata(spark, path, version)
+    return json.loads(schema), properties
 
 
 def mapped_schema(spark: SparkSession, path: str, version: int | None = None) -> StructType:
-    """The table's schema with its column mapping metadata, now or as of ``version`` (a
-    DataFrame's schema, even read with ``versionAsOf``, leaves the metadata out)."""
+    """The table's schema with its column mapping metadata, now or as of ``version``."""
     from pyspark.sql.types import StructType
 
-    from slotlake.delta import jvm_snapshot
-
-    schema = jvm_snapshot(spark, path, version).metadata().schemaString()
-    return StructType.fromJson(json.loads(schema))
+    return StructType.fromJson(mapped_metadata(spark, path, version)[0])
 
 
 def levels(schema: dict[str, Any]) -> dict[str, dict[str, str]]:

@@ -570,18 +570,44 @@ def test_a_swap_is_made_once_when_its_batch_runs_again(
         assert again is not None and again.fieldNames() == swapped.fieldNames()
 
 
+def _without_open_source_delta_log(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """Databricks Runtime: its Delta classes are not open-source Delta's, so nothing may
+    ask the JVM for a DeltaLog. Returns the versions then read from the log (None: the
+    latest), filled as the test runs."""
+    from slotlake import delta, delta_log_hadoop
+
+    def unused(*_: Any) -> Any:
+        raise AssertionError("the JVM's DeltaLog read without the class")
+
+    monkeypatch.setattr(delta, "has_open_source_delta_log", lambda _: False)
+    monkeypatch.setattr(delta, "jvm_snapshot", unused)
+    monkeypatch.setattr(delta, "_commit_from_log", unused)
+    read = delta_log_hadoop.metadata
+    versions: list[int | None] = []
+
+    def counted(spark: Any, path: str, version: int | None = None) -> Any:
+        versions.append(version)
+        return read(spark, path, version)
+
+    monkeypatch.setattr(delta_log_hadoop, "metadata", counted)
+    return versions
+
+
 @pytest.mark.one_pg_version
+@pytest.mark.parametrize("runtime", ["open-source", "databricks"])
 def test_a_swap_by_sparks_alters_is_finished_by_the_rerun(
     pg_dsn: str,
     slot: str,
     spark: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    runtime: str,
 ) -> None:
     """Where the driver does not make the swap (a lake on HDFS or an object store), Spark's
     ALTERs make it, one column per commit. A run killed between two of them leaves the
     change log's names half swapped; the rerun finishes the swap by physical name, from
-    the plan stored before the first rename, instead of undoing it or renaming by name."""
+    the plan stored before the first rename, instead of undoing it or renaming by name.
+    ``databricks``: the plan and the names read from the log, not the JVM's DeltaLog."""
     import psycopg
     from pyspark.sql import SparkSession
 
@@ -596,6 +622,7 @@ def test_a_swap_by_sparks_alters_is_finished_by_the_rerun(
     lake = str(tmp_path / "lake")
     cfg = _config(pg_dsn, lake, slot, "spark")
     monkeypatch.setattr(batch, "swaps_on_driver", lambda lake: False)
+    from_log = _without_open_source_delta_log(monkeypatch) if runtime == "databricks" else []
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _handed_on_setup(c, slot, ["s"])
         run_sync(cfg, spark=spark)
@@ -634,6 +661,8 @@ def test_a_swap_by_sparks_alters_is_finished_by_the_rerun(
         c.execute("UPDATE s SET v = 'y' WHERE id = 2")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, ["public.s"])
+    if runtime == "databricks":
+        assert None in from_log  # the swap's plan and names (the lake's schemas: on disk)
 
 
 def _columns_a_and_c(c: Any, slot: str, typ: str) -> None:
@@ -822,6 +851,7 @@ def test_a_dropped_columns_name_taken_by_another_type(
         ("renamed to it", "driver"),
         pytest.param("another type", "spark", marks=pytest.mark.one_pg_version),
         pytest.param("renamed to it", "spark-hdfs", marks=pytest.mark.one_pg_version),
+        pytest.param("another type", "spark-hdfs-databricks", marks=pytest.mark.one_pg_version),
     ],
 )
 def test_a_dropped_columns_own_name_is_kept_by_the_rerun(
@@ -837,14 +867,20 @@ def test_a_dropped_columns_own_name_is_kept_by_the_rerun(
     (``a__dropped…``), before the batch's data: the rerun finds that name taken and the
     change log's ``a`` already the new column's, and must not move it again (it did, and
     the state's new ``a`` was dropped and added again empty). ``spark-hdfs``: the lake
-    taken for one off local disk, whose schemas are read through Spark's JVM."""
+    taken for one off local disk, whose schemas are read through Spark's JVM;
+    ``-databricks``: a runtime without open-source Delta's DeltaLog, whose schemas are
+    read from the log itself."""
     import psycopg
 
     from slotlake import batch, local_table
     from slotlake.lake import Lake
 
-    if path == "spark-hdfs":
+    databricks = path.endswith("-databricks")
+    from_log: list[int | None] = []
+    if path.startswith("spark-hdfs"):
         monkeypatch.setattr(Lake, "on_local_disk", property(lambda self: False))
+        if databricks:
+            from_log = _without_open_source_delta_log(monkeypatch)
         path = "spark"
     from slotlake.lake import read_changes
     from slotlake.sync import run_sync
@@ -894,6 +930,8 @@ def test_a_dropped_columns_own_name_is_kept_by_the_rerun(
             and kept["a"] == c.execute("SELECT a FROM t WHERE id = 4").fetchone()[0]
         )
         assert f"{own}2" not in changes.column_names and "a__dropped3" not in changes.column_names
+    if databricks:
+        assert any(v is not None for v in from_log)  # schemas as of a batch's versions
 
 
 @pytest.mark.parametrize("trigger", [False, True])

@@ -1,6 +1,8 @@
 """The commit a write through Spark made, as ``slotlake.delta`` reports it: read from the
 commit's own file through the JVM (no Spark job), equal to what ``DeltaTable.history``
-says, including for a write its transaction marker skipped and past a checkpoint."""
+says, including for a write its transaction marker skipped and past a checkpoint. And a
+table's schema with its column mapping and its properties, read through the JVM or, on a
+runtime without open-source Delta's classes, from the log itself."""
 
 from __future__ import annotations
 
@@ -107,3 +109,96 @@ def test_a_runtime_without_the_open_source_delta_log_reads_the_history(
     monkeypatch.setattr(delta, "_commit_from_log", broken)
     with pytest.raises(ValueError, match="not a lookup failure"):
         delta.last_commit(spark, path)
+
+
+def _jvm_metadata(spark: Any, path: str, version: int | None) -> tuple[dict[str, Any], dict]:
+    import json
+
+    meta = delta.jvm_snapshot(spark, path, version).metadata()
+    conf = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(meta.configuration())
+    return json.loads(meta.schemaString()), {str(k): str(conf[k]) for k in conf}
+
+
+def test_the_metadata_read_from_the_log_is_the_jvms_at_every_version(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Databricks Runtime has no open-source DeltaLog class: the schema with its column
+    mapping and the properties are read from the log through Hadoop's file system, from
+    JSON entries and from checkpoints, equal to what the JVM's snapshot says."""
+    import json
+
+    from slotlake import delta_log_hadoop
+    from slotlake.swap_alters import mapped_metadata, mapped_schema
+
+    path = str(tmp_path / "t")
+    ref = f"delta.`{path}`"
+    spark.sql(
+        f"CREATE TABLE {ref} (id INT, a STRING) USING delta TBLPROPERTIES "
+        "('delta.columnMapping.mode' = 'name', 'delta.checkpointInterval' = '3')"
+    )
+    for statement in [
+        f"INSERT INTO {ref} VALUES (1, 'x')",  # 1
+        f"ALTER TABLE {ref} RENAME COLUMN a TO b",  # 2
+        f"INSERT INTO {ref} VALUES (2, 'y')",  # 3: a checkpoint, the metadata in it only
+        f"INSERT INTO {ref} VALUES (3, 'z')",  # 4
+        f"ALTER TABLE {ref} ADD COLUMNS (c BIGINT)",  # 5
+        f"ALTER TABLE {ref} SET TBLPROPERTIES ('slotlake.x' = '1')",  # 6: a checkpoint
+        f"ALTER TABLE {ref} DROP COLUMN b",  # 7
+    ]:
+        spark.sql(statement)
+    log_dir = Path(path) / "_delta_log"
+    assert {p.name for p in log_dir.glob("*.checkpoint.parquet")} == {
+        f"{v:020d}.checkpoint.parquet" for v in (3, 6)
+    }
+    assert '"metaData"' not in (log_dir / f"{4:020d}.json").read_text()
+    monkeypatch.setattr(delta, "has_open_source_delta_log", lambda _: False)
+
+    def unused(*_: Any) -> Any:
+        raise AssertionError("the JVM's DeltaLog read without the class")
+
+    seen = []
+    for version in [*range(8), None]:
+        want = _jvm_metadata(spark, path, version)
+        with monkeypatch.context() as m:
+            m.setattr(delta, "jvm_snapshot", unused)
+            got = mapped_metadata(spark, path, version)
+            assert mapped_schema(spark, path, version).jsonValue() == got[0]
+        assert got == want, version
+        seen.append([f["name"] for f in got[0]["fields"]])
+    assert seen[1] == ["id", "a"] and seen[4] == ["id", "b"] and seen[7] == ["id", "c"]
+    assert mapped_metadata(spark, path)[1]["slotlake.x"] == "1"
+    physical = {f["metadata"]["delta.columnMapping.physicalName"] for f in got[0]["fields"]}
+    assert "c" not in physical  # the physical names, which a DataFrame's schema leaves out
+
+    # Log cleanup took the oldest entries: what the checkpoints hold stays readable.
+    for v in range(3):
+        (log_dir / f"{v:020d}.json").unlink()
+    with pytest.raises(LookupError, match="version 1 is not in its log"):
+        delta_log_hadoop.metadata(spark, path, 1)
+    schema, _ = delta_log_hadoop.metadata(spark, path, 4)
+    assert [f["name"] for f in json.loads(schema)["fields"]] == ["id", "b"]
+    with pytest.raises(FileNotFoundError, match="no Delta table"):
+        delta_log_hadoop.metadata(spark, str(tmp_path / "none"))
+
+
+def test_a_deltalog_without_a_method_is_read_around(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another Delta release whose DeltaLog lacks a method used: the metadata comes from
+    the log; an error Delta itself raised (a version gone) is not hidden."""
+    from py4j.protocol import Py4JError, Py4JJavaError
+
+    from slotlake.swap_alters import mapped_metadata
+
+    path = str(tmp_path / "t")
+    delta.append(spark.range(3), path, "app", 1)
+    want = mapped_metadata(spark, path)
+
+    def missing(*_: Any) -> Any:
+        raise Py4JError("An error occurred while calling o1.update. Method does not exist")
+
+    with monkeypatch.context() as m:
+        m.setattr(delta, "jvm_snapshot", missing)
+        assert mapped_metadata(spark, path) == want
+    with pytest.raises(Py4JJavaError):
+        mapped_metadata(spark, path, 5)
