@@ -187,16 +187,40 @@ def column_ids(
     for m in messages:
         for name, attnums in m.columns.items():
             points.setdefault(name, []).append((m.seq, attnums))
-    return {
-        n: ColumnIds(
-            before.get(n, {}),
+    out = {}
+    for n in {*before, *after, *points}:
+        kept = tables.get(n)
+        oid = kept.oid if kept is not None else None
+        shape = (target or {}).get(n)
+        # Dropped and created again since the lake wrote it: the lake's attnums are
+        # another relation's, and say nothing of this one's columns.
+        other = (
+            oid is not None
+            and shape is not None
+            and shape.relation is not None
+            and shape.relation.relation.oid != oid
+        )
+        out[n] = ColumnIds(
+            {} if other else before.get(n, {}),
             after.get(n, {}),
             tuple(points.get(n, ())),
-            tables[n].natts if n in tables else None,
+            None if other or kept is None else kept.natts,
             sent.get(n),
+            oid_before=oid,
         )
-        for n in {*before, *after, *points}
-    }
+    return out
+
+
+def _relation_oid(
+    cat: TableCatalog, prior: TableCommit | None, snap: TableSnapshot | None
+) -> int | None:
+    """The relation a batch writes the table from: its last version's, else (a table
+    re-based on its copy without a change in the batch) the copy's, else the lake's."""
+    if cat.versions:
+        return cat.versions[-1].oid
+    if snap is not None:
+        return snap.oid
+    return prior.oid if prior is not None else None
 
 
 def versions_at_target(
@@ -218,7 +242,8 @@ def versions_at_target(
         if t.state is not None
     }
     attnums = {n: t.attnums for n, t in target.items()}
-    return target_versions(relations, shapes, attnums, lake_tables)
+    oids = {n: t.oid for n, t in (prior.tables.items() if prior is not None else ())}
+    return target_versions(relations, shapes, attnums, lake_tables, oids)
 
 
 def conform(df: DataFrame, target: StructType) -> DataFrame:
@@ -684,6 +709,7 @@ def process_table(
         replica_identity=cat.replica_identity,
         renames=dict(cat.renames),
         written=True,
+        oid=_relation_oid(cat, prior, snap),
     )
     defaults = ddl_input.plan(cat, prior, commit) if ddl_input is not None else []
     done: list[int | None] = [UNREAD, UNREAD]

@@ -1155,6 +1155,7 @@ def _table_commit(
         replica_identity=plan.replica_identity,
         attnums={c.name: c.attnum for c in plan.columns if c.attnum is not None},
         natts=plan.natts,
+        oid=plan.oid,
         changes_version=changes_version,
         state_version=state.version,
         written=True,

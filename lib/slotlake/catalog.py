@@ -277,6 +277,9 @@ class ColumnIds:
     # None when unknown (a lake or catalog file from before they were recorded).
     natts_before: int | None = None
     sent_after: frozenset[str] | None = None
+    # The relation the lake last wrote the table from (None: unknown): a Relation message
+    # of another oid is of a table dropped and created again under the name.
+    oid_before: int | None = None
 
     def added_in_batch(
         self, prev: Sequence[tuple[str, str]], origin: Callable[[str], str | None]
@@ -575,6 +578,9 @@ def build_catalogs(
     lineages: dict[str, _Lineage] = {}
     previous: dict[str, list[tuple[str, str]]] = {k: list(v) for k, v in prior_schemas.items()}
     previous_seq: dict[str, int] = {}
+    previous_oid: dict[str, int | None] = {
+        n: ids.oid_before for n, ids in (column_ids or {}).items()
+    }
     for seq, rel in sorted(relations, key=lambda p: p[0]):
         tname = table_name(rel)
         cat = catalogs.setdefault(tname, TableCatalog(name=tname))
@@ -587,11 +593,19 @@ def build_catalogs(
         renamed: dict[str, str] = {}
         fresh: frozenset[str] = frozenset()
         if tname in previous:
-            ids = (column_ids or {}).get(tname)
-            prev_seq = previous_seq.get(tname, -1)
-            renamed, fresh = _renames(previous[tname], shape, ids, lineage.origin, prev_seq, seq)
+            if previous_oid.get(tname) not in (None, rel.oid):
+                # Dropped and created again under the name: another table, whose columns
+                # are all new (neither names nor attnums relate the two); a same-named
+                # one shares the change log's column only where its type widens to it.
+                fresh = frozenset(c.name for c in rel.columns)
+            else:
+                ids = (column_ids or {}).get(tname)
+                prev_seq = previous_seq.get(tname, -1)
+                renamed, fresh = _renames(
+                    previous[tname], shape, ids, lineage.origin, prev_seq, seq
+                )
         lineage.step([c.name for c in rel.columns], renamed, fresh)
-        previous[tname], previous_seq[tname] = shape, seq
+        previous[tname], previous_seq[tname], previous_oid[tname] = shape, seq, rel.oid
         cat.versions.append(
             RelationVersion(
                 seq=seq,
@@ -668,6 +682,7 @@ def target_versions(
     at_target: Mapping[str, TargetRelation],
     target_attnums: Mapping[str, Mapping[str, int]],
     lake_tables: Mapping[str, tuple[Sequence[str], Mapping[str, int]]],
+    lake_oids: Mapping[str, int | None] | None = None,
 ) -> list[tuple[int, Relation | Type]]:
     """The Relation (and Type) messages that bring each table to its shape at the batch's
     target, where the batch's own do not.
@@ -681,7 +696,9 @@ def target_versions(
     dropped and created again is left to its own messages), or, with none in the batch,
     when the lake's columns of it (``lake_tables``: state column names and attnums)
     differ from the target's by name or attnum (a type alone is not compared there: the
-    lake may keep a column as text).
+    lake may keep a column as text), or the lake wrote it from another relation
+    (``lake_oids``: a table dropped and created again, whose columns are new ones even
+    under the same names and attnums).
     """
     latest: dict[str, Relation] = {}
     for _, rel in sorted(relations, key=lambda p: p[0]):
@@ -695,6 +712,10 @@ def target_versions(
                 continue
         elif name in lake_tables:
             names, attnums = lake_tables[name]
+            if (lake_oids or {}).get(name) not in (None, rel.oid):
+                out += [(TARGET_SEQ - 1, t) for t in target.types]
+                out.append((TARGET_SEQ, rel))
+                continue
             published = [c.name for c in rel.columns]
             ids = target_attnums.get(name, {})
             renumbered = bool(attnums) and any(

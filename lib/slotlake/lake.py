@@ -93,6 +93,10 @@ class TableCommit:
     # pg_class.relnatts then (attnums given so far, dropped columns' too): pins the
     # attnums of columns a later batch adds (slotlake.catalog.ColumnIds.added_in_batch)
     natts: int | None = None
+    # The oid of the relation the lake last wrote the table from: another oid under the
+    # name later is a table dropped and created again, whose columns are new ones
+    # (slotlake.catalog.build_catalogs); None in a record from before it was kept.
+    oid: int | None = None
 
     @property
     def multiset(self) -> bool:

@@ -307,8 +307,16 @@ def _create_temporary_slot(dsn: str, name: str) -> tuple[psycopg.Connection[Any]
     return repl, Lsn.parse(row[1]), str(row[2])
 
 
-def _earlier_types(last: CommitRecord | None, table: str) -> dict[str, str]:
+def _earlier_types(last: CommitRecord | None, table: str, oid: int) -> dict[str, str]:
+    """The types the lake's tables have had ``table``'s columns as; none when the lake
+    wrote them from another relation (``oid`` now: dropped and created again, so its
+    columns are new ones, :func:`slotlake.catalog.build_catalogs`)."""
     if last is None or table not in last.tables:
+        return {}
+    before = last.tables[table].oid
+    if before is None:
+        before = (_baseline(last) or {}).get(table)
+    if before is not None and before != oid:
         return {}
     from slotlake.bootstrap import _simple_type
 
@@ -417,7 +425,7 @@ def _copy(
                 log.warning("snapshot of %s skipped: no longer published", name)
                 status.pop(name, None)
                 continue
-            keep_history_types(plan, _earlier_types(last, name))
+            keep_history_types(plan, _earlier_types(last, name, plan.oid))
             schema = arrow_schema_for(parse_struct(_state_ddl(plan)))
             task = CopyTask(dsn, snapshot_name, APPLICATION_NAME, settings, plan, schema)
             rel = f"{SNAPSHOTS}/{batch_dir_name(batch, attempt)}/{table_dir_name(name)}"

@@ -595,6 +595,54 @@ def test_target_version_of_a_table_without_changes_in_the_batch() -> None:
     assert target_versions([], {"public.t": target}, ids, readded)
 
 
+def test_a_table_the_lake_wrote_from_another_relation_gets_a_target_version() -> None:
+    """Dropped and created again with the same names and attnums, no change of it in the
+    batch: the lake's oid says its columns are another table's."""
+    target = _target(col("id", INT4, key=True), col("v", INT4))
+    ids = {"public.t": {"id": 1, "v": 2}}
+    lake = {"public.t": (["id", "v"], {"id": 1, "v": 2})}
+    assert target_versions([], {"public.t": target}, ids, lake, {"public.t": OID}) == []
+    assert target_versions([], {"public.t": target}, ids, lake, {"public.t": None}) == []
+    again = target_versions([], {"public.t": target}, ids, lake, {"public.t": OID - 1})
+    assert again[-1] == (TARGET_SEQ, target.relation)
+
+
+def test_a_table_created_again_has_new_columns_whatever_its_names_and_attnums() -> None:
+    """The lake wrote ``t`` (id int, v text, w text) from one relation; the batch has ``t``
+    of another oid (id int, v int, x text): neither the attnums nor the positions relate
+    the two. v of another type moves aside in the log, w is dropped, x added; the key
+    and a same-typed column share their names."""
+    prior = {"public.t": [("id", "int"), ("v", "string"), ("w", "string")]}
+    now = rel(col("id", INT4, key=True), col("v", INT4), col("x", TEXT), oid=OID + 7)
+    # The new relation's attnums equal the old one's (x at w's 3): ignored across oids.
+    ids = {"public.t": ColumnIds({}, {"id": 1, "v": 2, "x": 3}, oid_before=OID)}
+    cat = build_catalogs([(10, now)], [], prior, ids)["public.t"]
+    assert cat.renames == {"v": "v__dropped"}
+    assert cat.state_columns == ["id", "v", "x"]
+    assert ("v", "int") in cat.columns and ("v__dropped", "string") in cat.columns
+    assert ("w", "string") in cat.columns and cat.text_columns == set()
+    # The same relation as the lake's: x at w's attnum is a rename, v's type goes text.
+    same = {
+        "public.t": ColumnIds(
+            {"id": 1, "v": 2, "w": 3}, {"id": 1, "v": 2, "x": 3}, oid_before=OID + 7
+        )
+    }
+    cat = build_catalogs([(10, now)], [], prior, same)["public.t"]
+    assert cat.renames == {"w": "x"} and ("v", "string") in cat.columns
+
+
+def test_a_table_dropped_and_created_again_inside_the_batch() -> None:
+    """Rows of the old relation, then of the new one under the same name: the second
+    version's columns are new from the oid on, and each row keeps its own version."""
+    old = rel(col("id", INT4, key=True), col("v", TEXT))
+    new = rel(col("id", INT4, key=True), col("v", INT4), oid=OID + 1)
+    cat = build_catalogs([(10, old), (20, new)], [], None, None)["public.t"]
+    assert cat.renames == {}  # the lake had neither
+    assert ("v", "int") in cat.columns and ("v__dropped", "string") in cat.columns
+    assert [c.name for c in cat.version_at(OID, 11).columns] == ["id", "v__dropped"]
+    assert [c.name for c in cat.version_at(OID + 1, 21).columns] == ["id", "v"]
+
+
 def test_a_target_version_renames_by_attnum_and_keeps_older_rows_shapes() -> None:
     cats = build_catalogs(
         [
