@@ -539,6 +539,21 @@ class _Lineage:
             ):
                 ghost = self.ghosts[name] = self._new(name)
                 own_name(ghost, name)
+        # A name a column of the batch only passed through (``RENAME c3 TO c1``, a row,
+        # ``RENAME c1 TO r12``) that the change log holds from an earlier drop: that
+        # column keeps it. Renamed along with ``c3`` to ``r12``, it met ``c3``'s values
+        # under one name and the batch failed on every rerun (seed 17302).
+        finals = {self.final(i) for i in range(len(self.names))}
+        passed = {
+            n
+            for idents in self.versions
+            for i in idents
+            for n in self.names[i][:-1]
+            if n not in self.prior and n not in finals and n not in self.ghosts
+        }
+        for name in sorted(passed):
+            if name in log_columns():
+                self.ghosts[name] = self._new(name)
 
     def renames(self) -> dict[str, str]:
         """Every earlier name of a column → its latest, looked up once (never chained); the

@@ -330,6 +330,25 @@ def test_a_name_the_change_log_kept_from_an_earlier_drop() -> None:
     assert asked == []
 
 
+def test_a_name_the_change_log_kept_that_a_column_only_passes_through() -> None:
+    """``RENAME c3 TO c1``, a row, ``RENAME c1 TO r12`` where the change log kept ``c1``
+    from an earlier drop: the lake's c3 goes to r12 and the change log's c1 stays where
+    it is (before, both were renamed to r12 and the batch failed on every rerun, seed
+    17302)."""
+    prior = {"public.t": [("id", "int"), ("c3", "int")]}
+
+    def logged(table: str) -> dict[str, str]:
+        return {"id": "int", "c3": "int", "c1": "string", "_old": "struct<id:int,c1:string>"}
+
+    ids = ColumnIds({"id": 1, "c3": 3}, {"id": 1, "r12": 3})
+    via = rel(col("id", INT4, key=True), col("c1", INT4))
+    last = rel(col("id", INT4, key=True), col("r12", INT4))
+    cat = build_catalogs([(10, via), (20, last)], [], prior, {"public.t": ids}, logged)["public.t"]
+    assert cat.renames == {"c3": "r12"}
+    assert cat.columns == [("id", "int"), ("r12", "int")]
+    assert [c.name for c in cat.versions[0].columns] == ["id", "r12"]
+
+
 def test_attnums_say_a_drop_and_add_of_one_type_is_no_rename() -> None:
     before = rel(col("id", INT4, key=True), col("a", TEXT))
     after = rel(col("id", INT4, key=True), col("z", TEXT))
