@@ -992,19 +992,18 @@ def test_a_rename_through_a_name_only_the_change_log_has(
         c.execute("CREATE TABLE t (id int PRIMARY KEY, s text)")
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO t SELECT g, 'e' FROM generate_series(1, 3) g")
-        c.execute("ALTER TABLE t ADD COLUMN c1 text")
-        c.execute("UPDATE t SET c1 = 'one' WHERE id = 1")
-        run_sync(cfg, spark=spark)
-        c.execute("ALTER TABLE t DROP COLUMN c1")
-        c.execute("ALTER TABLE t ADD COLUMN c3 int")
-        c.execute("UPDATE t SET c3 = 3 WHERE id = 2")
-        run_sync(cfg, spark=spark)
-        c.execute("ALTER TABLE t RENAME COLUMN c3 TO c1")
-        c.execute("INSERT INTO t (id, s, c1) VALUES (10, 'e', 10)")
-        c.execute("ALTER TABLE t RENAME COLUMN c1 TO r12")
-        c.execute("INSERT INTO t (id, s, r12) VALUES (11, 'e', 11)")
-        run_sync(cfg, spark=spark)
+        batches = [
+            "INSERT INTO t SELECT g, 'e' FROM generate_series(1, 3) g; "
+            "ALTER TABLE t ADD COLUMN c1 text; UPDATE t SET c1 = 'one' WHERE id = 1",
+            "ALTER TABLE t DROP COLUMN c1; ALTER TABLE t ADD COLUMN c3 int; "
+            "UPDATE t SET c3 = 3 WHERE id = 2",
+            "ALTER TABLE t RENAME COLUMN c3 TO c1; INSERT INTO t (id, s, c1) VALUES (10, 'e', 10); "
+            "ALTER TABLE t RENAME COLUMN c1 TO r12; INSERT INTO t (id, s, r12) VALUES (11, 'e', 11)",
+        ]
+        for statements in batches:
+            for statement in statements.split("; "):
+                c.execute(statement)
+            run_sync(cfg, spark=spark)
         assert_mirror(c, lake, ["public.t"])
     rows = {(r["id"], r["_op"]): r for r in read_changes(lake, "public.t").to_pylist()}
     assert str(read_changes(lake, "public.t").schema.field("c1").type) == "string"
