@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 CASES = {
-    # case: (statements after the first sync, the new table's value column and type)
+    # case: (statements after the first sync, the new table's value column, where the
+    # change log keeps the old table's text v: v, or aside where the new v is an int)
     "other columns": (
         [
             "DROP TABLE t",
@@ -23,6 +24,7 @@ CASES = {
             "INSERT INTO t VALUES (1, 100)",
         ],
         "w",
+        "v",
     ),
     "same name, another type": (
         [
@@ -31,6 +33,7 @@ CASES = {
             "INSERT INTO t VALUES (1, 100)",
         ],
         "v",
+        "v__dropped",
     ),
     "same shape": (
         [
@@ -38,6 +41,7 @@ CASES = {
             "CREATE TABLE t (id int PRIMARY KEY, v text)",
             "INSERT INTO t VALUES (1, 'n')",
         ],
+        "v",
         "v",
     ),
     "in the batch of the old table's changes": (
@@ -48,10 +52,12 @@ CASES = {
             "INSERT INTO t VALUES (1, 100, 'z'), (7, 7, 'q')",
         ],
         "v",
+        "v__dropped",
     ),
     "no change in its first batch": (
         ["DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int)"],
         "v",
+        "v__dropped",
     ),
 }
 
@@ -83,7 +89,7 @@ def test_a_table_created_again_is_mirrored_with_its_own_columns(
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
-    statements, column = CASES[case]
+    statements, column, old_v = CASES[case]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _setup(c, slot, trigger)
         run_sync(cfg)
@@ -105,16 +111,6 @@ def test_a_table_created_again_is_mirrored_with_its_own_columns(
     assert str(state.schema.field(column).type) == ("int32" if new_type == "integer" else "string")
     changes = read_changes(lake, "public.t").to_pylist()
     # The old table's rows keep their text, under v or, where the new v is an int, aside.
-    old_v = (
-        "v__dropped"
-        if case
-        in (
-            "same name, another type",
-            "in the batch of the old table's changes",
-            "no change in its first batch",
-        )
-        else "v"
-    )
     assert sorted(r[old_v] for r in changes if r["id"] in range(2, 6) and r[old_v] is not None) == [
         f"old{i}" for i in range(2, 6)
     ]
