@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from slotlake import delta_log, durability, fastdefault, table_processes
-from slotlake.catalog import TARGET_SEQ, ColumnIds, TableCatalog, target_versions
+from slotlake.catalog import (
+    TARGET_SEQ,
+    ColumnIds,
+    TableCatalog,
+    another_relation,
+    target_versions,
+)
 from slotlake.ddl import (
     BatchDdl,
     DdlMessage,
@@ -195,10 +201,9 @@ def column_ids(
         # Dropped and created again since the lake wrote it: the lake's attnums are
         # another relation's, and say nothing of this one's columns.
         other = (
-            oid is not None
-            and shape is not None
+            shape is not None
             and shape.relation is not None
-            and shape.relation.relation.oid != oid
+            and another_relation(oid, shape.relation.relation.oid)
         )
         out[n] = ColumnIds(
             {} if other else before.get(n, {}),

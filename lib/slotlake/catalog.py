@@ -42,6 +42,13 @@ def table_name(rel: Relation) -> str:
     return f"{rel.namespace or 'pg_catalog'}.{rel.name}"
 
 
+def another_relation(before: int | None, now: int) -> bool:
+    """Whether the relation the lake last wrote a table from (``before``; None: unknown)
+    is not ``now``'s: the table was dropped and created again under its name, and its
+    columns are new ones whatever their names and attnums."""
+    return before is not None and before != now
+
+
 def widens_to(old: str, new: str) -> bool:
     """Whether every value of Spark type ``old`` is exactly representable in ``new``."""
     if old == new or new == "string":
@@ -608,7 +615,7 @@ def build_catalogs(
         renamed: dict[str, str] = {}
         fresh: frozenset[str] = frozenset()
         if tname in previous:
-            if previous_oid.get(tname) not in (None, rel.oid):
+            if another_relation(previous_oid.get(tname), rel.oid):
                 # Dropped and created again under the name: another table, whose columns
                 # are all new (neither names nor attnums relate the two); a same-named
                 # one shares the change log's column only where its type widens to it.
@@ -727,7 +734,7 @@ def target_versions(
                 continue
         elif name in lake_tables:
             names, attnums = lake_tables[name]
-            if (lake_oids or {}).get(name) not in (None, rel.oid):
+            if another_relation((lake_oids or {}).get(name), rel.oid):
                 out += [(TARGET_SEQ - 1, t) for t in target.types]
                 out.append((TARGET_SEQ, rel))
                 continue

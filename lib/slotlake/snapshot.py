@@ -313,12 +313,14 @@ def _earlier_types(last: CommitRecord | None, table: str, oid: int) -> dict[str,
     columns are new ones, :func:`slotlake.catalog.build_catalogs`)."""
     if last is None or table not in last.tables:
         return {}
+    from slotlake.bootstrap import _simple_type
+    from slotlake.catalog import another_relation
+
     before = last.tables[table].oid
     if before is None:
         before = (_baseline(last) or {}).get(table)
-    if before is not None and before != oid:
+    if another_relation(before, oid):
         return {}
-    from slotlake.bootstrap import _simple_type
 
     return {c[0]: _simple_type(c[1]) for c in last.tables[table].columns}
 

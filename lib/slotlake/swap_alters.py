@@ -46,15 +46,11 @@ def mapped_metadata(
     method used here (another Delta release), from the log itself."""
     from py4j.protocol import Py4JError, Py4JJavaError
 
-    from slotlake.delta import has_open_source_delta_log, jvm_snapshot
+    from slotlake.delta import has_open_source_delta_log
 
     if has_open_source_delta_log(spark):
         try:
-            meta = jvm_snapshot(spark, path, version).metadata()
-            conf = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(  # type: ignore[attr-defined]
-                meta.configuration()
-            )
-            return json.loads(meta.schemaString()), {str(k): str(conf[k]) for k in conf}
+            return jvm_metadata(spark, path, version)
         except Py4JJavaError:
             raise  # Delta's own answer (no such version, say), not a missing method
         except Py4JError as exc:
@@ -63,6 +59,19 @@ def mapped_metadata(
 
     schema, properties = delta_log_hadoop.metadata(spark, path, version)
     return json.loads(schema), properties
+
+
+def jvm_metadata(
+    spark: SparkSession, path: str, version: int | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`mapped_metadata` from a snapshot in Spark's JVM (open-source Delta's)."""
+    from slotlake.delta import jvm_snapshot
+
+    meta = jvm_snapshot(spark, path, version).metadata()
+    conf = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(  # type: ignore[attr-defined]
+        meta.configuration()
+    )
+    return json.loads(meta.schemaString()), {str(k): str(conf[k]) for k in conf}
 
 
 def mapped_schema(spark: SparkSession, path: str, version: int | None = None) -> StructType:

@@ -111,14 +111,6 @@ def test_a_runtime_without_the_open_source_delta_log_reads_the_history(
         delta.last_commit(spark, path)
 
 
-def _jvm_metadata(spark: Any, path: str, version: int | None) -> tuple[dict[str, Any], dict]:
-    import json
-
-    meta = delta.jvm_snapshot(spark, path, version).metadata()
-    conf = spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(meta.configuration())
-    return json.loads(meta.schemaString()), {str(k): str(conf[k]) for k in conf}
-
-
 def test_the_metadata_read_from_the_log_is_the_jvms_at_every_version(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,7 +120,7 @@ def test_the_metadata_read_from_the_log_is_the_jvms_at_every_version(
     import json
 
     from slotlake import delta_log_hadoop
-    from slotlake.swap_alters import mapped_metadata, mapped_schema
+    from slotlake.swap_alters import jvm_metadata, mapped_metadata, mapped_schema
 
     path = str(tmp_path / "t")
     ref = f"delta.`{path}`"
@@ -158,7 +150,7 @@ def test_the_metadata_read_from_the_log_is_the_jvms_at_every_version(
 
     seen = []
     for version in [*range(8), None]:
-        want = _jvm_metadata(spark, path, version)
+        want = jvm_metadata(spark, path, version)
         with monkeypatch.context() as m:
             m.setattr(delta, "jvm_snapshot", unused)
             got = mapped_metadata(spark, path, version)
