@@ -24,8 +24,10 @@ from slotlake import delta_log, durability, fastdefault, table_processes
 from slotlake.catalog import (
     TARGET_SEQ,
     ColumnIds,
+    RelationChange,
     TableCatalog,
     another_relation,
+    relation_changes,
     target_versions,
 )
 from slotlake.ddl import (
@@ -152,6 +154,9 @@ class BatchOutput:
     timings: dict[str, float] = field(default_factory=dict)
     ddl: str | None = None
     ddl_version: int | None = None
+    # Tables that began to read another relation in the batch (slotlake.snapshot copies
+    # them in the next run unless this batch did).
+    relation_changes: dict[str, RelationChange] = field(default_factory=dict)
 
 
 def _check_collisions(cat: TableCatalog) -> None:
@@ -1441,7 +1446,12 @@ def process_batch(
 
         assert raw_dir is not None  # the driver takes tables of a lake on local disk only
         t_raw = time.monotonic()
-        read = read_raw_dml(raw_dir, {n: cats[n].oids for n in local}, driver.max_bytes)
+        read = read_raw_dml(
+            raw_dir,
+            {n: cats[n].oids for n in local},
+            driver.max_bytes,
+            {n: cats[n].shared for n in local},
+        )
         local_raw = {name: RawRows(rows) for name, rows in read.items()}
         del read
         timings["local_raw"] = time.monotonic() - t_raw
@@ -1642,6 +1652,7 @@ def process_batch(
         timings,
         ddl=ddl_rel,
         ddl_version=ddl_version,
+        relation_changes=relation_changes(bcat.tables, {n: t.oid for n, t in prior_tables.items()}),
     )
 
 

@@ -124,10 +124,21 @@ class TableCatalog:
     # A column of the latest version that a later name-sharing ADD made (DROP and re-ADD
     # of one name, told by attnums) → seq of the first version that has it.
     readded_at: dict[str, int] = field(default_factory=dict)
+    # A relation oid that another table of the batch named too (renamed in the batch):
+    # its DML rows are this table's only inside these (after seq, before seq) bounds,
+    # as pgoutput's latest Relation message of the oid before each row says.
+    shared: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @property
     def oids(self) -> set[int]:
         return {v.oid for v in self.versions}
+
+    def owns(self, oid: int, seq: int) -> bool:
+        """Whether the DML row (relation oid, seq) of the batch is this table's."""
+        spans = self.shared.get(oid)
+        if spans is None:
+            return oid in self.oids
+        return any(lo < seq < hi for lo, hi in spans)
 
     @property
     def is_multiset(self) -> bool:
@@ -644,7 +655,74 @@ def build_catalogs(
     for cat in catalogs.values():
         logged = functools.partial(log_columns, cat.name) if log_columns is not None else dict
         _resolve_columns(cat, prior_schemas.get(cat.name, []), lineages[cat.name], logged)
+    _split_shared_oids(catalogs)
     return catalogs
+
+
+# Past every seq of a batch (TARGET_SEQ included): an open upper bound.
+END_SEQ = 1 << 62
+
+
+def _split_shared_oids(catalogs: Mapping[str, TableCatalog]) -> None:
+    """Give each table its seq ranges of a relation oid that several tables of the batch
+    named (``TableCatalog.shared``). A receiver keeps the latest Relation message of each
+    oid and reads a change by it, so a change belongs to the name that message carried:
+    ``INSERT`` into ``t``, ``RENAME t TO t2``, ``UPDATE t2`` gives the insert to ``t`` and
+    the update to ``t2``, though both have ``t``'s oid."""
+    holders: dict[int, list[tuple[int, str]]] = {}
+    for cat in catalogs.values():
+        for v in cat.versions:
+            holders.setdefault(v.oid, []).append((v.seq, cat.name))
+    for oid, named in holders.items():
+        if len({name for _, name in named}) < 2:
+            continue
+        named.sort()
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for i, (seq, name) in enumerate(named):
+            if i and named[i - 1][1] == name:
+                continue  # the same name's next version: its span goes on
+            after = seq if i else -1
+            before = next((s for s, n in named[i + 1 :] if n != name), END_SEQ)
+            spans.setdefault(name, []).append((after, before))
+        for name, ranges in spans.items():
+            catalogs[name].shared[oid] = tuple(ranges)
+
+
+@dataclass(frozen=True)
+class RelationChange:
+    """A name of a batch that began to read another relation's rows than before: its
+    rows up to there are elsewhere (the dropped table's, or the other name's), so only a
+    copy of that relation has the table whole."""
+
+    reason: str  # "recreated (oid A → B)" or "renamed from schema.table"
+    oid: int  # the relation the name reads from there
+
+
+def relation_changes(
+    catalogs: Mapping[str, TableCatalog], lake_oids: Mapping[str, int | None]
+) -> dict[str, RelationChange]:
+    """Each table whose relation changed in the batch: dropped and created again (another
+    oid than its previous version's, or than ``lake_oids``, the one the lake last wrote it
+    from), or renamed to its name (its oid's previous Relation message named another
+    table). The latest change of each."""
+    holders: dict[int, list[tuple[int, str]]] = {}
+    for cat in catalogs.values():
+        for v in cat.versions:
+            holders.setdefault(v.oid, []).append((v.seq, cat.name))
+    for named in holders.values():
+        named.sort()
+    out: dict[str, RelationChange] = {}
+    for cat in catalogs.values():
+        before = lake_oids.get(cat.name)
+        for v in sorted(cat.versions, key=lambda v: v.seq):
+            named = holders[v.oid]
+            at = bisect.bisect_left(named, (v.seq, ""))
+            if another_relation(before, v.oid):
+                out[cat.name] = RelationChange(f"recreated (oid {before} → {v.oid})", v.oid)
+            elif at and named[at - 1][1] != cat.name:
+                out[cat.name] = RelationChange(f"renamed from {named[at - 1][1]}", v.oid)
+            before = v.oid
+    return out
 
 
 # Where a table's shape at the batch's target goes in the batch (after every payload of

@@ -811,13 +811,30 @@ def decode_table(
     raw_dml: DataFrame, cat: TableCatalog, bcat: BatchCatalog, batch: int
 ) -> DataFrame:
     """Typed change rows (I/U/D) of one table, with unchanged TOAST still open."""
-    from pyspark.sql import functions as F
 
     schema = change_schema(cat)
     arrow_schema = arrow_schema_for(schema)
     fn = make_decoder(cat, bcat.streams, bcat.origins, batch, arrow_schema)
-    rows = raw_dml.filter(F.col("rel_oid").isin(sorted(cat.oids))).mapInArrow(fn, schema)
+    rows = raw_dml.filter(rows_of(cat)).mapInArrow(fn, schema)
     return rows
+
+
+def rows_of(cat: TableCatalog):  # type: ignore[no-untyped-def]
+    """The condition on raw rows that picks the table's DML rows: its relation oids, and of
+    an oid another table of the batch named too, only the rows in its seq ranges."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    oid, seq = F.col("rel_oid"), F.col("seq")
+    whole = sorted(cat.oids - cat.shared.keys())
+    parts = [oid.isin(whole)] if whole else []
+    parts += [
+        (oid == o) & (seq > after) & (seq < before)
+        for o, spans in sorted(cat.shared.items())
+        for after, before in spans
+    ]
+    return reduce(lambda a, b: a | b, parts) if parts else F.lit(False)
 
 
 def raw_dml(raw: DataFrame) -> DataFrame:

@@ -42,7 +42,7 @@ table, ``fill_events_arrow`` and ``apply_arrow`` for a multiset's images and pri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slotlake.catalog import TableCatalog
@@ -58,6 +58,7 @@ from slotlake.delta import (
 from slotlake.state import arrow_merge_predicate
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
@@ -79,10 +80,17 @@ DECODER_COLUMNS = [
 
 
 def read_raw_dml(
-    raw_dir: str, oids: Mapping[str, set[int]], max_bytes: int | None = None
+    raw_dir: str,
+    oids: Mapping[str, set[int]],
+    max_bytes: int | None = None,
+    shared: Mapping[str, Mapping[int, Sequence[tuple[int, int]]]] | None = None,
 ) -> dict[str, pa.Table]:
     """The raw DML rows of each named table (by its relation oids), in one pass over the
     batch's raw Parquet; only the rows of these tables are kept in memory.
+
+    ``shared``: a table's seq ranges of an oid that several tables of the batch named
+    (:attr:`slotlake.catalog.TableCatalog.shared`); that oid's rows are split by seq, and
+    its rows in no named table's ranges (another table's) are left out.
 
     ``max_bytes`` bounds the payload bytes kept for all of them: past it the table with
     the most bytes is given up (left out of the result, for Spark to do) until the rest
@@ -102,9 +110,18 @@ def read_raw_dml(
     names = list(oids)
     oid_list = sorted({oid for table_oids in oids.values() for oid in table_oids})
     value_set = pa.array(oid_list, pa.int64())
-    # Position in oid_list → index of its table in names.
+    # Position in oid_list of a shared oid → (after, before, index in names) of its spans.
+    by_seq: dict[int, list[tuple[int, int, int]]] = {}
+    for i, n in enumerate(names):
+        for oid, spans in (shared or {}).get(n, {}).items():
+            by_seq.setdefault(oid_list.index(oid), []).extend((a, b, i) for a, b in spans)
+    # Position in oid_list → index of its table in names (-1: by seq, above).
     table_at = np.array(
-        [next(i for i, n in enumerate(names) if oid in oids[n]) for oid in oid_list], np.int64
+        [
+            -1 if pos in by_seq else next(i for i, n in enumerate(names) if oid in oids[n])
+            for pos, oid in enumerate(oid_list)
+        ],
+        np.int64,
     )
     kept: dict[int, list[pa.RecordBatch]] = {i: [] for i in range(len(names))}
     # Payload bytes read so far of each table still kept; a table given up leaves it.
@@ -121,9 +138,10 @@ def read_raw_dml(
                 at = pc.if_else(pc.is_in(batch.column("msg_type"), dml_types), at, None)
                 found = at.to_numpy(zero_copy_only=False)
                 rows = np.flatnonzero(~np.isnan(found)) if at.null_count else None
-                tables = table_at[
-                    found.astype(np.int64) if rows is None else found[rows].astype(np.int64)
-                ]
+                positions = found.astype(np.int64) if rows is None else found[rows].astype(np.int64)
+                tables = table_at[positions]
+                if by_seq and (tables < 0).any():
+                    rows, tables = _split_by_seq(batch, rows, positions, tables, by_seq)
                 if not len(tables):
                     continue
                 batch = batch.drop_columns(["msg_type"])
@@ -156,6 +174,32 @@ def read_raw_dml(
             empty = empty if empty is not None else _empty_raw(raw_dir)
             out[names[t]] = empty
     return out
+
+
+def _split_by_seq(
+    batch: pa.RecordBatch,
+    rows: np.ndarray | None,
+    positions: np.ndarray,
+    tables: np.ndarray,
+    by_seq: Mapping[int, Sequence[tuple[int, int, int]]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a shared oid given to the table whose seq range holds them; those in
+    no named table's range dropped (with the rows and tables of the others kept)."""
+    import numpy as np
+
+    rows = np.arange(len(batch)) if rows is None else rows
+    seqs = batch.column("seq").to_numpy()[rows]
+    tables = tables.copy()
+    for pos, spans in by_seq.items():
+        mine = positions == pos
+        if not mine.any():
+            continue
+        owner = np.full(len(rows), -1, np.int64)
+        for after, before, table in spans:
+            owner[mine & (seqs > after) & (seqs < before)] = table
+        tables[mine] = owner[mine]
+    keep = tables >= 0
+    return rows[keep], tables[keep]
 
 
 class RawRows:

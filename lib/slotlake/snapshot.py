@@ -50,7 +50,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from slotlake.bootstrap import TablePlan
-    from slotlake.catalog import TableCatalog
+    from slotlake.catalog import RelationChange, TableCatalog
     from slotlake.config import Config
 
 log = logging.getLogger(__name__)
@@ -549,14 +549,26 @@ def for_record(
     plan_snapshot: dict[str, Any],
     last: CommitRecord | None,
     raw_rel: str,
+    changed: Mapping[str, RelationChange] | None = None,
 ) -> dict[str, Any]:
     """The commit record's ``snapshot`` entry: the plan's, plus the tables the next run must
     snapshot (``wanted``). Derived from the plan, the raw batch and the previous record
-    alone, so a rerun of the batch records the same."""
+    alone, so a rerun of the batch records the same.
+
+    ``changed``: the tables that began to read another relation in the batch
+    (:func:`slotlake.catalog.relation_changes`): wanted unless this batch copied that
+    relation. Before the next run's own check (a published oid against the one this
+    batch recorded) sees them, the changes of a lake's first batch, which records the
+    oids it found: its rows of the old relation, or of the name before a rename, are
+    elsewhere."""
     out = dict(plan_snapshot)
     taken = table_snapshots(plan_snapshot)
     messages = _raw_messages(spark, lake, raw_rel)
     wanted: dict[str, str] = {}
+    for name, change in sorted((changed or {}).items()):
+        snap = taken.get(name)
+        if snap is None or snap.oid != change.oid:
+            wanted[name] = change.reason
     for name, commit_lsn in rewritten_by_ddl(messages).items():
         snap = taken.get(name)
         if snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed:

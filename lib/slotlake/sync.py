@@ -417,7 +417,9 @@ def _run_batch(
     if lake.on_local_disk:  # (no deferred sync on other lakes: nothing of this batch's)
         timings["files_synced"] = durability.last_sync_seconds()
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
-    snap_record = snapshot.for_record(lazy.started, lake, plan.snapshot, last, raw_rel)
+    snap_record = snapshot.for_record(
+        lazy.started, lake, plan.snapshot, last, raw_rel, out.relation_changes
+    )
     fault_point("before_commit")
     record = make_record(
         batch=batch,

@@ -578,3 +578,34 @@ def test_shape_table_refuses_a_reserved_column_name(spark, tmp_path: Path) -> No
     )
     with pytest.raises(SchemaCollisionError, match="_op"):
         shape_table(raw, "public.t")
+
+
+def test_shape_table_splits_a_table_renamed_in_the_batch(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``t`` renamed to ``t2`` between two changes of one relation: each name gets the
+    changes its own Relation message precedes. Before, ``t`` got both and ``t2`` failed on
+    the first (no Relation message of the oid before it in ``t2``'s versions)."""
+    columns = (("id", INT4, True), ("v", TEXT, False))
+    raw = spark.read.parquet(
+        write_raw(
+            tmp_path,
+            [
+                (700, begin(0x100, T1, 700)),
+                (700, relation(OID, "t", *columns)),
+                (700, b"I" + u32(OID) + b"N" + tuple_data(["1", "a"])),
+                (700, commit(0x100, 0x110, T1)),
+                (701, begin(0x200, T2, 701)),
+                (701, relation(OID, "t2", *columns)),
+                (701, b"I" + u32(OID) + b"N" + tuple_data(["2", "b"])),
+                (701, b"D" + u32(OID) + b"K" + tuple_data(["1", None])),
+                (701, commit(0x200, 0x210, T2)),
+            ],
+        )
+    )
+    bcat = table_catalog(raw, batch=7)
+
+    def ops(name: str) -> list[tuple[Any, ...]]:
+        rows = shape_table(raw, name, batch=7, catalog=bcat).orderBy("_seq")
+        return [tuple(r) for r in rows.select("_op", "id", "v", "_old.id").collect()]
+
+    assert ops("public.t") == [("I", 1, "a", None)]
+    assert ops("public.t2") == [("I", 2, "b", None), ("D", None, None, 1)]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from slotlake.catalog import (
+    END_SEQ,
     TARGET_SEQ,
     ColumnIds,
+    RelationChange,
     TableCatalog,
     TargetRelation,
     build_catalogs,
+    relation_changes,
     target_versions,
     widens_to,
 )
@@ -660,6 +663,58 @@ def test_a_table_dropped_and_created_again_inside_the_batch() -> None:
     assert ("v", "int") in cat.columns and ("v__dropped", "string") in cat.columns
     assert [c.name for c in cat.version_at(OID, 11).columns] == ["id", "v__dropped"]
     assert [c.name for c in cat.version_at(OID + 1, 21).columns] == ["id", "v"]
+
+
+def test_a_table_renamed_in_the_batch_owns_its_oids_rows_by_seq() -> None:
+    """``t`` renamed to ``t2`` and back (one oid), beside ``u`` (another): each name owns
+    the rows after its Relation message up to the next one of the oid under another
+    name, as pgoutput's receiver reads them; an oid no other table named is owned whole."""
+    shape = (col("id", INT4, key=True), col("v", TEXT))
+    cats = build_catalogs(
+        [
+            (10, rel(*shape)),
+            (15, rel(*shape, oid=OID + 5, name="u")),
+            (20, rel(*shape, name="t2")),
+            (25, rel(*shape, name="t2")),  # the same name again: its span goes on
+            (30, rel(*shape)),
+        ],
+        [],
+    )
+    t, t2, u = cats["public.t"], cats["public.t2"], cats["public.u"]
+    assert t.shared == {OID: ((-1, 20), (30, END_SEQ))}
+    assert t2.shared == {OID: ((20, 30),)}
+    assert u.shared == {}
+    for seq, owner in [(11, t), (19, t), (21, t2), (26, t2), (29, t2), (31, t), (TARGET_SEQ, t)]:
+        assert [c.name for c in (t, t2) if c.owns(OID, seq)] == [owner.name]
+    assert u.owns(OID + 5, 12) and u.owns(OID + 5, 40) and not u.owns(OID, 12)
+    assert not t.owns(OID + 5, 12)
+
+
+def test_relation_changes_name_the_tables_that_read_another_relation() -> None:
+    """Dropped and created again (against the lake's oid, or inside the batch), renamed to
+    a name inside the batch: the latest change of each table; a table the lake wrote from
+    the same relation, or whose relation the lake does not know, has none."""
+    shape = (col("id", INT4, key=True), col("v", TEXT))
+    cats = build_catalogs(
+        [
+            (10, rel(*shape)),  # t: the lake's relation
+            (20, rel(*shape, name="t2")),  # t renamed t2
+            (30, rel(*shape, oid=OID + 1, name="a")),  # a: the lake had OID + 9
+            (40, rel(*shape, oid=OID + 2, name="b")),  # b: dropped and created again
+            (50, rel(*shape, oid=OID + 3, name="b")),
+            (60, rel(*shape, oid=OID + 4, name="c")),  # c: a relation new to the lake
+            (70, rel(*shape, oid=OID + 6, name="d")),  # d: the lake's relation, no change
+        ],
+        [],
+    )
+    lake = {"public.t": OID, "public.a": OID + 9, "public.b": OID + 2, "public.d": OID + 6}
+    assert relation_changes(cats, lake) == {
+        "public.t2": RelationChange("renamed from public.t", OID),
+        "public.a": RelationChange(f"recreated (oid {OID + 9} → {OID + 1})", OID + 1),
+        "public.b": RelationChange(f"recreated (oid {OID + 2} → {OID + 3})", OID + 3),
+    }
+    # A lake's first batch knows no oid: only the changes inside the batch.
+    assert set(relation_changes(cats, {})) == {"public.t2", "public.b"}
 
 
 def test_a_target_version_renames_by_attnum_and_keeps_older_rows_shapes() -> None:

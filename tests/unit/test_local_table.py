@@ -59,6 +59,23 @@ def test_read_raw_dml_splits_one_pass_by_table(tmp_path: Path) -> None:
     assert out["a"].column_names == DECODER_COLUMNS
 
 
+def test_read_raw_dml_splits_a_renamed_tables_oid_by_seq(tmp_path: Path) -> None:
+    """Oid 10 is ``a`` up to its Relation message as ``b`` (seq 5), then ``b``; the rows
+    of a span whose table is not asked for (``c``'s, from seq 9) are left out."""
+    rows = [(2, "R", 10), (3, "I", 10), (4, "I", 20), (5, "R", 10), (6, "U", 10)]
+    pq.write_table(_raw_rows(rows), tmp_path / "part-0.parquet")
+    pq.write_table(
+        _raw_rows([(7, "D", 10), (9, "R", 10), (10, "I", 10)]), tmp_path / "part-1.parquet"
+    )
+    shared = {"a": {10: [(-1, 5)]}, "b": {10: [(5, 9)]}, "c": {10: [(9, 1 << 62)]}}
+    out = read_raw_dml(str(tmp_path), {"a": {10, 20}, "b": {10}}, shared=shared)
+    assert out["a"].column("seq").to_pylist() == [3, 4]
+    assert out["b"].column("seq").to_pylist() == [6, 7]
+    # Only b asked: a's rows of oid 10 go too.
+    only_b = read_raw_dml(str(tmp_path), {"b": {10}}, shared={"b": shared["b"]})
+    assert only_b["b"].column("seq").to_pylist() == [6, 7]
+
+
 def test_read_raw_dml_gives_up_the_biggest_tables_past_max_bytes(tmp_path: Path) -> None:
     # Payloads are b"payload-<seq>": 9 bytes for seq < 10, 10 for 10..99.
     rows = [(i, "I", 10) for i in range(1, 9)]  # a: 8 × 9 = 72 bytes
