@@ -1576,6 +1576,7 @@ def _bootstrap(
                     # No longer published: kept as of the previous batch, as sync keeps it.
                     kept = TableCommit(**{**t.__dict__})
                     kept.change_rows, kept.written, kept.renames = 0, False, {}
+                    kept.gone_since = kept.gone_since or batch
                     tables[name] = kept
         total = time.monotonic() - t_start
         record = make_record(

@@ -276,6 +276,7 @@ def _table_status(t: TableCommit) -> dict[str, object]:
         "changes": t.changes,
         "multiset": t.multiset,
         "written_in_last_batch": t.written,
+        "gone_since": t.gone_since,
     }
 
 
@@ -382,8 +383,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows = (
                 f"{t.state_rows} distinct rows (multiset)" if t.multiset else f"{t.state_rows} rows"
             )
+            gone = (
+                ""
+                if t.gone_since is None
+                else f"gone from the source since batch {t.gone_since}, last "
+            )
             print(
-                f"  {name}: {rows} ({t.change_rows} changes in the last batch); "
+                f"  {name}: {gone}{rows} ({t.change_rows} changes in the last batch); "
                 f"Delta state v{_version(t.state_version)}, changes v{_version(t.changes_version)}"
             )
     return EXIT_OK

@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,6 +97,10 @@ class TableCommit:
     # name later is a table dropped and created again, whose columns are new ones
     # (slotlake.catalog.build_catalogs); None in a record from before it was kept.
     oid: int | None = None
+    # The batch from which the name is no longer the source's (dropped, renamed away or
+    # removed from the publication): set on a table a batch carries forward unwritten
+    # while its published set lacks the name (:func:`mark_gone`); None while it is one.
+    gone_since: int | None = None
 
     @property
     def multiset(self) -> bool:
@@ -729,6 +733,24 @@ def utcnow_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def mark_gone(
+    tables: dict[str, TableCommit], published: Collection[str] | None, batch: int
+) -> None:
+    """Mark the tables of a batch's record that left the source: not written by the batch
+    and not in its published set (the publications' tables read before its target), from
+    this batch on; a published name is the source's again. A table the batch wrote is
+    left as it is even when the set lacks it: created and published after the set was
+    read, it is not gone; dropped after its last change, the next batch marks it.
+    ``published`` None (unknown): nothing changes."""
+    if published is None:
+        return
+    for name, t in tables.items():
+        if name in published:
+            t.gone_since = None
+        elif not t.written and t.gone_since is None:
+            t.gone_since = batch
+
+
 def make_record(**kwargs: Any) -> CommitRecord:
     kwargs.setdefault("created_at", utcnow_iso())
     kwargs.setdefault("code_version", __version__)
@@ -751,9 +773,12 @@ def _record(root: str | Path, batch: int | None) -> CommitRecord:
     return lake.read_commit(batch)
 
 
-def table_names(root: str | Path, batch: int | None = None) -> list[str]:
+def table_names(root: str | Path, batch: int | None = None, *, gone: bool = False) -> list[str]:
+    """The source tables the lake mirrors as of ``batch`` (default: the last committed);
+    ``gone=True`` adds those that left the source (:attr:`TableCommit.gone_since`), whose
+    Delta tables and change logs stay."""
     try:
-        return sorted(_record(root, batch).tables)
+        return sorted(n for n, t in _record(root, batch).tables.items() if gone or not t.gone_since)
     except LakeError:
         if batch is None and Lake(root).last_commit() is None:
             return []
@@ -848,6 +873,13 @@ def read_state(root: str | Path, table: str, batch: int | None = None):  # type:
     t = rec.tables.get(table)
     if t is None or not t.state or t.state_version is None:
         raise LakeError(f"no committed state for table {table!r} in {root}")
+    if t.gone_since is not None:
+        # The source has no such table: its last state is not the mirror of anything.
+        raise LakeError(
+            f"table {table!r} left the source in batch {t.gone_since} of {root} (dropped, "
+            "renamed or removed from the publication); its last state is read with "
+            f"batch={t.gone_since - 1}"
+        )
     return expand_copies(read_delta(root, t.state, t.state_version))
 
 

@@ -77,6 +77,7 @@ from slotlake.lake import (
     link_or_copy,
     local_path,
     make_record,
+    mark_gone,
     new_attempt,
     utcnow_iso,
 )
@@ -688,6 +689,7 @@ def _rebuild(
         raise _diagnose(raw_files[b], b, exc) from exc
     seconds = time.monotonic() - t0
     progress(f"batch {b} reprocessed ({seconds:.1f}s)")
+    mark_gone(built.tables, rec.snapshot.get("published"), b)
     return make_record(
         batch=b,
         attempt=attempt,

@@ -34,6 +34,7 @@ from slotlake.lake import (
     is_local,
     local_path,
     make_record,
+    mark_gone,
     new_attempt,
     utcnow_iso,
 )
@@ -420,6 +421,7 @@ def _run_batch(
     snap_record = snapshot.for_record(
         lazy.started, lake, plan.snapshot, last, raw_rel, out.relation_changes
     )
+    mark_gone(out.tables, plan.snapshot.get("published"), batch)
     fault_point("before_commit")
     record = make_record(
         batch=batch,

@@ -127,6 +127,7 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
             "changes": "changes/public.t",
             "multiset": False,
             "written_in_last_batch": True,
+            "gone_since": None,
         }
     }
     assert isinstance(t.state_version, int) and isinstance(t.changes_version, int)
@@ -138,6 +139,13 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
     assert "public.t: 1 rows (4 changes in the last batch)" in text.stdout
     assert f"Delta state v{t.state_version}, changes v{t.changes_version}" in text.stdout
     assert "batch 1 (sync)" in text.stdout
+
+    # Dropped at the source: the next batch marks it gone, and status says so.
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DROP TABLE t")
+    assert slotlake("sync", "--config", str(conf)).returncode == 0
+    text = slotlake("status", "--config", str(conf))
+    assert "public.t: gone from the source since batch 2, last 1 rows" in text.stdout
 
 
 def test_errors_are_one_line_with_exit_codes(pg_dsn: str, slot: str, tmp_path: Path) -> None:

@@ -183,17 +183,22 @@ def test_a_table_renamed_between_its_changes_in_one_batch(
     if path == "spark":
         cfg.lake.driver_write_rows = 0
     session = spark if path == "spark" else None
+    batches = [
+        [
+            "INSERT INTO t VALUES (10, 'ten')",
+            "ALTER TABLE t RENAME TO t2",
+            "UPDATE t2 SET v = 'after' WHERE id = 2",
+        ],
+        ["INSERT INTO t2 VALUES (50, 'fifty')"],
+    ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _setup(c, slot, trigger=True)
         run_sync(cfg, spark=session)
-        c.execute("INSERT INTO t VALUES (10, 'ten')")
-        c.execute("ALTER TABLE t RENAME TO t2")
-        c.execute("UPDATE t2 SET v = 'after' WHERE id = 2")
-        run_sync(cfg, spark=session)
-        assert_mirror(c, lake, ["public.t2", "public.u"])
-        c.execute("INSERT INTO t2 VALUES (50, 'fifty')")
-        run_sync(cfg, spark=session)
-        assert_mirror(c, lake, ["public.t2", "public.u"])
+        for statements in batches:
+            for statement in statements:
+                c.execute(statement)
+            run_sync(cfg, spark=session)
+            assert_mirror(c, lake, ["public.t2", "public.u"])
 
     def batch_rows(table: str, batch: int) -> list[tuple[Any, ...]]:
         rows = read_changes(lake, table).to_pylist()
@@ -270,3 +275,78 @@ def test_a_lakes_first_batch_with_a_table_created_again_or_renamed(
         c.execute(f"INSERT INTO {table.split('.')[1]} VALUES (50, 50)")
         run_sync(cfg)
         assert_mirror(c, lake, [table, "public.u"])
+
+
+GONE = {
+    # case: (statements that take t from the source, those that bring it back, the names
+    # the lake lists while it is gone)
+    "dropped": (
+        ["DROP TABLE t"],
+        [
+            "CREATE TABLE t (id int PRIMARY KEY, v text)",
+            "ALTER PUBLICATION pub ADD TABLE t",
+            "INSERT INTO t VALUES (1, 'back')",
+        ],
+        ["public.u"],
+    ),
+    "unpublished": (
+        ["ALTER PUBLICATION pub DROP TABLE t"],
+        ["ALTER PUBLICATION pub ADD TABLE t"],
+        ["public.u"],
+    ),
+    "renamed": (
+        ["ALTER TABLE t RENAME TO t2"],
+        ["ALTER TABLE t2 RENAME TO t"],
+        ["public.t2", "public.u"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(GONE))
+def test_a_table_gone_from_the_source_leaves_the_lakes_tables(
+    pg_dsn: str, slot: str, tmp_path: Path, case: str
+) -> None:
+    """A table dropped, removed from the publication or renamed away is marked in the
+    record from the batch that no longer finds it published: ``table_names`` leaves it
+    out, ``read_state`` refuses it, naming the batch to read its last state with, and its
+    change log stays readable; published again, it is copied and mirrored as before."""
+    import psycopg
+
+    from slotlake import ddl
+    from slotlake.lake import LakeError, read_changes, read_state, table_names
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror, make_config
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    away, back, names = GONE[case]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        ddl.install(c)
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t, u")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO t SELECT g, 'old' || g FROM generate_series(1, 5) g")
+        run_sync(cfg)
+        for statement in away:
+            c.execute(statement)
+        c.execute("INSERT INTO u VALUES (1, 'u')")
+        run_sync(cfg)
+        assert table_names(lake) == names
+        assert "public.t" in table_names(lake, gone=True)
+        with pytest.raises(LakeError, match=r"'public\.t' left the source in batch 2 .*batch=1"):
+            read_state(lake, "public.t")
+        assert read_state(lake, "public.t", batch=1).num_rows == 5
+        assert read_changes(lake, "public.t").num_rows == 5
+        c.execute("INSERT INTO u VALUES (2, 'u')")
+        run_sync(cfg)  # still gone, from the same batch
+        with pytest.raises(LakeError, match="left the source in batch 2"):
+            read_state(lake, "public.t")
+        for statement in back:
+            c.execute(statement)
+        run_sync(cfg)
+        assert "public.t" in table_names(lake)
+        assert_mirror(c, lake, ["public.t", "public.u"])
+    if case == "renamed":
+        assert table_names(lake) == ["public.t", "public.u"]

@@ -11,6 +11,7 @@ from slotlake.lake import (
     OldLayoutError,
     TableCommit,
     make_record,
+    mark_gone,
     read_state,
     table_dir_name,
 )
@@ -270,3 +271,26 @@ def test_the_thorough_sweep_removes_checkpoint_scratch_files_of_the_lakes_tables
         [str(p.relative_to(tmp_path)) for p in (scratch, hint)]
     )
     assert not scratch.exists() and not hint.exists() and foreign.exists()
+
+
+def test_mark_gone_marks_unwritten_unpublished_tables_from_their_first_batch() -> None:
+    def table(written: bool, gone_since: int | None = None) -> TableCommit:
+        return TableCommit("c", "s", written=written, gone_since=gone_since)
+
+    tables = {
+        "public.kept": table(False),
+        "public.left": table(False),
+        "public.wrote": table(True),  # published after the set was read, or dropped later
+        "public.before": table(False, gone_since=3),
+        "public.back": table(True, gone_since=3),
+    }
+    mark_gone(tables, {"public.kept": 1, "public.back": 2}, 7)
+    assert {n: t.gone_since for n, t in tables.items()} == {
+        "public.kept": None,
+        "public.left": 7,
+        "public.wrote": None,
+        "public.before": 3,
+        "public.back": None,
+    }
+    mark_gone(tables, None, 8)  # a published set not known: nothing changes
+    assert tables["public.left"].gone_since == 7 and tables["public.kept"].gone_since is None
