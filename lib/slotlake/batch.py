@@ -1347,6 +1347,13 @@ def _from_worker(
     return (value, "") if ok else (None, str(value))
 
 
+def _target_names(target: dict[str, TableColumns] | None) -> dict[int, str] | None:
+    """Each published relation oid's table name at the batch's target (None: a batch
+    pulled before the catalog file was kept, or held the relations)."""
+    names = {t.relation.relation.oid: n for n, t in (target or {}).items() if t.relation}
+    return names or None
+
+
 @_raw_errors_in_one_line
 def process_batch(
     spark: LazySession,
@@ -1652,7 +1659,11 @@ def process_batch(
         timings,
         ddl=ddl_rel,
         ddl_version=ddl_version,
-        relation_changes=relation_changes(bcat.tables, {n: t.oid for n, t in prior_tables.items()}),
+        relation_changes=relation_changes(
+            bcat.tables,
+            {n: t.oid for n, t in prior_tables.items()},
+            _target_names(target_catalog),
+        ),
     )
 
 

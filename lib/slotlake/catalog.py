@@ -133,13 +133,6 @@ class TableCatalog:
     def oids(self) -> set[int]:
         return {v.oid for v in self.versions}
 
-    def owns(self, oid: int, seq: int) -> bool:
-        """Whether the DML row (relation oid, seq) of the batch is this table's."""
-        spans = self.shared.get(oid)
-        if spans is None:
-            return oid in self.oids
-        return any(lo < seq < hi for lo, hi in spans)
-
     @property
     def is_multiset(self) -> bool:
         """FULL identity or no key: rows are matched by their whole value."""
@@ -663,20 +656,26 @@ def build_catalogs(
 END_SEQ = 1 << 62
 
 
+def _holders(catalogs: Mapping[str, TableCatalog]) -> dict[int, list[tuple[int, str]]]:
+    """Each relation oid's Relation messages of the batch: (seq, table name), in order."""
+    holders: dict[int, list[tuple[int, str]]] = {}
+    for cat in catalogs.values():
+        for v in cat.versions:
+            holders.setdefault(v.oid, []).append((v.seq, cat.name))
+    for named in holders.values():
+        named.sort()
+    return holders
+
+
 def _split_shared_oids(catalogs: Mapping[str, TableCatalog]) -> None:
     """Give each table its seq ranges of a relation oid that several tables of the batch
     named (``TableCatalog.shared``). A receiver keeps the latest Relation message of each
     oid and reads a change by it, so a change belongs to the name that message carried:
     ``INSERT`` into ``t``, ``RENAME t TO t2``, ``UPDATE t2`` gives the insert to ``t`` and
     the update to ``t2``, though both have ``t``'s oid."""
-    holders: dict[int, list[tuple[int, str]]] = {}
-    for cat in catalogs.values():
-        for v in cat.versions:
-            holders.setdefault(v.oid, []).append((v.seq, cat.name))
-    for oid, named in holders.items():
+    for oid, named in _holders(catalogs).items():
         if len({name for _, name in named}) < 2:
             continue
-        named.sort()
         spans: dict[str, list[tuple[int, int]]] = {}
         for i, (seq, name) in enumerate(named):
             if i and named[i - 1][1] == name:
@@ -699,18 +698,18 @@ class RelationChange:
 
 
 def relation_changes(
-    catalogs: Mapping[str, TableCatalog], lake_oids: Mapping[str, int | None]
+    catalogs: Mapping[str, TableCatalog],
+    lake_oids: Mapping[str, int | None],
+    target_names: Mapping[int, str] | None = None,
 ) -> dict[str, RelationChange]:
     """Each table whose relation changed in the batch: dropped and created again (another
     oid than its previous version's, or than ``lake_oids``, the one the lake last wrote it
-    from), or renamed to its name (its oid's previous Relation message named another
-    table). The latest change of each."""
-    holders: dict[int, list[tuple[int, str]]] = {}
-    for cat in catalogs.values():
-        for v in cat.versions:
-            holders.setdefault(v.oid, []).append((v.seq, cat.name))
-    for named in holders.values():
-        named.sort()
+    from), or whose relation had changes under another name (renamed to it, or renamed
+    away and back), which went to that name's tables. ``target_names``: the name of each
+    relation oid at the batch's target (:func:`slotlake.ddl.read_catalog`); without it, a
+    table is known renamed only by a Relation message of its own after the other name's.
+    """
+    holders = _holders(catalogs)
     out: dict[str, RelationChange] = {}
     for cat in catalogs.values():
         before = lake_oids.get(cat.name)
@@ -719,9 +718,14 @@ def relation_changes(
             at = bisect.bisect_left(named, (v.seq, ""))
             if another_relation(before, v.oid):
                 out[cat.name] = RelationChange(f"recreated (oid {before} → {v.oid})", v.oid)
-            elif at and named[at - 1][1] != cat.name:
+            elif at and named[at - 1][1] != cat.name and target_names is None:
                 out[cat.name] = RelationChange(f"renamed from {named[at - 1][1]}", v.oid)
             before = v.oid
+    for oid, named in holders.items() if target_names is not None else ():
+        final = target_names.get(oid)
+        others = [name for _, name in named if name != final]
+        if final is not None and others and final not in out:
+            out[final] = RelationChange(f"renamed from {others[-1]}", oid)
     return out
 
 

@@ -350,3 +350,37 @@ def test_a_table_gone_from_the_source_leaves_the_lakes_tables(
         assert_mirror(c, lake, ["public.t", "public.u"])
     if case == "renamed":
         assert table_names(lake) == ["public.t", "public.u"]
+
+
+def test_a_table_renamed_away_and_back_is_copied_by_the_next_run(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """``t`` renamed ``t_tmp``, changed, and renamed back, in one batch: the change made
+    as ``t_tmp`` goes to ``t_tmp``'s tables (the name its Relation message gave), so the
+    batch names ``t`` for the next run's copy (by the target's name of the relation: no
+    change of ``t`` follows), which mirrors it; ``t_tmp`` is gone by then."""
+    import psycopg
+
+    from slotlake.lake import Lake, read_changes, table_names
+    from slotlake.snapshot import waiting
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror, make_config
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _setup(c, slot, trigger=True)
+        run_sync(cfg)
+        c.execute("UPDATE t SET v = 'as t' WHERE id = 1")
+        with c.transaction():
+            c.execute("ALTER TABLE t RENAME TO t_tmp")
+            c.execute("UPDATE t_tmp SET v = 'as t_tmp' WHERE id = 2")
+            c.execute("ALTER TABLE t_tmp RENAME TO t")
+        run_sync(cfg)
+        assert waiting(Lake(lake), None) == {"public.t": "renamed from public.t_tmp"}
+        assert [r["v"] for r in read_changes(lake, "public.t_tmp").to_pylist()] == ["as t_tmp"]
+        run_sync(cfg)
+        assert_mirror(c, lake, ["public.t", "public.u"])
+        assert waiting(Lake(lake), None) == {}
+    assert table_names(lake) == ["public.t", "public.u"]

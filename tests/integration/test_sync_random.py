@@ -19,6 +19,7 @@ A failure names the seed and round; ``SLOTLAKE_RANDOM_SEED`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import string
@@ -381,6 +382,22 @@ class Workload:
         else:
             c.execute("DELETE FROM ix WHERE code = %s", [code])
 
+    def rename_around(self) -> None:
+        """ix renamed away, changed under its other name and renamed back, in one
+        transaction or several: one relation under two names in a batch. A change belongs
+        to the name it was made under (the audit trail's TG_TABLE_NAME, the Relation
+        message before it), so ix's state misses those made as ix_r until the next run
+        copies it: the batch names it (``snapshot.wanted``, "renamed from public.ix_r")."""
+        c, rng = self.conn, self.rng
+        with c.transaction() if rng.random() < 0.5 else contextlib.nullcontext():
+            c.execute("ALTER TABLE ix RENAME TO ix_r")
+            for _ in range(rng.randint(1, 3)):
+                code = self._pick("SELECT code FROM ix_r")
+                if code is not None:
+                    self._update("ix_r", {"note": rng.choice(["r", None])}, "code = %s", [code])
+            c.execute("ALTER TABLE ix_r RENAME TO ix")
+        self.done["renamed around"] += 1
+
     # -- ms: REPLICA IDENTITY FULL, duplicates kept -----------------------------------------
     def ms(self) -> None:
         c, rng = self.conn, self.rng
@@ -505,6 +522,8 @@ def play(
         # rebuilt k2's copied rows reach the lake only through the copy.
         if rng.random() < 0.1 and round_no > 1:
             work.recreate_k2()
+        if rng.random() < 0.15:
+            work.rename_around()
         where = f"seed {seed}, round {round_no}"
         result = run_sync(cfg, spark=spark)
         # A round whose transactions wrote nothing (all rolled back before any write,
@@ -516,7 +535,13 @@ def play(
         work.synced()
         try:
             present = _in_lake(c, lake, tables)
-            assert_mirror(c, lake, present)
+            # A table the batch names for the next run's copy, since rows of its relation
+            # went to another name (renamed around them), is checked after that copy.
+            last = Lake(lake).last_commit()
+            wanted = last.snapshot.get("wanted", {}) if last is not None else {}
+            assert_mirror(
+                c, lake, [t for t in present if not wanted.get(t, "").startswith("renamed")]
+            )
             assert_log_matches_audit(c, lake, {t: KEYS[t] for t in present})
         except AssertionError as exc:
             raise AssertionError(f"{where}: {exc}") from None
@@ -556,6 +581,7 @@ def test_random_workload_mirror_equals_source(
         "drop",
         "identity",
         "split pull",
+        "renamed around",
     }
     assert covered <= set(work.done), f"seed {seed}: {dict(work.done)}"
     assert work.done["recreate"] + work.done["recreate rebuilt"], f"seed {seed}: {dict(work.done)}"
