@@ -796,8 +796,10 @@ def target_versions(
     otherwise reach the state only with the table's next change — its older rows missing
     a fast default's value, a renamed column's values under the old name. A table gets a
     version at :data:`TARGET_SEQ` when its latest Relation message of the batch differs
-    from its shape at the target in its columns' names, types or order (same oid: a table
-    dropped and created again is left to its own messages), or, with none in the batch,
+    from its shape at the target in its columns' names, types or order, or is another
+    relation's (dropped and created again after its last change: the state ends in the
+    new relation's columns, as the copy the run takes of it has them, and the batch
+    records the new oid), or, with none in the batch,
     when the lake's columns of it (``lake_tables``: state column names and attnums)
     differ from the target's by name or attnum (a type alone is not compared there: the
     lake may keep a column as text), or the lake wrote it from another relation
@@ -812,7 +814,7 @@ def target_versions(
         rel = target.relation
         if name in latest:
             seen = latest[name]
-            if seen.oid != rel.oid or _columns(seen) == _columns(rel):
+            if seen.oid == rel.oid and _columns(seen) == _columns(rel):
                 continue
         elif name in lake_tables:
             names, attnums = lake_tables[name]

@@ -54,6 +54,15 @@ CASES = {
         "v",
         "v__dropped",
     ),
+    "after the old table's last change": (
+        [
+            "UPDATE t SET v = 'last' WHERE id = 1",
+            "DROP TABLE t",
+            "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        ],
+        "v",
+        "v__dropped",
+    ),
     "no change in its first batch": (
         ["DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int)"],
         "v",
@@ -82,7 +91,8 @@ def test_a_table_created_again_is_mirrored_with_its_own_columns(
 ) -> None:
     import psycopg
 
-    from slotlake.lake import read_changes, read_state
+    from slotlake.lake import Lake, read_changes, read_state
+    from slotlake.snapshot import waiting
     from slotlake.sync import run_sync
 
     from .sync_helpers import assert_mirror, make_config
@@ -97,6 +107,10 @@ def test_a_table_created_again_is_mirrored_with_its_own_columns(
             c.execute(statement)
         run_sync(cfg)
         assert_mirror(c, lake, ["public.t", "public.u"])
+        # The batch records the new relation, whose copy it took: nothing left to copy.
+        oid = c.execute("SELECT 't'::regclass::oid::int").fetchone()[0]
+        assert Lake(lake).last_commit().tables["public.t"].oid == oid
+        assert waiting(Lake(lake), None) == {}
         new_type = c.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
             "WHERE attrelid = 't'::regclass AND attname = %s",
@@ -115,7 +129,7 @@ def test_a_table_created_again_is_mirrored_with_its_own_columns(
         f"old{i}" for i in range(2, 6)
     ]
     assert [r[column] for r in changes if r["id"] == 50] == [value]
-    if case == "in the batch of the old table's changes":
+    if "old table's" in case:
         assert [r[old_v] for r in changes if r["_op"] == "U"] == ["last"]
     if old_v == "v__dropped":
         assert all(r["v__dropped"] is None for r in changes if r["id"] == 50)
@@ -369,14 +383,18 @@ def test_a_table_renamed_away_and_back_is_copied_by_the_next_run(
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
+    around = [
+        "ALTER TABLE t RENAME TO t_tmp",
+        "UPDATE t_tmp SET v = 'as t_tmp' WHERE id = 2",
+        "ALTER TABLE t_tmp RENAME TO t",
+    ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _setup(c, slot, trigger=True)
         run_sync(cfg)
         c.execute("UPDATE t SET v = 'as t' WHERE id = 1")
         with c.transaction():
-            c.execute("ALTER TABLE t RENAME TO t_tmp")
-            c.execute("UPDATE t_tmp SET v = 'as t_tmp' WHERE id = 2")
-            c.execute("ALTER TABLE t_tmp RENAME TO t")
+            for statement in around:
+                c.execute(statement)
         run_sync(cfg)
         assert waiting(Lake(lake), None) == {"public.t": "renamed from public.t_tmp"}
         assert [r["v"] for r in read_changes(lake, "public.t_tmp").to_pylist()] == ["as t_tmp"]

@@ -589,8 +589,9 @@ def test_target_version_only_where_the_batch_left_a_table_behind() -> None:
     out = target_versions([(5, seen)], {"public.t": added}, {}, {})
     assert out == [(TARGET_SEQ - 1, Type(None, MOOD, "", "mood")), (TARGET_SEQ, added.relation)]
     # A type counts; the key or the replica identity alone do not (the table's next change
-    # brings them). A table dropped and created again (another oid) is left to its own
-    # messages, and so is a table the lake lacks.
+    # brings them). A table dropped and created again after its last change (another
+    # oid) gets one too: the state ends in the new relation's columns, as the copy the
+    # run takes of it has them. A table the lake lacks is left to its own messages.
     widened = _target(col("id", INT8, key=True), col("v", TEXT))
     assert target_versions([(5, seen)], {"public.t": widened}, {}, {})[-1][1] == widened.relation
     rekeyed = _target(col("id", INT4, key=True), col("v", TEXT, key=True))
@@ -598,7 +599,8 @@ def test_target_version_only_where_the_batch_left_a_table_behind() -> None:
     full = _target(col("id", INT4, key=True), col("v", TEXT), identity="f")
     assert target_versions([(5, seen)], {"public.t": full}, {}, {}) == []
     other_oid = _target(col("id", INT4, key=True), oid=OID + 1)
-    assert target_versions([(5, seen)], {"public.t": other_oid}, {}, {}) == []
+    again = target_versions([(5, seen)], {"public.t": other_oid}, {}, {})
+    assert again[-1] == (TARGET_SEQ, other_oid.relation)
     assert target_versions([], {"public.t": added}, {}, {}) == []
 
 
