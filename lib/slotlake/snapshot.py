@@ -555,12 +555,11 @@ def for_record(
     snapshot (``wanted``). Derived from the plan, the raw batch and the previous record
     alone, so a rerun of the batch records the same.
 
-    ``changed``: the tables that began to read another relation in the batch
+    ``changed``: the tables whose relation changed in the batch
     (:func:`slotlake.catalog.relation_changes`): wanted unless this batch copied that
-    relation. Before the next run's own check (a published oid against the one this
-    batch recorded) sees them, the changes of a lake's first batch, which records the
-    oids it found: its rows of the old relation, or of the name before a rename, are
-    elsewhere."""
+    relation. The next run's own check (a published oid against the one this batch
+    recorded) misses what happened inside a batch that recorded the new oids: a lake's
+    first batch, or a table renamed away and back."""
     out = dict(plan_snapshot)
     taken = table_snapshots(plan_snapshot)
     messages = _raw_messages(spark, lake, raw_rel)
