@@ -139,6 +139,29 @@ def published_tables(
     return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
 
+def partition_leaves(
+    conn: psycopg.Connection[Any], published: Mapping[str, tuple[int, int]]
+) -> dict[str, dict[str, int]]:
+    """schema.table → {leaf partition oid: relfilenode} of each partitioned table among
+    ``published`` (one published as itself, ``publish_via_partition_root``). Its rows move
+    without a change in the stream when a partition is detached, dropped, truncated alone
+    (pgoutput sends no TRUNCATE of a partition published through its root) or rewritten:
+    a leaf gone or with another relfilenode tells it (:func:`for_record`)."""
+    names = {oid: name for name, (oid, _) in published.items()}
+    out: dict[str, dict[str, int]] = {}
+    for root, leaf, node in conn.execute(
+        """
+        SELECT c.oid::int, l.oid::int, l.relfilenode::bigint
+        FROM pg_class c, LATERAL pg_partition_tree(c.oid) t
+        JOIN pg_class l ON l.oid = t.relid
+        WHERE c.oid = ANY(%s) AND c.relkind = 'p' AND t.isleaf
+        """,
+        (list(names),),
+    ):
+        out.setdefault(names[int(root)], {})[str(leaf)] = int(node)
+    return out
+
+
 def _baseline(last: CommitRecord | None) -> dict[str, int | None] | None:
     """The previous commit's published set (name → oid), or None when it is unknown."""
     if last is None:
@@ -229,6 +252,8 @@ class Prepared:
 
     published: dict[str, int] = field(default_factory=dict)
     relfilenodes: dict[str, int] = field(default_factory=dict)
+    # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
+    leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     tables: dict[str, TableSnapshot] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # ids of the requests honoured
 
@@ -236,6 +261,7 @@ class Prepared:
         return {
             "published": self.published,
             "relfilenodes": self.relfilenodes,
+            "leaves": self.leaves,
             "tables": {k: asdict(v) for k, v in self.tables.items()},
             "requests": self.requests,
         }
@@ -347,6 +373,7 @@ def prepare(
     secrets = [p for p in (dsn_password(dsn),) if p]
     try:
         published = published_tables(conn, cfg.source.publications)
+        leaves = partition_leaves(conn, published)
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(f"cannot read the published tables: {' '.join(str(exc).split())}", secrets)
@@ -354,6 +381,7 @@ def prepare(
     prep = Prepared(
         published={k: v[0] for k, v in published.items()},
         relfilenodes={k: v[1] for k, v in published.items()},
+        leaves=leaves,
     )
     wanted, ids = _wanted(lake, last, published)
     if not wanted:
@@ -597,6 +625,25 @@ def for_record(
             node,
         )
         wanted[name] = f"relfilenode changed ({old} → {node})"
+    leaves_before = (last.snapshot.get("leaves") if last else None) or {}
+    for name, leaves in sorted(plan_snapshot.get("leaves", {}).items()):
+        had = leaves_before.get(name)
+        if had is None or name in taken or name in wanted:
+            continue
+        # A partition created since (CREATE TABLE … PARTITION OF) starts empty: not told.
+        gone = sorted(set(had) - set(leaves))
+        rewritten = sorted(k for k in had if k in leaves and int(had[k]) != int(leaves[k]))
+        if not gone and not rewritten:
+            continue
+        if oids.get(name) in truncated_now | truncated_before and not gone:
+            continue  # the whole table truncated: every leaf rewritten, and said so
+        log.warning(
+            "partitioned table %s lost or rewrote partitions at the source (oids %s) without "
+            "a change in the stream: the next sync re-snapshots it",
+            name,
+            ", ".join(gone + rewritten),
+        )
+        wanted[name] = f"partitions detached or rewritten ({', '.join(gone + rewritten)})"
     out["wanted"] = wanted
     out["truncated_oids"] = sorted(truncated_now)
     return out
