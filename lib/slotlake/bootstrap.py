@@ -136,6 +136,7 @@ from slotlake.lake import (
     TableCommit,
     local_path,
     make_record,
+    mark_gone,
     new_attempt,
 )
 from slotlake.lsn import Lsn
@@ -1576,8 +1577,8 @@ def _bootstrap(
                     # No longer published: kept as of the previous batch, as sync keeps it.
                     kept = TableCommit(**{**t.__dict__})
                     kept.change_rows, kept.written, kept.renames = 0, False, {}
-                    kept.gone_since = kept.gone_since or batch
                     tables[name] = kept
+            mark_gone(tables, {p.name for p in plans}, batch)
         total = time.monotonic() - t_start
         record = make_record(
             batch=batch,

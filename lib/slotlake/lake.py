@@ -778,7 +778,9 @@ def table_names(root: str | Path, batch: int | None = None, *, gone: bool = Fals
     ``gone=True`` adds those that left the source (:attr:`TableCommit.gone_since`), whose
     Delta tables and change logs stay."""
     try:
-        return sorted(n for n, t in _record(root, batch).tables.items() if gone or not t.gone_since)
+        return sorted(
+            n for n, t in _record(root, batch).tables.items() if gone or t.gone_since is None
+        )
     except LakeError:
         if batch is None and Lake(root).last_commit() is None:
             return []
