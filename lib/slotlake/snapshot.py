@@ -36,7 +36,9 @@ published set (each commit records it), except on a lake's very first batch (sta
 transactional ``slotlake.ddl`` message with ``"rewrite": true`` for it (the DDL capture
 trigger), or, without the trigger, a changed ``pg_class.relfilenode`` that no TRUNCATE in
 the stream explains (logged as a warning; VACUUM FULL and CLUSTER change it too and cost
-a needless but harmless snapshot) — snapshotted by the next run; (c) by hand,
+a needless but harmless snapshot) — snapshotted by the next run; (c) a partitioned
+table published as itself that lost or rewrote a leaf (the next run), or gained one
+attached with rows it had before (the same run: :func:`attached_with_rows`); (d) by hand,
 ``slotlake resnapshot --table schema.table`` records a request the next sync honours.
 """
 
@@ -52,7 +54,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 
@@ -139,27 +141,118 @@ def published_tables(
     return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
 
-def partition_leaves(
+class PartitionNode(NamedTuple):
+    """A relation in a published root's partition tree (the root itself excluded)."""
+
+    parent: int
+    leaf: bool
+    relfilenode: int
+    # The xid that made it a partition when it existed before (ATTACH PARTITION); None
+    # when it was created one (``CREATE TABLE … PARTITION OF``): its row type was made by
+    # the transaction that made its pg_inherits row.
+    attached_by: str | None
+    name: tuple[str, str]  # schema, relation
+
+
+def partition_trees(
     conn: psycopg.Connection[Any], published: Mapping[str, tuple[int, int]]
-) -> dict[str, dict[str, int]]:
-    """schema.table → {leaf partition oid: relfilenode} of each partitioned table among
+) -> dict[str, dict[int, PartitionNode]]:
+    """schema.table → {oid: node} of the partitions below each partitioned table among
     ``published`` (one published as itself, ``publish_via_partition_root``). Its rows move
     without a change in the stream when a partition is detached, dropped, truncated alone
-    (pgoutput sends no TRUNCATE of a partition published through its root) or rewritten:
-    a leaf gone or with another relfilenode tells it (:func:`for_record`)."""
+    (pgoutput sends no TRUNCATE of a partition published through its root) or rewritten,
+    and when a table that has rows is attached: the leaves tell the first
+    (:func:`for_record`), the attach xids the last (:func:`attached_with_rows`)."""
     names = {oid: name for name, (oid, _) in published.items()}
-    out: dict[str, dict[str, int]] = {}
-    for root, leaf, node in conn.execute(
+    out: dict[str, dict[int, PartitionNode]] = {}
+    for root, oid, parent, leaf, node, attached_by, schema, rel in conn.execute(
         """
-        SELECT c.oid::int, l.oid::int, l.relfilenode::bigint
+        SELECT c.oid::int, t.relid::int, t.parentrelid::int, t.isleaf, l.relfilenode::bigint,
+               CASE WHEN NOT (ty.xmin = i.xmin) THEN i.xmin::text END,
+               n.nspname::text, l.relname::text
         FROM pg_class c, LATERAL pg_partition_tree(c.oid) t
         JOIN pg_class l ON l.oid = t.relid
-        WHERE c.oid = ANY(%s) AND c.relkind = 'p' AND t.isleaf
+        JOIN pg_namespace n ON n.oid = l.relnamespace
+        LEFT JOIN pg_type ty ON ty.oid = l.reltype
+        LEFT JOIN pg_inherits i ON i.inhrelid = t.relid AND i.inhparent = t.parentrelid
+        WHERE c.oid = ANY(%s) AND c.relkind = 'p' AND t.relid <> c.oid
         """,
         (list(names),),
     ):
-        out.setdefault(names[int(root)], {})[str(leaf)] = int(node)
+        out.setdefault(names[int(root)], {})[int(oid)] = PartitionNode(
+            int(parent), bool(leaf), int(node), attached_by, (schema, rel)
+        )
     return out
+
+
+def leaves_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dict[str, int]]:
+    """The commit record's ``leaves``: root → {leaf oid: relfilenode}."""
+    return {
+        root: {str(oid): n.relfilenode for oid, n in nodes.items() if n.leaf}
+        for root, nodes in trees.items()
+        if any(n.leaf for n in nodes.values())
+    }
+
+
+def attached_with_rows(
+    conn: psycopg.Connection[Any],
+    trees: Mapping[str, Mapping[int, PartitionNode]],
+    last: CommitRecord | None,
+) -> dict[str, str]:
+    """Roots published as themselves that gained, since the last commit read their leaves,
+    a partition attached with rows it had before (``ATTACH PARTITION`` of a filled table,
+    or of a tree of them): name → reason. Those rows reach the root without a change in
+    the stream, so this run copies it.
+
+    Only a new leaf is looked at, and only up to the first partition on its path that the
+    last commit knew. A partition attached empty, and filled through the root since, costs
+    no copy: its rows are newer than the attach, which reads only the new leaf's rows (as
+    few as arrived since the last run, or one when the table brought rows). Not told: a
+    table created, filled and attached in one transaction (its row type and its
+    pg_inherits row share the xid)."""
+    before = (last.snapshot.get("leaves") if last else None) or {}
+    out: dict[str, str] = {}
+    for root, nodes in sorted(trees.items()):
+        had = before.get(root)
+        if had is None:
+            continue  # not recorded: a root copied or first read by this run
+        known: set[int] = set()
+        for oid in map(int, had):
+            while oid in nodes and oid not in known:
+                known.add(oid)
+                oid = nodes[oid].parent
+        for oid, node in sorted(nodes.items()):
+            if not node.leaf or oid in known:
+                continue
+            step = oid
+            while step in nodes and step not in known:
+                xid = nodes[step].attached_by
+                if xid is not None and _rows_before(conn, node.name, xid):
+                    out[root] = f"partition {'.'.join(node.name)} attached with rows"
+                    break
+                step = nodes[step].parent
+            if root in out:
+                break
+    return out
+
+
+def _rows_before(conn: psycopg.Connection[Any], name: tuple[str, str], xid: str) -> bool:
+    """Whether ``name`` holds a row written before transaction ``xid`` (one that attached
+    it or a partition above it). A row it cannot read counts: a copy is the safe side."""
+    from psycopg import sql
+
+    query = sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {} WHERE age(xmin) > age({}::xid))")
+    try:
+        row = conn.execute(query.format(sql.Identifier(*name), sql.Literal(xid))).fetchone()
+    except psycopg.Error as exc:
+        log.warning(
+            "cannot read partition %s to see whether it brought rows when attached (%s): "
+            "copying its root",
+            ".".join(name),
+            " ".join(str(exc).split()),
+        )
+        return True
+    return bool(row and row[0])
 
 
 def _baseline(last: CommitRecord | None) -> dict[str, int | None] | None:
@@ -277,9 +370,13 @@ def table_snapshots(plan_snapshot: dict[str, Any]) -> dict[str, TableSnapshot]:
 
 
 def _wanted(
-    lake: Lake, last: CommitRecord | None, published: dict[str, tuple[int, int]]
+    lake: Lake,
+    last: CommitRecord | None,
+    published: dict[str, tuple[int, int]],
+    attached: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
-    """Tables to snapshot in this run (name → reason) and the request ids honoured."""
+    """Tables to snapshot in this run (name → reason) and the request ids honoured.
+    ``attached``: roots that gained a partition with rows (:func:`attached_with_rows`)."""
     if last is None:
         # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
         return {}, []
@@ -295,6 +392,8 @@ def _wanted(
     for name, reason in last.snapshot.get("wanted", {}).items():
         if name in published:
             wanted.setdefault(name, reason)
+    for name, reason in (attached or {}).items():
+        wanted.setdefault(name, reason)
     ids = []
     for entry in pending_requests(lake):
         name = entry.get("table", "")
@@ -373,7 +472,8 @@ def prepare(
     secrets = [p for p in (dsn_password(dsn),) if p]
     try:
         published = published_tables(conn, cfg.source.publications)
-        leaves = partition_leaves(conn, published)
+        trees = partition_trees(conn, published)
+        attached = attached_with_rows(conn, trees, last)
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(f"cannot read the published tables: {' '.join(str(exc).split())}", secrets)
@@ -381,9 +481,9 @@ def prepare(
     prep = Prepared(
         published={k: v[0] for k, v in published.items()},
         relfilenodes={k: v[1] for k, v in published.items()},
-        leaves=leaves,
+        leaves=leaves_of(trees),
     )
-    wanted, ids = _wanted(lake, last, published)
+    wanted, ids = _wanted(lake, last, published, attached)
     if not wanted:
         return prep
     prep.requests = ids

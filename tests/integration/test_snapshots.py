@@ -487,3 +487,91 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
             run_sync(cfg)
             assert copied() == copies, statements
         assert_mirror(c, lake, ["public.p"])
+
+
+def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """``ATTACH PARTITION`` of a table that has rows brings them into a root published as
+    itself without a change in the stream: the run that first sees the new leaf copies the
+    root. A partition attached empty and filled through the root, or created below a
+    partition the lake knew, costs nothing; a detached partition attached again is copied
+    again."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+
+    def copied() -> dict[str, str]:
+        last = Lake(lake).last_commit()
+        assert last is not None
+        return {k: v["reason"] for k, v in last.snapshot.get("tables", {}).items()}
+
+    attached = {"public.p": "partition public.{} attached with rows"}
+    steps: list[tuple[list[str], dict[str, str], bool]] = [
+        # (statements, the tables the sync after them copies and why, mirror exact after it)
+        (
+            [
+                "CREATE TABLE staged (id int, k int, v text, PRIMARY KEY (id, k))",
+                "INSERT INTO staged SELECT g, 20 + g % 10, 'staged' FROM generate_series(1, 5) g",
+                "ALTER TABLE p ATTACH PARTITION staged FOR VALUES FROM (20) TO (30)",
+                "UPDATE p SET v = 'moved' WHERE id = 1 AND k = 21",
+            ],
+            {"public.p": attached["public.p"].format("staged")},
+            True,
+        ),
+        (
+            [
+                "CREATE TABLE e (id int NOT NULL, k int NOT NULL, v text)",
+                "ALTER TABLE p ATTACH PARTITION e FOR VALUES FROM (30) TO (40)",
+                "INSERT INTO p VALUES (31, 31, 'through the root')",
+            ],
+            {},
+            True,
+        ),
+        (
+            [
+                "CREATE TABLE q (id int, k int, v text, PRIMARY KEY (id, k)) "
+                "PARTITION BY RANGE (id)",
+                "CREATE TABLE q1 PARTITION OF q FOR VALUES FROM (0) TO (1000)",
+                "INSERT INTO q VALUES (1, 45, 'a tree')",
+                "ALTER TABLE p ATTACH PARTITION q FOR VALUES FROM (40) TO (50)",
+            ],
+            {"public.p": attached["public.p"].format("q1")},
+            True,
+        ),
+        (
+            [
+                "CREATE TABLE q2 PARTITION OF q FOR VALUES FROM (1000) TO (2000)",
+                "INSERT INTO p VALUES (1001, 46, 'below a known partition')",
+            ],
+            {},
+            True,
+        ),
+        (["ALTER TABLE p DETACH PARTITION p1"], {}, False),
+        ([], {"public.p": "partitions detached or rewritten"}, True),
+        (
+            ["ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (0) TO (10)"],
+            {"public.p": attached["public.p"].format("p1")},
+            True,
+        ),
+    ]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE p (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)"
+        )
+        c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10)")
+        c.execute("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (10) TO (20)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root = true)")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO p SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+        run_sync(cfg)
+        for i, (statements, copies, exact) in enumerate(steps):
+            for statement in statements:
+                c.execute(statement)
+            c.execute("INSERT INTO p VALUES (%s, 15, 'tick')", (100 + i,))
+            run_sync(cfg)
+            got = copied()
+            assert sorted(got) == sorted(copies), statements
+            for name, reason in copies.items():
+                assert got[name].startswith(reason), (statements, got[name])
+            if exact:
+                assert_mirror(c, lake, ["public.p"])
