@@ -141,6 +141,7 @@ from slotlake.lake import (
 )
 from slotlake.lsn import Lsn
 from slotlake.redact import dsn_password, redact_dsn, redact_text
+from slotlake.snapshot import source_catalog
 from slotlake.source import SESSION_SETTINGS, lock_key
 from slotlake.spark import LazySession
 
@@ -1492,6 +1493,8 @@ def _bootstrap(
     attempt = new_attempt()
     # A lake on local disk whose tables are all copied on the driver starts no JVM.
     spark = LazySession(lambda: _session(cfg), started)
+    # Before the slot: what the first sync compares the source with (slotlake.snapshot).
+    seen = source_catalog(ctl, cfg.source.publications)
     try:
         repl, consistent, snapshot = _create_slot(dsn, slot, version)
     except psycopg.Error as exc:
@@ -1598,6 +1601,10 @@ def _bootstrap(
             tables=tables,
             timings={"total": round(total, 3)},
             kind="bootstrap",
+            # The tables copied, as of the copy, and the source's files before it: the
+            # first sync's checks start from them (a re-created table, a rewrite, a
+            # partition detached or attached since).
+            snapshot={"published": {p.name: p.oid for p in plans}, **seen},
         )
         lake.write_commit(record)
         committed = True

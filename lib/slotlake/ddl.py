@@ -21,7 +21,7 @@ JSON object with
 * ``columns``: ``{"<table>": {"<column>": <attnum>}}``, every live column after the
   command (a DROP and re-ADD of a same-named column shows as a new attnum)
 * ``missing``: ``{"<table>": {"<column>": "<attmissingval text>"}}``, every column with a
-  fast default (``atthasmissing``), as text in the peek session's formats (ISO dates,
+  fast default (``atthasmissing``; a partitioned table's from its leaves), as text in the peek session's formats (ISO dates,
   UTC, ISO 8601 intervals, hex bytea, ``extra_float_digits = 3``)
 
 Creating event triggers needs a superuser on PostgreSQL 15 and 16. The function is
@@ -109,13 +109,19 @@ BEGIN
                    JOIN pg_attribute a ON a.attrelid = c.oid
                    WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
                    GROUP BY 1) t),
+      -- A partitioned table stores no rows: its leaves hold the fast defaults.
       'missing', (SELECT coalesce(jsonb_object_agg(t.name, t.vals), '{{}}'::jsonb) FROM (
-                   SELECT n.nspname || '.' || c.relname AS name,
-                          jsonb_object_agg(a.attname, (a.attmissingval::text::text[])[1]) AS vals
-                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                   JOIN pg_attribute a ON a.attrelid = c.oid
-                   WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
-                     AND a.atthasmissing
+                   SELECT m.name, jsonb_object_agg(m.attname, m.val) AS vals FROM (
+                     SELECT n.nspname || '.' || c.relname AS name, a.attname,
+                            min((a.attmissingval::text::text[])[1]) AS val
+                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     JOIN pg_attribute a ON a.attrelid = ANY(CASE WHEN c.relkind = 'p'
+                       THEN ARRAY(SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf)
+                       ELSE ARRAY[c.oid] END)
+                     WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.atthasmissing
+                     GROUP BY 1, 2
+                     HAVING count(DISTINCT (a.attmissingval::text::text[])[1]) = 1) m
                    GROUP BY 1) t)
     ) INTO msg;
     PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', msg::text);
@@ -500,10 +506,22 @@ WITH published AS MATERIALIZED (
     SELECT (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass::oid AS rel,
            {attnames} AS attnames
     FROM pg_publication_tables WHERE pubname = ANY(%s)
-), rels AS MATERIALIZED (SELECT DISTINCT rel AS oid FROM published)
+), rels AS MATERIALIZED (SELECT DISTINCT rel AS oid FROM published
+), leaves_missing AS MATERIALIZED (
+    -- A partitioned table published as itself stores no rows: its leaves hold the fast
+    -- defaults (one value a column, as the ADD gave every leaf that had rows then).
+    SELECT r.oid AS root, la.attname, min((la.attmissingval::text::text[])[1]) AS val
+    FROM rels r
+    JOIN pg_class rc ON rc.oid = r.oid AND rc.relkind = 'p'
+    CROSS JOIN LATERAL pg_partition_tree(r.oid) pt
+    JOIN pg_attribute la ON la.attrelid = pt.relid AND pt.isleaf AND la.attnum > 0
+        AND NOT la.attisdropped AND la.atthasmissing
+    GROUP BY 1, 2
+    HAVING count(DISTINCT (la.attmissingval::text::text[])[1]) = 1
+)
 SELECT n.nspname::text || '.' || c.relname::text, a.attname::text, a.attnum::int,
-       CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
-       a.atthasmissing,
+       CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] ELSE lm.val END,
+       a.atthasmissing OR lm.val IS NOT NULL,
        -- Uncorrelated IN lists: each is hashed once, not scanned for every attribute.
        a.attgenerated = '' AND (
            c.oid IN (SELECT rel FROM published WHERE attnames IS NULL)
@@ -533,6 +551,7 @@ LEFT JOIN LATERAL (
       AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
     LIMIT 1
 ) ident ON true
+LEFT JOIN leaves_missing lm ON lm.root = c.oid AND lm.attname = a.attname
 ORDER BY c.oid, a.attnum
 """
 

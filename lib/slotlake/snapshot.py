@@ -152,6 +152,10 @@ class PartitionNode(NamedTuple):
     # the transaction that made its pg_inherits row.
     attached_by: str | None
     name: tuple[str, str]  # schema, relation
+    # pg_class.xmin: the transaction that last set its relfilenode (among other fields),
+    # to tell a leaf rewritten by a TRUNCATE of its root in the stream from one truncated
+    # alone after it (for_record).
+    xmin: str
 
 
 def partition_trees(
@@ -165,11 +169,11 @@ def partition_trees(
     (:func:`for_record`), the attach xids the last (:func:`attached_with_rows`)."""
     names = {oid: name for name, (oid, _) in published.items()}
     out: dict[str, dict[int, PartitionNode]] = {}
-    for root, oid, parent, leaf, node, attached_by, schema, rel in conn.execute(
+    for root, oid, parent, leaf, node, attached_by, schema, rel, xmin in conn.execute(
         """
         SELECT c.oid::int, t.relid::int, t.parentrelid::int, t.isleaf, l.relfilenode::bigint,
                CASE WHEN NOT (ty.xmin = i.xmin) THEN i.xmin::text END,
-               n.nspname::text, l.relname::text
+               n.nspname::text, l.relname::text, l.xmin::text
         FROM pg_class c, LATERAL pg_partition_tree(c.oid) t
         JOIN pg_class l ON l.oid = t.relid
         JOIN pg_namespace n ON n.oid = l.relnamespace
@@ -180,7 +184,7 @@ def partition_trees(
         (list(names),),
     ):
         out.setdefault(names[int(root)], {})[int(oid)] = PartitionNode(
-            int(parent), bool(leaf), int(node), attached_by, (schema, rel)
+            int(parent), bool(leaf), int(node), attached_by, (schema, rel), str(xmin)
         )
     return out
 
@@ -189,6 +193,32 @@ def leaves_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dic
     """The commit record's ``leaves``: root → {leaf oid: relfilenode}."""
     return {
         root: {str(oid): n.relfilenode for oid, n in nodes.items() if n.leaf}
+        for root, nodes in trees.items()
+        if any(n.leaf for n in nodes.values())
+    }
+
+
+def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -> dict[str, Any]:
+    """What a bootstrap records of the source for the first sync's checks
+    (:func:`for_record`, :func:`attached_with_rows`): each published table's relfilenode
+    and each partitioned table's leaves. Read before the bootstrap's slot exists: a
+    rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
+    a needless copy, one after it is seen."""
+    published = published_tables(conn, publications)
+    trees = partition_trees(conn, published)
+    return {
+        "relfilenodes": {k: v[1] for k, v in published.items()},
+        "leaves": leaves_of(trees),
+        "leaf_xmins": leaf_xmins_of(trees),
+        "truncated_oids": [],
+        "truncation_xids": {},
+    }
+
+
+def leaf_xmins_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dict[str, str]]:
+    """The plan's ``leaf_xmins``: root → {leaf oid: pg_class xmin}."""
+    return {
+        root: {str(oid): n.xmin for oid, n in nodes.items() if n.leaf}
         for root, nodes in trees.items()
         if any(n.leaf for n in nodes.values())
     }
@@ -347,6 +377,8 @@ class Prepared:
     relfilenodes: dict[str, int] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
+    # ... and their pg_class xmins (root → leaf oid → xid).
+    leaf_xmins: dict[str, dict[str, str]] = field(default_factory=dict)
     tables: dict[str, TableSnapshot] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # ids of the requests honoured
 
@@ -355,6 +387,7 @@ class Prepared:
             "published": self.published,
             "relfilenodes": self.relfilenodes,
             "leaves": self.leaves,
+            "leaf_xmins": self.leaf_xmins,
             "tables": {k: asdict(v) for k, v in self.tables.items()},
             "requests": self.requests,
         }
@@ -482,6 +515,7 @@ def prepare(
         published={k: v[0] for k, v in published.items()},
         relfilenodes={k: v[1] for k, v in published.items()},
         leaves=leaves_of(trees),
+        leaf_xmins=leaf_xmins_of(trees),
     )
     wanted, ids = _wanted(lake, last, published, attached)
     if not wanted:
@@ -622,11 +656,12 @@ def _copy_table(lake: Lake, task: Any, rel: str, status: dict[str, Any], name: s
 
 def _raw_messages(
     spark: SparkSession | None, lake: Lake, raw_rel: str
-) -> list[tuple[str, int | None, Any]]:
-    """(msg_type, commit_lsn, decoded message) of the raw batch's Truncate and Message rows."""
+) -> list[tuple[str, int | None, Any, int]]:
+    """(msg_type, commit_lsn, decoded message, xid) of the raw batch's Truncate and Message
+    rows."""
     from slotlake.pgoutput import decode
 
-    cols = ["msg_type", "data", "stream_xid", "commit_lsn"]
+    cols = ["msg_type", "data", "stream_xid", "commit_lsn", "xid"]
     rows: list[dict[str, Any]]
     if lake.on_local_disk:
         from slotlake.lake import local_path
@@ -643,18 +678,24 @@ def _raw_messages(
     out = []
     for r in rows:
         msg = decode(bytes(r["data"]), in_stream=r["stream_xid"] is not None)
-        out.append((r["msg_type"], r["commit_lsn"], msg))
+        out.append((r["msg_type"], r["commit_lsn"], msg, int(r["xid"])))
     return out
 
 
-def _truncated_oids(messages: list[tuple[str, int | None, Any]]) -> set[int]:
-    return {oid for t, _, m in messages if t == "T" for oid in m.relation_oids}
+def _truncations(messages: list[tuple[str, int | None, Any, int]]) -> dict[int, set[int]]:
+    """Relation oid → the xids of the transactions that truncated it in the batch."""
+    out: dict[int, set[int]] = {}
+    for t, _, m, xid in messages:
+        if t == "T":
+            for oid in m.relation_oids:
+                out.setdefault(oid, set()).add(xid)
+    return out
 
 
-def rewritten_by_ddl(messages: list[tuple[str, int | None, Any]]) -> dict[str, int | None]:
+def rewritten_by_ddl(messages: list[tuple[Any, ...]]) -> dict[str, int | None]:
     """Tables the DDL capture trigger reported rewritten: name → commit LSN (signed)."""
     out: dict[str, int | None] = {}
-    for t, commit_lsn, m in messages:
+    for t, commit_lsn, m, *_ in messages:
         if t != "M" or m.prefix != DDL_PREFIX or not m.transactional:
             continue
         try:
@@ -702,8 +743,17 @@ def for_record(
             continue  # rewritten before the copy's consistent point: the copy has it
         where = "" if commit_lsn is None else f" at {Lsn.from_signed(commit_lsn)}"
         wanted[name] = f"rewritten (DDL message{where})"
-    truncated_now = _truncated_oids(messages)
+    truncations = _truncations(messages)
+    truncated_now = set(truncations)
     truncated_before = set((last.snapshot.get("truncated_oids") if last else None) or [])
+    # The xids of those TRUNCATEs, this batch's and the previous one's (None: a record
+    # from before they were kept).
+    xids_before = last.snapshot.get("truncation_xids") if last else None
+    truncating: dict[int, set[int]] | None = None
+    if last is None or xids_before is not None:
+        truncating = {k: set(v) for k, v in truncations.items()}
+        for k, v in (xids_before or {}).items():
+            truncating.setdefault(int(k), set()).update(v)
     before = (last.snapshot.get("relfilenodes") if last else None) or {}
     now = plan_snapshot.get("relfilenodes", {})
     oids = plan_snapshot.get("published", {})
@@ -735,8 +785,18 @@ def for_record(
         rewritten = sorted(k for k in had if k in leaves and int(had[k]) != int(leaves[k]))
         if not gone and not rewritten:
             continue
-        if oids.get(name) in truncated_now | truncated_before and not gone:
-            continue  # the whole table truncated: every leaf rewritten, and said so
+        root = oids.get(name)
+        if root in truncated_now | truncated_before and not gone:
+            # The whole table truncated in the stream rewrote every leaf, and said so;
+            # unless a leaf was rewritten again since (truncated alone after it): its
+            # pg_class row is then another transaction's than that TRUNCATE.
+            xmins = plan_snapshot.get("leaf_xmins", {}).get(name)
+            if truncating is None or xmins is None:
+                continue  # a plan or record from before xmins were kept
+            ours = truncating.get(root, set())
+            rewritten = [k for k in rewritten if xmins.get(k) is None or int(xmins[k]) not in ours]
+            if not rewritten:
+                continue
         log.warning(
             "partitioned table %s lost or rewrote partitions at the source (oids %s) without "
             "a change in the stream: the next sync re-snapshots it",
@@ -746,6 +806,7 @@ def for_record(
         wanted[name] = f"partitions detached or rewritten ({', '.join(gone + rewritten)})"
     out["wanted"] = wanted
     out["truncated_oids"] = sorted(truncated_now)
+    out["truncation_xids"] = {str(k): sorted(v) for k, v in sorted(truncations.items())}
     return out
 
 

@@ -453,7 +453,8 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
     it without a change in the stream when a partition is detached, dropped or truncated
     alone (pgoutput sends no TRUNCATE of such a partition). The commit records each root's
     leaf partitions; one gone, or with another relfilenode, is copied again by the next
-    run. A partition created since starts empty and costs no copy."""
+    run. A partition created since starts empty and costs no copy, nor does a TRUNCATE of
+    the root in the stream, unless a leaf was truncated alone after it."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
 
@@ -468,6 +469,13 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
         (["INSERT INTO p VALUES (21, 21, 'new')", "ALTER TABLE p DETACH PARTITION p1"], []),
         ([], ["public.p"]),
         (["TRUNCATE p2", "DROP TABLE p3"], []),
+        ([], ["public.p"]),
+        # The root truncated in the stream rewrote every leaf, and said so: no copy.
+        (["TRUNCATE p"], []),
+        ([], []),
+        # ... unless a leaf was truncated alone after it (its pg_class row is another
+        # transaction's than that TRUNCATE): the row between the two is gone unseen.
+        (["TRUNCATE p", "INSERT INTO p VALUES (12, 12, 'between')", "TRUNCATE p2"], []),
         ([], ["public.p"]),
     ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -575,3 +583,55 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
                 assert got[name].startswith(reason), (statements, got[name])
             if exact:
                 assert_mirror(c, lake, ["public.p"])
+
+
+@pytest.mark.parametrize("after", ["attached and re-created", "detached and rewritten"])
+def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
+    pg_dsn: str, slot: str, tmp_path: Path, after: str
+) -> None:
+    """A bootstrap records what the first sync's checks compare with: the copied tables'
+    oids, the relfilenodes and the partitioned tables' leaves. Between it and the first
+    sync: a partition attached with rows and a table dropped and created again (copied
+    by that sync), or a partition detached and a table rewritten (copied by the next).
+    Before, the first sync had nothing to compare with: the mirror kept the dropped
+    table's rows and the detached partition's, and lacked the attached one's, for good."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE p (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)"
+        )
+        c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10)")
+        c.execute("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (10) TO (20)")
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
+        c.execute(
+            "CREATE PUBLICATION pub FOR TABLE p, t, u WITH (publish_via_partition_root = true)"
+        )
+        c.execute("INSERT INTO p SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+        c.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 5) g")
+        c.execute("INSERT INTO u SELECT g, 'old' FROM generate_series(1, 5) g")
+        run_bootstrap(cfg)
+        if after == "attached and re-created":
+            c.execute("CREATE TABLE staged (id int NOT NULL, k int NOT NULL, v text)")
+            c.execute("INSERT INTO staged VALUES (1, 25, 'staged'), (2, 26, 'staged')")
+            c.execute("ALTER TABLE p ATTACH PARTITION staged FOR VALUES FROM (20) TO (30)")
+            c.execute("DROP TABLE u")
+            c.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
+            c.execute("ALTER PUBLICATION pub ADD TABLE u")
+            copies = [["public.p", "public.u"], []]
+        else:
+            c.execute("ALTER TABLE p DETACH PARTITION p1")
+            # A rewrite that keeps the values and sends no change: a needless copy, but a
+            # USING that changes them would be just as silent.
+            c.execute("VACUUM FULL t")
+            copies = [[], ["public.p", "public.t"]]
+        for want in copies:
+            c.execute("INSERT INTO p VALUES (100 + %s, 15, 'tick')", (len(want),))
+            run_sync(cfg)
+            last = Lake(lake).last_commit()
+            assert last is not None
+            assert sorted(last.snapshot.get("tables", {})) == want, after
+        assert_mirror(c, lake, ["public.p", "public.t", "public.u"])
