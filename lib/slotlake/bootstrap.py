@@ -142,7 +142,12 @@ from slotlake.lake import (
 from slotlake.lsn import Lsn
 from slotlake.redact import dsn_password, redact_dsn, redact_text
 from slotlake.snapshot import source_catalog
-from slotlake.source import SESSION_SETTINGS, lock_key
+from slotlake.source import (
+    PUBLICATIONS_SQL,
+    SESSION_SETTINGS,
+    lock_key,
+    publication_problem,
+)
 from slotlake.spark import LazySession
 
 if TYPE_CHECKING:
@@ -786,20 +791,12 @@ def preflight(
             f"slot: ALTER ROLE {_quote(role)} REPLICATION (as a superuser), or bootstrap as a role "
             "that has it"
         )
-    found = {
-        r[0]
-        for r in conn.execute(
-            "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)",
-            (cfg.source.publications,),
-        )
-    }
-    missing = [p for p in cfg.source.publications if p not in found]
-    if missing:
-        raise BootstrapError(
-            f"publication {', '.join(repr(p) for p in missing)} does not exist in database "
-            f"{conn.info.dbname!r}: CREATE PUBLICATION {_quote(missing[0])} FOR TABLE … first "
-            "(it must exist before the slot is created)"
-        )
+    rows = conn.execute(PUBLICATIONS_SQL, (cfg.source.publications,)).fetchall()
+    problem = publication_problem(
+        rows, cfg.source.publications, conn.info.dbname, "it must exist before the slot is created"
+    )
+    if problem is not None:
+        raise BootstrapError(problem)
     plans = read_plan(conn, cfg.source.publications, parallel)
     _refuse_missing_privileges(conn, role, plans)
     from slotlake.batch import RESERVED

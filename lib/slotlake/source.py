@@ -197,6 +197,47 @@ def lock_key(slot: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+# What a publication must publish for the mirror to equal the source.
+PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
+PUBLICATIONS_SQL = (
+    "SELECT pubname::text, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication"
+    " WHERE pubname = ANY(%s)"
+)
+
+
+def publication_problem(
+    rows: Sequence[tuple[Any, ...]],
+    wanted: Sequence[str],
+    database: str,
+    when_missing: str = "it must exist before the slot's start point, so recreate the slot "
+    "after creating it",
+) -> str | None:
+    """What is wrong with the publications ``wanted`` (``rows``: :data:`PUBLICATIONS_SQL`'s
+    answer), or None. A missing one, or one that leaves out an action: a delete or
+    truncate it does not publish leaves the rows in the mirror, an update leaves old
+    values, for good."""
+    found = {str(r[0]): r[1:] for r in rows}
+    missing = [p for p in wanted if p not in found]
+    if missing:
+        names = ", ".join(repr(p) for p in missing)
+        return (
+            f"publication {names} does not exist in database {database!r}: "
+            f"CREATE PUBLICATION {missing[0]} FOR TABLE …; {when_missing}"
+        )
+    for name in wanted:
+        left_out = [a for a, on in zip(PUBLISH_ACTIONS, found[name], strict=True) if not on]
+        if left_out:
+            published = ", ".join(a for a in PUBLISH_ACTIONS if a not in left_out) or "nothing"
+            return (
+                f"publication {name!r} does not publish {', '.join(left_out)} (publish = "
+                f"'{published}'): its tables' mirror would keep what those changes remove or "
+                f"change. ALTER PUBLICATION {name} SET (publish = "
+                f"'{', '.join(PUBLISH_ACTIONS)}'), then re-snapshot the tables changed "
+                "meanwhile (slotlake resnapshot --table …)"
+            )
+    return None
+
+
 def _quote_ident_list(names: Sequence[str]) -> str:
     # pgoutput splits publication_names with SplitIdentifierString: quoting keeps the
     # names' case and allows commas or spaces in them.
@@ -520,22 +561,10 @@ class SlotSource:
                 f"replication slot {slot!r} is in use by another process (PID "
                 f"{info.active_pid}): stop that consumer or wait until it finishes"
             )
-        found = {
-            r[0]
-            for r in self._query(
-                "reading publications",
-                "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)",
-                (self.publications,),
-            )
-        }
-        missing = [p for p in self.publications if p not in found]
-        if missing:
-            names = ", ".join(repr(p) for p in missing)
-            raise SourceError(
-                f"publication {names} does not exist in database {self.database!r}: "
-                f"CREATE PUBLICATION {missing[0]} FOR TABLE …; it must exist before the "
-                "slot's start point, so recreate the slot after creating it"
-            )
+        rows = self._query("reading publications", PUBLICATIONS_SQL, (self.publications,))
+        problem = publication_problem(rows, self.publications, self.database)
+        if problem is not None:
+            raise SourceError(problem)
         return info
 
     def _backend_pid(self) -> int:

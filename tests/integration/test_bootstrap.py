@@ -440,6 +440,13 @@ def test_refusals(pg_dsn: str, slot: str, spark, tmp_path: Path, capsys, monkeyp
         )
         assert cli.main(["bootstrap", "--config", str(conf)]) == cli.EXIT_ERROR
         assert "publication 'pub' does not exist" in capsys.readouterr().err
+        # One that does not publish every action: the mirror could not equal the source.
+        c.execute("CREATE PUBLICATION pub FOR TABLE t WITH (publish = 'insert, truncate')")
+        with pytest.raises(
+            BootstrapError, match=r"publication 'pub' does not publish update, delete \(publish"
+        ):
+            run_bootstrap(cfg, spark=spark)
+        c.execute("DROP PUBLICATION pub")
         c.execute("CREATE PUBLICATION pub FOR TABLE t")
 
         # Metadata column names the sync job would refuse.

@@ -358,6 +358,19 @@ def test_check_errors(pg_dsn: str, slot: str) -> None:
     msg = _check_error(pg_dsn, slot, [PUB, "missing_pub"])
     assert "publication 'missing_pub' does not exist" in msg
 
+    # A publication that leaves out an action: the mirror would keep what it hides.
+    with connect(pg_dsn) as c:
+        c.execute(f"ALTER PUBLICATION {PUB} SET (publish = 'insert, update')")
+    try:
+        msg = _check_error(pg_dsn, slot, [PUB])
+    finally:
+        with connect(pg_dsn) as c:
+            c.execute(f"ALTER PUBLICATION {PUB} SET (publish = 'insert, update, delete, truncate')")
+    assert (
+        f"publication '{PUB}' does not publish delete, truncate (publish = 'insert, update')" in msg
+    )
+    assert f"ALTER PUBLICATION {PUB} SET (publish = 'insert, update, delete, truncate')" in msg
+
     with connect(pg_dsn) as c:
         c.execute(
             "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
