@@ -127,10 +127,20 @@ def published_tables(
     conn: psycopg.Connection[Any], publications: Sequence[str]
 ) -> dict[str, tuple[int, int]]:
     """schema.table → (oid, relfilenode) of every table the publications publish now."""
+    return published_catalog(conn, publications)[0]
+
+
+def published_catalog(
+    conn: psycopg.Connection[Any], publications: Sequence[str]
+) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """:func:`published_tables`, and each table's ``pg_class.xmin`` read with it: the
+    transaction that last set its relfilenode (among other fields). A TRUNCATE in the
+    stream explains a new relfilenode only when it is that transaction: a rewrite after it
+    (``ALTER COLUMN … TYPE … USING``) changes rows unseen (:func:`for_record`)."""
     rows = conn.execute(
         """
         SELECT DISTINCT pt.schemaname::text || '.' || pt.tablename::text, c.oid::int,
-               c.relfilenode::bigint
+               c.relfilenode::bigint, c.xmin::text
         FROM pg_publication_tables pt
         JOIN pg_namespace n ON n.nspname = pt.schemaname
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -138,7 +148,7 @@ def published_tables(
         """,
         (list(publications),),
     ).fetchall()
-    return {r[0]: (int(r[1]), int(r[2])) for r in rows}
+    return {r[0]: (int(r[1]), int(r[2])) for r in rows}, {r[0]: str(r[3]) for r in rows}
 
 
 class PartitionNode(NamedTuple):
@@ -156,6 +166,9 @@ class PartitionNode(NamedTuple):
     # to tell a leaf rewritten by a TRUNCATE of its root in the stream from one truncated
     # alone after it (for_record).
     xmin: str
+    # pg_inherits.xmin: the transaction that made it a partition of its parent (created or
+    # attached); another one than the last commit read: detached and attached again.
+    joined: str
 
 
 def partition_trees(
@@ -169,11 +182,11 @@ def partition_trees(
     (:func:`for_record`), the attach xids the last (:func:`attached_with_rows`)."""
     names = {oid: name for name, (oid, _) in published.items()}
     out: dict[str, dict[int, PartitionNode]] = {}
-    for root, oid, parent, leaf, node, attached_by, schema, rel, xmin in conn.execute(
+    for root, oid, parent, leaf, node, attached_by, schema, rel, xmin, joined in conn.execute(
         """
         SELECT c.oid::int, t.relid::int, t.parentrelid::int, t.isleaf, l.relfilenode::bigint,
                CASE WHEN NOT (ty.xmin = i.xmin) THEN i.xmin::text END,
-               n.nspname::text, l.relname::text, l.xmin::text
+               n.nspname::text, l.relname::text, l.xmin::text, i.xmin::text
         FROM pg_class c, LATERAL pg_partition_tree(c.oid) t
         JOIN pg_class l ON l.oid = t.relid
         JOIN pg_namespace n ON n.oid = l.relnamespace
@@ -184,7 +197,7 @@ def partition_trees(
         (list(names),),
     ):
         out.setdefault(names[int(root)], {})[int(oid)] = PartitionNode(
-            int(parent), bool(leaf), int(node), attached_by, (schema, rel), str(xmin)
+            int(parent), bool(leaf), int(node), attached_by, (schema, rel), str(xmin), str(joined)
         )
     return out
 
@@ -204,15 +217,23 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
     and each partitioned table's leaves. Read before the bootstrap's slot exists: a
     rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
     a needless copy, one after it is seen."""
-    published = published_tables(conn, publications)
+    published, xmins = published_catalog(conn, publications)
     trees = partition_trees(conn, published)
     return {
         "relfilenodes": {k: v[1] for k, v in published.items()},
+        "xmins": xmins,
         "leaves": leaves_of(trees),
         "leaf_xmins": leaf_xmins_of(trees),
+        "partition_joins": joins_of(trees),
         "truncated_oids": [],
         "truncation_xids": {},
     }
+
+
+def joins_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dict[str, str]]:
+    """The plan's ``partition_joins``: root → {partition oid: pg_inherits xmin}, every
+    level's."""
+    return {root: {str(oid): n.joined for oid, n in nodes.items()} for root, nodes in trees.items()}
 
 
 def leaf_xmins_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dict[str, str]]:
@@ -234,23 +255,29 @@ def attached_with_rows(
     or of a tree of them): name → reason. Those rows reach the root without a change in
     the stream, so this run copies it.
 
-    Only a new leaf is looked at, and only up to the first partition on its path that the
-    last commit knew. A partition attached empty, and filled through the root since, costs
-    no copy: its rows are newer than the attach, which reads only the new leaf's rows (as
-    few as arrived since the last run, or one when the table brought rows). Not told: a
-    table created, filled and attached in one transaction (its row type and its
-    pg_inherits row share the xid)."""
+    Only a leaf new since, or below a partition made one since (detached and attached
+    again: another pg_inherits row), is looked at, and only up to the first partition on
+    its path that the last commit knew. A partition attached empty, and filled through the
+    root since, costs no copy: its rows are newer than the attach, which reads only the new
+    leaf's rows (as few as arrived since the last run, or one when the table brought
+    rows). Not told: a table created, filled and attached in one transaction (its row type
+    and its pg_inherits row share the xid)."""
     before = (last.snapshot.get("leaves") if last else None) or {}
+    joins_before = (last.snapshot.get("partition_joins") if last else None) or {}
     out: dict[str, str] = {}
     for root, nodes in sorted(trees.items()):
         had = before.get(root)
         if had is None:
             continue  # not recorded: a root copied or first read by this run
+        joined = joins_before.get(root)
         known: set[int] = set()
-        for oid in map(int, had):
-            while oid in nodes and oid not in known:
-                known.add(oid)
-                oid = nodes[oid].parent
+        if joined is not None:
+            known = {oid for oid, n in nodes.items() if joined.get(str(oid)) == n.joined}
+        else:  # a record from before the joins were kept: the leaves it had, and above
+            for oid in map(int, had):
+                while oid in nodes and oid not in known:
+                    known.add(oid)
+                    oid = nodes[oid].parent
         for oid, node in sorted(nodes.items()):
             if not node.leaf or oid in known:
                 continue
@@ -375,10 +402,14 @@ class Prepared:
 
     published: dict[str, int] = field(default_factory=dict)
     relfilenodes: dict[str, int] = field(default_factory=dict)
+    # Each table's pg_class.xmin, read with its relfilenode (published_catalog).
+    xmins: dict[str, str] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     # ... and their pg_class xmins (root → leaf oid → xid).
     leaf_xmins: dict[str, dict[str, str]] = field(default_factory=dict)
+    # ... and every level's pg_inherits xmin (root → partition oid → xid).
+    partition_joins: dict[str, dict[str, str]] = field(default_factory=dict)
     tables: dict[str, TableSnapshot] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # ids of the requests honoured
 
@@ -386,8 +417,10 @@ class Prepared:
         return {
             "published": self.published,
             "relfilenodes": self.relfilenodes,
+            "xmins": self.xmins,
             "leaves": self.leaves,
             "leaf_xmins": self.leaf_xmins,
+            "partition_joins": self.partition_joins,
             "tables": {k: asdict(v) for k, v in self.tables.items()},
             "requests": self.requests,
         }
@@ -504,7 +537,7 @@ def prepare(
     dsn = cfg.source.dsn
     secrets = [p for p in (dsn_password(dsn),) if p]
     try:
-        published = published_tables(conn, cfg.source.publications)
+        published, xmins = published_catalog(conn, cfg.source.publications)
         trees = partition_trees(conn, published)
         attached = attached_with_rows(conn, trees, last)
     except psycopg.Error as exc:
@@ -514,8 +547,10 @@ def prepare(
     prep = Prepared(
         published={k: v[0] for k, v in published.items()},
         relfilenodes={k: v[1] for k, v in published.items()},
+        xmins=xmins,
         leaves=leaves_of(trees),
         leaf_xmins=leaf_xmins_of(trees),
+        partition_joins=joins_of(trees),
     )
     wanted, ids = _wanted(lake, last, published, attached)
     if not wanted:
@@ -763,13 +798,16 @@ def for_record(
             continue
         oid = oids.get(name)
         # The reading before a run's target sees changes from the previous batch and this
-        # one: a TRUNCATE in either explains a new relfilenode.
+        # one: a TRUNCATE in either explains a new relfilenode, when it set the one read
+        # (the table's pg_class row is that TRUNCATE's): a rewrite after it did not.
         if oid in truncated_now or oid in truncated_before:
-            continue
+            xmin = plan_snapshot.get("xmins", {}).get(name)
+            if truncating is None or xmin is None or int(xmin) in truncating.get(oid, set()):
+                continue
         log.warning(
             "table %s was rewritten at the source (relfilenode %s → %s) without a TRUNCATE in "
-            "the stream: its rows may have changed without being decoded; the next sync "
-            "re-snapshots it (install the DDL capture trigger to know exactly)",
+            "the stream, or after one: its rows may have changed without being decoded; the "
+            "next sync re-snapshots it (install the DDL capture trigger to know exactly)",
             name,
             old,
             node,

@@ -446,6 +446,16 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
         _check(c, lake, slot)
 
 
+def _partitioned_through_its_root(c: psycopg.Connection[Any], slot: str) -> None:
+    """``p`` (partitions ``p1``, ``p2``) published through its root, the slot, 12 rows."""
+    c.execute("CREATE TABLE p (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)")
+    c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10)")
+    c.execute("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (10) TO (20)")
+    c.execute("CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root = true)")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    c.execute("INSERT INTO p SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+
+
 def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:
@@ -479,14 +489,7 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
         ([], ["public.p"]),
     ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(
-            "CREATE TABLE p (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)"
-        )
-        c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10)")
-        c.execute("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (10) TO (20)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root = true)")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO p SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+        _partitioned_through_its_root(c, slot)
         run_sync(cfg)
         for i, (statements, copies) in enumerate(steps):
             for statement in statements:
@@ -504,7 +507,7 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
     itself without a change in the stream: the run that first sees the new leaf copies the
     root. A partition attached empty and filled through the root, or created below a
     partition the lake knew, costs nothing; a detached partition attached again is copied
-    again."""
+    again, also when no run saw it detached."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
 
@@ -561,16 +564,20 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
             {"public.p": attached["public.p"].format("p1")},
             True,
         ),
+        # Detached, written and attached again between two runs: a leaf the last commit
+        # knew, but made a partition by another transaction (snapshot.partition_joins).
+        (
+            [
+                "ALTER TABLE p DETACH PARTITION p2",
+                "INSERT INTO p2 VALUES (50, 12, 'while detached')",
+                "ALTER TABLE p ATTACH PARTITION p2 FOR VALUES FROM (10) TO (20)",
+            ],
+            {"public.p": attached["public.p"].format("p2")},
+            True,
+        ),
     ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(
-            "CREATE TABLE p (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)"
-        )
-        c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10)")
-        c.execute("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (10) TO (20)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root = true)")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO p SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+        _partitioned_through_its_root(c, slot)
         run_sync(cfg)
         for i, (statements, copies, exact) in enumerate(steps):
             for statement in statements:
@@ -635,3 +642,54 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
             assert last is not None
             assert sorted(last.snapshot.get("tables", {})) == want, after
         assert_mirror(c, lake, ["public.p", "public.t", "public.u"])
+
+
+def test_a_rewrite_after_a_truncate_is_copied_by_the_next_run(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """Without the DDL capture trigger, a new relfilenode that a TRUNCATE in the stream
+    set needs no copy: the stream has everything after it. A rewrite after the TRUNCATE
+    (``ALTER COLUMN … TYPE … USING``, which changes values and sends no change) sets
+    another: the table's ``pg_class`` row is then another transaction's than the
+    TRUNCATE, and the next run copies it. Before, any TRUNCATE in the window explained
+    it, and the mirror kept the values from before the rewrite."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+
+    def wanted() -> dict[str, str]:
+        last = Lake(lake).last_commit()
+        assert last is not None
+        return last.snapshot.get("wanted", {})
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 5) g")
+        run_sync(cfg)
+        steps = [
+            # (statements, the rewrite the next run copies)
+            (["TRUNCATE t", "INSERT INTO t VALUES (1, 'a')"], False),
+            (["ALTER TABLE t ALTER COLUMN v TYPE text USING v || 'x'", "TRUNCATE t"], False),
+            (
+                [
+                    "TRUNCATE t",
+                    "INSERT INTO t VALUES (2, 'b')",
+                    "ALTER TABLE t ALTER COLUMN v TYPE text USING v || 'x'",
+                ],
+                True,
+            ),
+        ]
+        for statements, rewritten in steps:
+            for statement in statements:
+                c.execute(statement)
+            c.execute(
+                "INSERT INTO t VALUES (100, 'tick') ON CONFLICT (id) DO UPDATE SET v = 'tock'"
+            )
+            run_sync(cfg)
+            assert ("public.t" in wanted()) == rewritten, (statements, wanted())
+            if rewritten:
+                run_sync(cfg)
+                last = Lake(lake).last_commit()
+                assert last is not None and list(last.snapshot.get("tables", {})) == ["public.t"]
+            assert_mirror(c, lake, ["public.t"])
