@@ -21,8 +21,9 @@ JSON object with
 * ``columns``: ``{"<table>": {"<column>": <attnum>}}``, every live column after the
   command (a DROP and re-ADD of a same-named column shows as a new attnum)
 * ``missing``: ``{"<table>": {"<column>": "<attmissingval text>"}}``, every column with a
-  fast default (``atthasmissing``; a partitioned table's from its leaves), as text in the peek session's formats (ISO dates,
-  UTC, ISO 8601 intervals, hex bytea, ``extra_float_digits = 3``)
+  fast default (``atthasmissing``; a partitioned table's from its leaves, where the ADD
+  put them), as text in the peek session's formats (ISO dates, UTC, ISO 8601 intervals,
+  hex bytea, ``extra_float_digits = 3``)
 
 Creating event triggers needs a superuser on PostgreSQL 15 and 16. The function is
 ``SECURITY DEFINER`` (owned by that superuser, fixed ``search_path``) so DDL run by any

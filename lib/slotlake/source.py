@@ -205,6 +205,13 @@ PUBLICATIONS_SQL = (
 )
 
 
+def _sql_name(name: str) -> str:
+    """``name`` as a statement to copy would spell it: quoted unless plain."""
+    if name.isidentifier() and name.isascii() and name == name.lower():
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
 def publication_problem(
     rows: Sequence[tuple[Any, ...]],
     wanted: Sequence[str],
@@ -222,7 +229,7 @@ def publication_problem(
         names = ", ".join(repr(p) for p in missing)
         return (
             f"publication {names} does not exist in database {database!r}: "
-            f"CREATE PUBLICATION {missing[0]} FOR TABLE …; {when_missing}"
+            f"CREATE PUBLICATION {_sql_name(missing[0])} FOR TABLE …; {when_missing}"
         )
     for name in wanted:
         left_out = [a for a, on in zip(PUBLISH_ACTIONS, found[name], strict=True) if not on]
@@ -231,7 +238,7 @@ def publication_problem(
             return (
                 f"publication {name!r} does not publish {', '.join(left_out)} (publish = "
                 f"'{published}'): its tables' mirror would keep what those changes remove or "
-                f"change. ALTER PUBLICATION {name} SET (publish = "
+                f"change. ALTER PUBLICATION {_sql_name(name)} SET (publish = "
                 f"'{', '.join(PUBLISH_ACTIONS)}'), then re-snapshot the tables changed "
                 "meanwhile (slotlake resnapshot --table …)"
             )

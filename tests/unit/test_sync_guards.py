@@ -40,3 +40,12 @@ def test_publication_problem_names_missing_publications_and_left_out_actions() -
     assert "ALTER PUBLICATION audit SET (publish = 'insert, update, delete, truncate')" in partial
     nothing = publication_problem([("p", False, False, False, False)], ["p"], "db")
     assert nothing is not None and "(publish = 'nothing')" in nothing
+
+
+def test_publication_problem_quotes_names_a_statement_needs_quoted() -> None:
+    from slotlake.source import publication_problem
+
+    missing = publication_problem([], ["Mixed Case"], "db")
+    assert missing is not None and 'CREATE PUBLICATION "Mixed Case" FOR TABLE' in missing
+    partial = publication_problem([('a"b', True, True, False, True)], ['a"b'], "db")
+    assert partial is not None and 'ALTER PUBLICATION "a""b" SET' in partial
