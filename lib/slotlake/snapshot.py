@@ -818,9 +818,14 @@ def for_record(
         had = leaves_before.get(name)
         if had is None or name in taken or name in wanted:
             continue
-        # A partition created since (CREATE TABLE … PARTITION OF) starts empty: not told.
+        # A partition created since (CREATE TABLE … PARTITION OF) starts empty: not told,
+        # unless it was rewritten since (truncated alone, say, after rows were routed into
+        # it): a table starts with its oid for relfilenode. (One attached since, truncated
+        # before, costs a needless copy.)
         gone = sorted(set(had) - set(leaves))
-        rewritten = sorted(k for k in had if k in leaves and int(had[k]) != int(leaves[k]))
+        rewritten = sorted(
+            k for k in leaves if (int(had[k]) if k in had else int(k)) != int(leaves[k])
+        )
         if not gone and not rewritten:
             continue
         root = oids.get(name)
