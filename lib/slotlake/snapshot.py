@@ -157,9 +157,9 @@ class PartitionNode(NamedTuple):
     parent: int
     leaf: bool
     relfilenode: int
-    # The xid that made it a partition when it existed before (ATTACH PARTITION); None
-    # when it was created one (``CREATE TABLE … PARTITION OF``): its row type was made by
-    # the transaction that made its pg_inherits row.
+    # The xid that made it a partition when it existed before that transaction (ATTACH
+    # PARTITION); None when that transaction made its row type too (``CREATE TABLE …
+    # PARTITION OF``, or created and attached in one transaction).
     attached_by: str | None
     name: tuple[str, str]  # schema, relation
     # pg_class.xmin: the transaction that last set its relfilenode (among other fields),
@@ -169,6 +169,10 @@ class PartitionNode(NamedTuple):
     # pg_inherits.xmin: the transaction that made it a partition of its parent (created or
     # attached); another one than the last commit read: detached and attached again.
     joined: str
+    # pg_inherits.cmin: the command of that transaction that made it a partition. A row
+    # that transaction wrote by an earlier command was there before (filled, then
+    # attached); one written by a later command came through the root, in the stream.
+    joined_cid: int
 
 
 def partition_trees(
@@ -182,11 +186,12 @@ def partition_trees(
     (:func:`for_record`), the attach xids the last (:func:`attached_with_rows`)."""
     names = {oid: name for name, (oid, _) in published.items()}
     out: dict[str, dict[int, PartitionNode]] = {}
-    for root, oid, parent, leaf, node, attached_by, schema, rel, xmin, joined in conn.execute(
+    for root, oid, parent, leaf, node, attached_by, schema, rel, xmin, joined, cid in conn.execute(
         """
         SELECT c.oid::int, t.relid::int, t.parentrelid::int, t.isleaf, l.relfilenode::bigint,
                CASE WHEN NOT (ty.xmin = i.xmin) THEN i.xmin::text END,
-               n.nspname::text, l.relname::text, l.xmin::text, i.xmin::text
+               n.nspname::text, l.relname::text, l.xmin::text, i.xmin::text,
+               i.cmin::text::bigint
         FROM pg_class c, LATERAL pg_partition_tree(c.oid) t
         JOIN pg_class l ON l.oid = t.relid
         JOIN pg_namespace n ON n.oid = l.relnamespace
@@ -197,7 +202,14 @@ def partition_trees(
         (list(names),),
     ):
         out.setdefault(names[int(root)], {})[int(oid)] = PartitionNode(
-            int(parent), bool(leaf), int(node), attached_by, (schema, rel), str(xmin), str(joined)
+            int(parent),
+            bool(leaf),
+            int(node),
+            attached_by,
+            (schema, rel),
+            str(xmin),
+            str(joined),
+            int(cid),
         )
     return out
 
@@ -260,8 +272,10 @@ def attached_with_rows(
     its path that the last commit knew. A partition attached empty, and filled through the
     root since, costs no copy: its rows are newer than the attach, which reads only the new
     leaf's rows (as few as arrived since the last run, or one when the table brought
-    rows). Not told: a table created, filled and attached in one transaction (its row type
-    and its pg_inherits row share the xid)."""
+    rows). Rows the attaching transaction wrote itself are told by their command: before
+    the ATTACH (filled, then attached; also created, filled and attached in one
+    transaction) or after it (through the root, in the stream). Not told: rows written in
+    a savepoint of that transaction (their xmin is the subtransaction's)."""
     before = (last.snapshot.get("leaves") if last else None) or {}
     joins_before = (last.snapshot.get("partition_joins") if last else None) or {}
     out: dict[str, str] = {}
@@ -283,8 +297,8 @@ def attached_with_rows(
                 continue
             step = oid
             while step in nodes and step not in known:
-                xid = nodes[step].attached_by
-                if xid is not None and _rows_before(conn, node.name, xid):
+                at = nodes[step]
+                if _rows_before(conn, node.name, at.joined, at.joined_cid, at.attached_by):
                     out[root] = f"partition {'.'.join(node.name)} attached with rows"
                     break
                 step = nodes[step].parent
@@ -293,14 +307,24 @@ def attached_with_rows(
     return out
 
 
-def _rows_before(conn: psycopg.Connection[Any], name: tuple[str, str], xid: str) -> bool:
-    """Whether ``name`` holds a row written before transaction ``xid`` (one that attached
-    it or a partition above it). A row it cannot read counts: a copy is the safe side."""
+def _rows_before(
+    conn: psycopg.Connection[Any], name: tuple[str, str], xid: str, cid: int, older: str | None
+) -> bool:
+    """Whether ``name`` holds a row written before command ``cid`` of transaction ``xid``
+    (the one that made it, or a partition above it, a partition): by that transaction's
+    earlier commands, or, when the table existed before it (``older``), by an earlier
+    transaction. A row it cannot read counts: a copy is the safe side."""
     from psycopg import sql
 
-    query = sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {} WHERE age(xmin) > age({}::xid))")
+    # cid has no ordering operator: its text is the command's number.
+    where = "(xmin = {x}::xid AND cmin::text::bigint < {c})"
+    if older is not None:
+        where = "age(xmin) > age({x}::xid) OR " + where
+    query = sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {t} WHERE " + where + ")").format(
+        t=sql.Identifier(*name), x=sql.Literal(xid), c=sql.Literal(cid)
+    )
     try:
-        row = conn.execute(query.format(sql.Identifier(*name), sql.Literal(xid))).fetchone()
+        row = conn.execute(query).fetchone()
     except psycopg.Error as exc:
         log.warning(
             "cannot read partition %s to see whether it brought rows when attached (%s): "

@@ -516,9 +516,10 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
 ) -> None:
     """``ATTACH PARTITION`` of a table that has rows brings them into a root published as
     itself without a change in the stream: the run that first sees the new leaf copies the
-    root. A partition attached empty and filled through the root, or created below a
-    partition the lake knew, costs nothing; a detached partition attached again is copied
-    again, also when no run saw it detached."""
+    root, also when the attaching transaction filled it (or created and filled it). A
+    partition attached empty and filled through the root, or created below a partition
+    the lake knew, costs nothing; a detached partition attached again is copied again,
+    also when no run saw it detached."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
 
@@ -528,8 +529,9 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
         return {k: v["reason"] for k, v in last.snapshot.get("tables", {}).items()}
 
     attached = {"public.p": "partition public.{} attached with rows"}
-    steps: list[tuple[list[str], dict[str, str], bool]] = [
-        # (statements, the tables the sync after them copies and why, mirror exact after it)
+    steps: list[tuple[list[str | tuple[str, ...]], dict[str, str], bool]] = [
+        # (statements (a tuple: one transaction), the tables the sync after them copies and
+        # why, mirror exact after it)
         (
             [
                 "CREATE TABLE staged (id int, k int, v text, PRIMARY KEY (id, k))",
@@ -568,6 +570,46 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
             {},
             True,
         ),
+        # Rows the attaching transaction wrote: before the ATTACH (filled, then attached,
+        # also into a table created by that transaction), or through the root after it.
+        (
+            [
+                (
+                    "CREATE TABLE one_tx (id int, k int, v text, PRIMARY KEY (id, k))",
+                    "INSERT INTO one_tx VALUES (1, 51, 'filled'), (2, 52, 'filled')",
+                    "UPDATE one_tx SET v = 'filled again' WHERE id = 2",
+                    "ALTER TABLE p ATTACH PARTITION one_tx FOR VALUES FROM (50) TO (60)",
+                    "INSERT INTO p VALUES (3, 53, 'through the root')",
+                )
+            ],
+            {"public.p": attached["public.p"].format("one_tx")},
+            True,
+        ),
+        (
+            [
+                "CREATE TABLE later (id int, k int, v text, PRIMARY KEY (id, k))",
+                (
+                    "INSERT INTO later VALUES (1, 61, 'filled')",
+                    "ALTER TABLE p ATTACH PARTITION later FOR VALUES FROM (60) TO (70)",
+                ),
+            ],
+            {"public.p": attached["public.p"].format("later")},
+            True,
+        ),
+        (
+            [
+                (
+                    "CREATE TABLE p7 PARTITION OF p FOR VALUES FROM (70) TO (80)",
+                    "INSERT INTO p VALUES (1, 71, 'through the root')",
+                    "CREATE TABLE p8 (id int NOT NULL, k int NOT NULL, v text)",
+                    "ALTER TABLE p ATTACH PARTITION p8 FOR VALUES FROM (80) TO (90)",
+                    "INSERT INTO p VALUES (1, 81, 'through the root')",
+                    "UPDATE p SET v = 'again' WHERE k IN (71, 81)",
+                )
+            ],
+            {},
+            True,
+        ),
         (["ALTER TABLE p DETACH PARTITION p1"], {}, False),
         ([], {"public.p": "partitions detached or rewritten"}, True),
         (
@@ -592,7 +634,9 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
         run_sync(cfg)
         for i, (statements, copies, exact) in enumerate(steps):
             for statement in statements:
-                c.execute(statement)
+                with c.transaction():
+                    for one in (statement,) if isinstance(statement, str) else statement:
+                        c.execute(one)
             c.execute("INSERT INTO p VALUES (%s, 15, 'tick')", (100 + i,))
             run_sync(cfg)
             got = copied()
