@@ -24,6 +24,11 @@ JSON object with
   fast default (``atthasmissing``; a partitioned table's from its leaves, where the ADD
   put them), as text in the peek session's formats (ISO dates, UTC, ISO 8601 intervals,
   hex bytea, ``extra_float_digits = 3``)
+* ``partitions``: ``[{"leaf": <oid>, "ancestors": [<oid>, …], "joined": ["<xid>", …]}]``,
+  every leaf partition of the partition trees of the tables the command touched, after
+  it (a table that is no partition and has none: nothing), with its ancestors from its
+  parent up and the ``pg_inherits`` xmin of each level below the top (the leaf's first:
+  a partition detached and attached again has another)
 
 Creating event triggers needs a superuser on PostgreSQL 15 and 16. The function is
 ``SECURITY DEFINER`` (owned by that superuser, fixed ``search_path``) so DDL run by any
@@ -123,7 +128,25 @@ BEGIN
                        AND a.atthasmissing
                      GROUP BY 1, 2
                      HAVING count(DISTINCT (a.attmissingval::text::text[])[1]) = 1) m
-                   GROUP BY 1) t)
+                   GROUP BY 1) t),
+      -- Every leaf of the partition trees the command touched, with its ancestors: a
+      -- partition created (or attached) and removed between two syncs was seen here.
+      'partitions', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'leaf', l.relid::bigint,
+                       'ancestors', (SELECT jsonb_agg(a.relid::bigint ORDER BY a.n)
+                                     FROM pg_partition_ancestors(l.relid)
+                                          WITH ORDINALITY a(relid, n)
+                                     WHERE a.relid <> l.relid),
+                       'joined', (SELECT jsonb_agg(i.xmin::text ORDER BY a.n)
+                                  FROM pg_partition_ancestors(l.relid)
+                                       WITH ORDINALITY a(relid, n)
+                                  JOIN pg_inherits i ON i.inhrelid = a.relid))
+                     ORDER BY l.relid), '[]'::jsonb)
+                     FROM (SELECT DISTINCT t.relid
+                           FROM (SELECT DISTINCT pg_partition_root(r) AS top
+                                 FROM unnest(rels) r) roots,
+                                LATERAL pg_partition_tree(roots.top) t
+                           WHERE roots.top IS NOT NULL AND t.isleaf) l)
     ) INTO msg;
     PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', msg::text);
   EXCEPTION WHEN OTHERS THEN

@@ -37,9 +37,11 @@ transactional ``slotlake.ddl`` message with ``"rewrite": true`` for it (the DDL 
 trigger), or, without the trigger, a changed ``pg_class.relfilenode`` that no TRUNCATE in
 the stream explains (logged as a warning; VACUUM FULL and CLUSTER change it too and cost
 a needless but harmless snapshot) — snapshotted by the next run; (c) a partitioned
-table published as itself that lost or rewrote a leaf (the next run), or gained one
-attached with rows it had before (the same run: :func:`attached_with_rows`); (d) by hand,
-``slotlake resnapshot --table schema.table`` records a request the next sync honours.
+table published as itself that lost a leaf (the same run: :func:`partitions_left`;
+with the DDL capture trigger also one no run read), rewrote one (the next run), or
+gained one attached with rows it had before (the same run: :func:`attached_with_rows`);
+(d) by hand, ``slotlake resnapshot --table schema.table`` records a request the next sync
+honours.
 """
 
 from __future__ import annotations
@@ -132,15 +134,25 @@ def published_tables(
 
 def published_catalog(
     conn: psycopg.Connection[Any], publications: Sequence[str]
-) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
-    """:func:`published_tables`, and each table's ``pg_class.xmin`` read with it: the
-    transaction that last set its relfilenode (among other fields). A TRUNCATE in the
-    stream explains a new relfilenode only when it is that transaction: a rewrite after it
-    (``ALTER COLUMN … TYPE … USING``) changes rows unseen (:func:`for_record`)."""
+) -> tuple[dict[str, tuple[int, int]], dict[str, str], dict[str, str]]:
+    """:func:`published_tables`, each table's ``pg_class.xmin`` read with it, and each
+    partition's ``pg_inherits`` xmins up its path (``xid/xid…``, the table's first).
+
+    The xmin is the transaction that last set its relfilenode (among other fields): a
+    TRUNCATE in the stream explains a new relfilenode only when it is that transaction,
+    as a rewrite after it (``ALTER COLUMN … TYPE … USING``) changes rows unseen
+    (:func:`for_record`). A partition published as itself (a publication of its
+    partitioned table without ``publish_via_partition_root``) that was detached, written
+    and attached again between two runs has other ``pg_inherits`` rows: the rows written
+    meanwhile were in no publication (:func:`_wanted`)."""
     rows = conn.execute(
         """
         SELECT DISTINCT pt.schemaname::text || '.' || pt.tablename::text, c.oid::int,
-               c.relfilenode::bigint, c.xmin::text
+               c.relfilenode::bigint, c.xmin::text,
+               CASE WHEN c.relispartition THEN
+                 (SELECT string_agg(i.xmin::text, '/' ORDER BY a.n)
+                  FROM pg_partition_ancestors(c.oid) WITH ORDINALITY a(relid, n)
+                  JOIN pg_inherits i ON i.inhrelid = a.relid) END
         FROM pg_publication_tables pt
         JOIN pg_namespace n ON n.nspname = pt.schemaname
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -148,7 +160,11 @@ def published_catalog(
         """,
         (list(publications),),
     ).fetchall()
-    return {r[0]: (int(r[1]), int(r[2])) for r in rows}, {r[0]: str(r[3]) for r in rows}
+    return (
+        {r[0]: (int(r[1]), int(r[2])) for r in rows},
+        {r[0]: str(r[3]) for r in rows},
+        {r[0]: str(r[4]) for r in rows if r[4] is not None},
+    )
 
 
 class PartitionNode(NamedTuple):
@@ -172,7 +188,9 @@ class PartitionNode(NamedTuple):
     # pg_inherits.cmin: the command of that transaction that made it a partition. A row
     # that transaction wrote by an earlier command was there before (filled, then
     # attached); one written by a later command came through the root, in the stream.
-    joined_cid: int
+    # None when a transaction since tried to delete the row (an aborted DETACH): its
+    # command number then took the place of the cmin.
+    joined_cid: int | None
 
 
 def partition_trees(
@@ -188,20 +206,26 @@ def partition_trees(
     out: dict[str, dict[int, PartitionNode]] = {}
     for root, oid, parent, leaf, node, attached_by, schema, rel, xmin, joined, cid in conn.execute(
         """
-        SELECT c.oid::int, t.relid::int, t.parentrelid::int, t.isleaf, l.relfilenode::bigint,
-               CASE WHEN NOT (ty.xmin = i.xmin) THEN i.xmin::text END,
-               n.nspname::text, l.relname::text, l.xmin::text, i.xmin::text,
-               i.cmin::text::bigint
-        FROM pg_class c, LATERAL pg_partition_tree(c.oid) t
-        JOIN pg_class l ON l.oid = t.relid
-        JOIN pg_namespace n ON n.oid = l.relnamespace
-        LEFT JOIN pg_type ty ON ty.oid = l.reltype
-        LEFT JOIN pg_inherits i ON i.inhrelid = t.relid AND i.inhparent = t.parentrelid
-        WHERE c.oid = ANY(%s) AND c.relkind = 'p' AND t.relid <> c.oid
+        SELECT c.oid::int, x.* FROM pg_class c LEFT JOIN LATERAL (
+          SELECT t.relid::int, t.parentrelid::int, t.isleaf, l.relfilenode::bigint,
+                 CASE WHEN NOT (ty.xmin = i.xmin) THEN i.xmin::text END,
+                 n.nspname::text, l.relname::text, l.xmin::text, i.xmin::text,
+                 CASE WHEN i.xmax::text = '0' THEN i.cmin::text::bigint END
+          FROM pg_partition_tree(c.oid) t
+          JOIN pg_class l ON l.oid = t.relid
+          JOIN pg_namespace n ON n.oid = l.relnamespace
+          LEFT JOIN pg_type ty ON ty.oid = l.reltype
+          LEFT JOIN pg_inherits i ON i.inhrelid = t.relid AND i.inhparent = t.parentrelid
+          WHERE t.relid <> c.oid
+        ) x ON true
+        WHERE c.oid = ANY(%s) AND c.relkind = 'p'
         """,
         (list(names),),
     ):
-        out.setdefault(names[int(root)], {})[int(oid)] = PartitionNode(
+        nodes = out.setdefault(names[int(root)], {})  # a root without partitions: none
+        if oid is None:
+            continue
+        nodes[int(oid)] = PartitionNode(
             int(parent),
             bool(leaf),
             int(node),
@@ -209,17 +233,17 @@ def partition_trees(
             (schema, rel),
             str(xmin),
             str(joined),
-            int(cid),
+            None if cid is None else int(cid),
         )
     return out
 
 
 def leaves_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dict[str, int]]:
-    """The commit record's ``leaves``: root → {leaf oid: relfilenode}."""
+    """The commit record's ``leaves``: root → {leaf oid: relfilenode}; a root without
+    leaves too (they were all detached or dropped: its rows are gone)."""
     return {
         root: {str(oid): n.relfilenode for oid, n in nodes.items() if n.leaf}
         for root, nodes in trees.items()
-        if any(n.leaf for n in nodes.values())
     }
 
 
@@ -229,11 +253,12 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
     and each partitioned table's leaves. Read before the bootstrap's slot exists: a
     rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
     a needless copy, one after it is seen."""
-    published, xmins = published_catalog(conn, publications)
+    published, xmins, joins = published_catalog(conn, publications)
     trees = partition_trees(conn, published)
     return {
         "relfilenodes": {k: v[1] for k, v in published.items()},
         "xmins": xmins,
+        "joins": joins,
         "leaves": leaves_of(trees),
         "leaf_xmins": leaf_xmins_of(trees),
         "partition_joins": joins_of(trees),
@@ -307,17 +332,76 @@ def attached_with_rows(
     return out
 
 
+def partitions_left(
+    trees: Mapping[str, Mapping[int, PartitionNode]], last: CommitRecord | None
+) -> dict[str, str]:
+    """Roots published as themselves whose partitions left them since the last commit:
+    name → reason. A leaf gone (detached or dropped, maybe with the partition above it),
+    or one that left and came back (detached and attached again: another ``pg_inherits``
+    row on its path than the last commit read): the rows it held left the root without a
+    change in the stream, and those it brought back may have changed meanwhile, so this
+    run copies it. The leaves looked at are those the last commit read, and those its
+    batch's DDL messages showed (``leaves_seen``: a partition created or attached, and
+    removed, between two runs)."""
+    if last is None:
+        return {}
+    before = last.snapshot.get("leaves") or {}
+    joins_before = last.snapshot.get("partition_joins") or {}
+    seen_before = last.snapshot.get("leaves_seen") or {}
+    out: dict[str, str] = {}
+    for root, nodes in sorted(trees.items()):
+        had = before.get(root)
+        if had is None:
+            continue  # not recorded: a root copied or first read by this run
+        seen: dict[str, list[str]] = seen_before.get(root) or {}
+        now = {str(oid) for oid, n in nodes.items() if n.leaf}
+        gone = sorted((set(had) | set(seen)) - now, key=int)
+        if gone:
+            out[root] = f"partitions detached or dropped ({', '.join(gone)})"
+            continue
+        joined = joins_before.get(root) or {}
+        back = sorted(
+            (
+                str(oid)
+                for oid, n in nodes.items()
+                if joined.get(str(oid), n.joined) != n.joined
+                or (n.leaf and seen.get(str(oid)) not in (None, [], _path(nodes, oid)))
+            ),
+            key=int,
+        )
+        if back:
+            out[root] = f"partitions detached and attached again ({', '.join(back)})"
+    return out
+
+
+def _path(nodes: Mapping[int, PartitionNode], oid: int) -> list[str]:
+    """The ``pg_inherits`` xmins from ``oid`` up to its root (leaf's first)."""
+    out = []
+    while oid in nodes:
+        out.append(nodes[oid].joined)
+        oid = nodes[oid].parent
+    return out
+
+
 def _rows_before(
-    conn: psycopg.Connection[Any], name: tuple[str, str], xid: str, cid: int, older: str | None
+    conn: psycopg.Connection[Any],
+    name: tuple[str, str],
+    xid: str,
+    cid: int | None,
+    older: str | None,
 ) -> bool:
     """Whether ``name`` holds a row written before command ``cid`` of transaction ``xid``
     (the one that made it, or a partition above it, a partition): by that transaction's
     earlier commands, or, when the table existed before it (``older``), by an earlier
-    transaction. A row it cannot read counts: a copy is the safe side."""
+    transaction. A row it cannot read counts: a copy is the safe side, and so does any
+    row of that transaction when the command is not known (``cid`` None), or a row of it
+    another transaction tried to change since (its cmin then is that one's command)."""
     from psycopg import sql
 
     # cid has no ordering operator: its text is the command's number.
-    where = "(xmin = {x}::xid AND cmin::text::bigint < {c})"
+    where = "(xmin = {x}::xid AND (cmin::text::bigint < {c} OR xmax::text <> '0'))"
+    if cid is None:
+        where = "xmin = {x}::xid"
     if older is not None:
         where = "age(xmin) > age({x}::xid) OR " + where
     query = sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {t} WHERE " + where + ")").format(
@@ -428,6 +512,8 @@ class Prepared:
     relfilenodes: dict[str, int] = field(default_factory=dict)
     # Each table's pg_class.xmin, read with its relfilenode (published_catalog).
     xmins: dict[str, str] = field(default_factory=dict)
+    # Each partition's pg_inherits xmins up its path (published_catalog).
+    joins: dict[str, str] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     # ... and their pg_class xmins (root → leaf oid → xid).
@@ -442,6 +528,7 @@ class Prepared:
             "published": self.published,
             "relfilenodes": self.relfilenodes,
             "xmins": self.xmins,
+            "joins": self.joins,
             "leaves": self.leaves,
             "leaf_xmins": self.leaf_xmins,
             "partition_joins": self.partition_joins,
@@ -463,10 +550,14 @@ def _wanted(
     lake: Lake,
     last: CommitRecord | None,
     published: dict[str, tuple[int, int]],
-    attached: Mapping[str, str] | None = None,
+    moved: Mapping[str, str] | None = None,
+    joins: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Tables to snapshot in this run (name → reason) and the request ids honoured.
-    ``attached``: roots that gained a partition with rows (:func:`attached_with_rows`)."""
+    ``moved``: roots that gained a partition with rows (:func:`attached_with_rows`) or
+    lost one (:func:`partitions_left`); ``joins``: each partition's ``pg_inherits``
+    xmins (:func:`published_catalog`), another than the last commit's for one published
+    as itself: detached and attached again since, rows written meanwhile unseen."""
     if last is None:
         # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
         return {}, []
@@ -479,10 +570,14 @@ def _wanted(
                 wanted[name] = "new in the publication"
             elif base[name] is not None and base[name] != oid:
                 wanted[name] = f"recreated (oid {base[name]} → {oid})"
+    joins_before = last.snapshot.get("joins") or {}
+    for name, path in sorted((joins or {}).items()):
+        if joins_before.get(name, path) != path:
+            wanted.setdefault(name, "detached and attached again")
     for name, reason in last.snapshot.get("wanted", {}).items():
         if name in published:
             wanted.setdefault(name, reason)
-    for name, reason in (attached or {}).items():
+    for name, reason in (moved or {}).items():
         wanted.setdefault(name, reason)
     ids = []
     for entry in pending_requests(lake):
@@ -561,9 +656,9 @@ def prepare(
     dsn = cfg.source.dsn
     secrets = [p for p in (dsn_password(dsn),) if p]
     try:
-        published, xmins = published_catalog(conn, cfg.source.publications)
+        published, xmins, joins = published_catalog(conn, cfg.source.publications)
         trees = partition_trees(conn, published)
-        attached = attached_with_rows(conn, trees, last)
+        moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(f"cannot read the published tables: {' '.join(str(exc).split())}", secrets)
@@ -572,11 +667,12 @@ def prepare(
         published={k: v[0] for k, v in published.items()},
         relfilenodes={k: v[1] for k, v in published.items()},
         xmins=xmins,
+        joins=joins,
         leaves=leaves_of(trees),
         leaf_xmins=leaf_xmins_of(trees),
         partition_joins=joins_of(trees),
     )
-    wanted, ids = _wanted(lake, last, published, attached)
+    wanted, ids = _wanted(lake, last, published, moved, joins)
     if not wanted:
         return prep
     prep.requests = ids
@@ -751,9 +847,9 @@ def _truncations(messages: list[tuple[str, int | None, Any, int]]) -> dict[int, 
     return out
 
 
-def rewritten_by_ddl(messages: list[tuple[Any, ...]]) -> dict[str, int | None]:
-    """Tables the DDL capture trigger reported rewritten: name → commit LSN (signed)."""
-    out: dict[str, int | None] = {}
+def _ddl_contents(messages: list[tuple[Any, ...]]) -> list[tuple[int | None, dict[str, Any]]]:
+    """(commit LSN, JSON content) of the DDL capture trigger's messages among ``messages``."""
+    out = []
     for t, commit_lsn, m, *_ in messages:
         if t != "M" or m.prefix != DDL_PREFIX or not m.transactional:
             continue
@@ -762,6 +858,40 @@ def rewritten_by_ddl(messages: list[tuple[Any, ...]]) -> dict[str, int | None]:
         except (UnicodeDecodeError, ValueError) as exc:
             log.warning("ignoring a %s message at %s that is not JSON: %s", DDL_PREFIX, m.lsn, exc)
             continue
+        if isinstance(content, dict):
+            out.append((commit_lsn, content))
+    return out
+
+
+def leaves_in_ddl(
+    messages: list[tuple[Any, ...]], roots: Mapping[str, int]
+) -> dict[str, dict[str, list[str]]]:
+    """The leaves the DDL capture trigger's messages showed below each of ``roots`` (name
+    → oid): root name → leaf oid → the ``pg_inherits`` xmins on its path up to the root
+    (leaf's first), as the batch's last message showing it had them. A partition created
+    or attached and then removed between two runs is in no run's reading of the leaves,
+    only here (:func:`partitions_left`)."""
+    out: dict[int, dict[str, list[str]]] = {}
+    for _, content in _ddl_contents(messages):
+        for entry in content.get("partitions") or []:
+            try:
+                leaf = str(int(entry["leaf"]))
+                ancestors = [int(a) for a in entry.get("ancestors") or []]
+                joined = [str(x) for x in entry.get("joined") or []]
+            except (KeyError, TypeError, ValueError):
+                log.warning("ignoring a malformed partitions entry in a %s message", DDL_PREFIX)
+                continue
+            for i, ancestor in enumerate(ancestors):
+                out.setdefault(ancestor, {})[leaf] = joined[: i + 1]
+    return {
+        name: dict(sorted(out[oid].items())) for name, oid in sorted(roots.items()) if oid in out
+    }
+
+
+def rewritten_by_ddl(messages: list[tuple[Any, ...]]) -> dict[str, int | None]:
+    """Tables the DDL capture trigger reported rewritten: name → commit LSN (signed)."""
+    out: dict[str, int | None] = {}
+    for commit_lsn, content in _ddl_contents(messages):
         for entry in content.get("tables") or []:
             if entry.get("rewrite") and entry.get("name"):
                 prev = out.get(entry["name"])
@@ -872,6 +1002,8 @@ def for_record(
         )
         wanted[name] = f"partitions detached or rewritten ({', '.join(gone + rewritten)})"
     out["wanted"] = wanted
+    roots = {name: oids[name] for name in plan_snapshot.get("leaves", {}) if name in oids}
+    out["leaves_seen"] = leaves_in_ddl(messages, roots)
     out["truncated_oids"] = sorted(truncated_now)
     out["truncation_xids"] = {str(k): sorted(v) for k, v in sorted(truncations.items())}
     return out

@@ -462,9 +462,10 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
     """A partitioned table published as itself (``publish_via_partition_root``): rows leave
     it without a change in the stream when a partition is detached, dropped or truncated
     alone (pgoutput sends no TRUNCATE of such a partition). The commit records each root's
-    leaf partitions; one gone, or with another relfilenode, is copied again by the next
-    run. A partition created since starts empty and costs no copy, nor does a TRUNCATE of
-    the root in the stream, unless a leaf was truncated alone after it."""
+    leaf partitions; one gone is copied again by the run that reads the leaves without it
+    (before its target), one with another relfilenode by the next run. A partition
+    created since starts empty and costs no copy, nor does a TRUNCATE of the root in the
+    stream, unless a leaf was truncated alone after it."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
 
@@ -476,9 +477,13 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
     steps = [
         # (statements, the tables the sync after them copies)
         (["CREATE TABLE p3 PARTITION OF p FOR VALUES FROM (20) TO (30)"], []),
-        (["INSERT INTO p VALUES (21, 21, 'new')", "ALTER TABLE p DETACH PARTITION p1"], []),
-        ([], ["public.p"]),
-        (["TRUNCATE p2", "DROP TABLE p3"], []),
+        (
+            ["INSERT INTO p VALUES (21, 21, 'new')", "ALTER TABLE p DETACH PARTITION p1"],
+            ["public.p"],
+        ),
+        ([], []),
+        (["DROP TABLE p3"], ["public.p"]),
+        (["TRUNCATE p2"], []),
         ([], ["public.p"]),
         # The root truncated in the stream rewrote every leaf, and said so: no copy.
         (["TRUNCATE p"], []),
@@ -530,8 +535,8 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
 
     attached = {"public.p": "partition public.{} attached with rows"}
     steps: list[tuple[list[str | tuple[str, ...]], dict[str, str], bool]] = [
-        # (statements (a tuple: one transaction), the tables the sync after them copies and
-        # why, mirror exact after it)
+        # (statements (a tuple: one transaction, rolled back when it starts so), the
+        # tables the sync after them copies and why, mirror exact after it)
         (
             [
                 "CREATE TABLE staged (id int, k int, v text, PRIMARY KEY (id, k))",
@@ -610,8 +615,25 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
             {},
             True,
         ),
-        (["ALTER TABLE p DETACH PARTITION p1"], {}, False),
-        ([], {"public.p": "partitions detached or rewritten"}, True),
+        # A DETACH rolled back since wrote its command number over the pg_inherits row's
+        # cmin: any row of the attaching transaction counts then.
+        (
+            [
+                (
+                    "CREATE TABLE ab (id int, k int, v text, PRIMARY KEY (id, k))",
+                    "INSERT INTO ab VALUES (1, 91, 'filled'), (2, 92, 'filled')",
+                    "ALTER TABLE p ATTACH PARTITION ab FOR VALUES FROM (90) TO (100)",
+                ),
+                ("-- rolled back", "ALTER TABLE p DETACH PARTITION ab"),
+            ],
+            {"public.p": attached["public.p"].format("ab")},
+            True,
+        ),
+        (
+            ["ALTER TABLE p DETACH PARTITION p1"],
+            {"public.p": "partitions detached or dropped"},
+            True,
+        ),
         (
             ["ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (0) TO (10)"],
             {"public.p": attached["public.p"].format("p1")},
@@ -628,14 +650,27 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
             {"public.p": attached["public.p"].format("p2")},
             True,
         ),
+        # ... and every row it brought back changed through the root since: none is older
+        # than the attach, but one it lost while detached is still in the mirror.
+        (
+            [
+                "ALTER TABLE p DETACH PARTITION p2",
+                "DELETE FROM p2 WHERE id = 50",
+                "ALTER TABLE p ATTACH PARTITION p2 FOR VALUES FROM (10) TO (20)",
+                "UPDATE p SET v = 'after' WHERE k >= 10 AND k < 20",
+            ],
+            {"public.p": "partitions detached and attached again"},
+            True,
+        ),
     ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _partitioned_through_its_root(c, slot)
         run_sync(cfg)
         for i, (statements, copies, exact) in enumerate(steps):
             for statement in statements:
-                with c.transaction():
-                    for one in (statement,) if isinstance(statement, str) else statement:
+                one_tx = (statement,) if isinstance(statement, str) else statement
+                with c.transaction(force_rollback=one_tx[0] == "-- rolled back"):
+                    for one in one_tx:
                         c.execute(one)
             c.execute("INSERT INTO p VALUES (%s, 15, 'tick')", (100 + i,))
             run_sync(cfg)
@@ -647,14 +682,126 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
                 assert_mirror(c, lake, ["public.p"])
 
 
+def test_partitions_created_and_removed_between_two_runs_are_seen_by_the_ddl_trigger(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """The DDL capture trigger's messages list the leaves of the partition trees a command
+    touched. A partition created (or attached) and then detached or dropped between two
+    runs, which no run read, is among the leaves the batch's record keeps
+    (``leaves_seen``): the next run, which finds it gone, copies the root, as the rows
+    routed into it left the root unseen. A root whose partitions are all gone is copied
+    too."""
+    from slotlake import ddl
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+
+    def copied() -> dict[str, str]:
+        last = Lake(lake).last_commit()
+        assert last is not None
+        return {k: v["reason"] for k, v in last.snapshot.get("tables", {}).items()}
+
+    gone = {"public.p": "partitions detached or dropped"}
+    steps: list[tuple[list[str], dict[str, str], bool]] = [
+        # (statements, the tables the sync after them copies and why, mirror exact after it)
+        (
+            [
+                "CREATE TABLE p3 PARTITION OF p FOR VALUES FROM (20) TO (30)",
+                "INSERT INTO p VALUES (21, 21, 'routed')",
+                "ALTER TABLE p DETACH PARTITION p3",
+            ],
+            {},
+            False,
+        ),
+        ([], gone, True),
+        (
+            [
+                "CREATE TABLE p4 PARTITION OF p FOR VALUES FROM (40) TO (50)",
+                "INSERT INTO p VALUES (41, 41, 'routed')",
+                "DROP TABLE p4",
+            ],
+            {},
+            False,
+        ),
+        ([], gone, True),
+        (
+            [
+                "CREATE TABLE p5 (id int NOT NULL, k int NOT NULL, v text)",
+                "ALTER TABLE p ATTACH PARTITION p5 FOR VALUES FROM (50) TO (60)",
+                "INSERT INTO p VALUES (51, 51, 'routed')",
+                "ALTER TABLE p DETACH PARTITION p5",
+            ],
+            {},
+            False,
+        ),
+        ([], gone, True),
+        (["ALTER TABLE p DETACH PARTITION p1", "ALTER TABLE p DETACH PARTITION p2"], gone, True),
+    ]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _partitioned_through_its_root(c, slot)
+        ddl.install(c)
+        run_sync(cfg)
+        for i, (statements, copies, exact) in enumerate(steps):
+            c.execute("INSERT INTO p VALUES (%s, 15, 'tick')", (100 + i,))
+            for statement in statements:
+                c.execute(statement)
+            run_sync(cfg)
+            got = copied()
+            assert sorted(got) == sorted(copies), statements
+            for name, reason in copies.items():
+                assert got[name].startswith(reason), (statements, got[name])
+            if exact:
+                assert_mirror(c, lake, ["public.p"])
+
+
+def test_a_leaf_published_as_itself_detached_and_attached_again_is_copied(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """Published as its leaves (no ``publish_via_partition_root``), a partition detached
+    leaves the publication: rows written into it meanwhile are in no change stream. One
+    attached again before the next run is no newer in the published set than before, but
+    its ``pg_inherits`` row (or one above it) is another: that run copies it."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE l (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)"
+        )
+        c.execute("CREATE TABLE l1 PARTITION OF l FOR VALUES FROM (0) TO (10)")
+        c.execute(
+            "CREATE TABLE l2 PARTITION OF l FOR VALUES FROM (10) TO (20) PARTITION BY RANGE (id)"
+        )
+        c.execute("CREATE TABLE l2a PARTITION OF l2 FOR VALUES FROM (0) TO (1000)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE l")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO l SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+        run_sync(cfg)
+        steps = [
+            ("l1", "l1", "FROM (0) TO (10)", "INSERT INTO l1 VALUES (50, 5, 'while detached')"),
+            # A sub-partitioned partition: its leaf's own pg_inherits row stays.
+            ("l2", "l2a", "FROM (10) TO (20)", "DELETE FROM l2a WHERE id = 11"),
+        ]
+        for i, (partition, leaf, bounds, write) in enumerate(steps):
+            c.execute(f"ALTER TABLE l DETACH PARTITION {partition}")
+            c.execute(write)
+            c.execute(f"ALTER TABLE l ATTACH PARTITION {partition} FOR VALUES {bounds}")
+            c.execute("INSERT INTO l VALUES (%s, 3, 'tick')", (100 + i,))
+            run_sync(cfg)
+            last = Lake(lake).last_commit()
+            assert last is not None
+            copied = {k: v["reason"] for k, v in last.snapshot.get("tables", {}).items()}
+            assert copied == {f"public.{leaf}": "detached and attached again"}, write
+            assert_mirror(c, lake, ["public.l1", "public.l2a"])
+
+
 @pytest.mark.parametrize("after", ["attached and re-created", "detached and rewritten"])
 def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
     pg_dsn: str, slot: str, tmp_path: Path, after: str
 ) -> None:
     """A bootstrap records what the first sync's checks compare with: the copied tables'
     oids, the relfilenodes and the partitioned tables' leaves. Between it and the first
-    sync: a partition attached with rows and a table dropped and created again (copied
-    by that sync), or a partition detached and a table rewritten (copied by the next).
+    sync: a partition attached with rows and a table dropped and created again, or a
+    partition detached (copied by that sync), or a table rewritten (copied by the next).
     Before, the first sync had nothing to compare with: the mirror kept the dropped
     table's rows and the detached partition's, and lacked the attached one's, for good."""
     from slotlake.bootstrap import run_bootstrap
@@ -689,9 +836,9 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
             # A rewrite that keeps the values and sends no change: a needless copy, but a
             # USING that changes them would be just as silent.
             c.execute("VACUUM FULL t")
-            copies = [[], ["public.p", "public.t"]]
-        for want in copies:
-            c.execute("INSERT INTO p VALUES (100 + %s, 15, 'tick')", (len(want),))
+            copies = [["public.p"], ["public.t"]]
+        for i, want in enumerate(copies):
+            c.execute("INSERT INTO p VALUES (100 + %s, 15, 'tick')", (i,))
             run_sync(cfg)
             last = Lake(lake).last_commit()
             assert last is not None

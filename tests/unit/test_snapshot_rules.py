@@ -7,7 +7,15 @@ import json
 from slotlake.lake import CommitRecord, TableCommit
 from slotlake.lsn import Lsn
 from slotlake.pgoutput.messages import Message
-from slotlake.snapshot import DDL_PREFIX, TableSnapshot, _baseline, rewritten_by_ddl
+from slotlake.snapshot import (
+    DDL_PREFIX,
+    PartitionNode,
+    TableSnapshot,
+    _baseline,
+    leaves_in_ddl,
+    partitions_left,
+    rewritten_by_ddl,
+)
 
 
 def _msg(prefix: str, content: object, transactional: bool = True) -> Message:
@@ -52,3 +60,78 @@ def test_published_baseline() -> None:
 def test_consistent_point_as_stored_in_the_change_log() -> None:
     snap = TableSnapshot("public.a", 1, "r", "FFFFFFFF/0", "x", 0, [], [], "d")
     assert snap.cp_signed == Lsn.parse("FFFFFFFF/0").to_signed() < 0
+
+
+def test_leaves_seen_in_ddl_messages_by_published_root() -> None:
+    """Every leaf below a published root (at any level) that a message listed, with the
+    pg_inherits xmins of its path up to that root as the last message showed them; a
+    malformed entry and other prefixes ignored."""
+    parts = [
+        {"leaf": 11, "ancestors": [10], "joined": ["5"]},
+        # below a sub-partitioned partition
+        {"leaf": 21, "ancestors": [20, 10], "joined": ["7", "6"]},
+        {"leaf": 31, "ancestors": [30], "joined": ["8"]},  # another tree
+    ]
+    msgs = [
+        ("M", 500, _msg(DDL_PREFIX, {"tag": "CREATE TABLE", "partitions": parts})),
+        # detached and attached again: the later message's path counts
+        (
+            "M",
+            600,
+            _msg(DDL_PREFIX, {"partitions": [{"leaf": 11, "ancestors": [10], "joined": ["9"]}]}),
+        ),
+        ("M", 700, _msg(DDL_PREFIX, {"tag": "ALTER TABLE", "partitions": [{"ancestors": [10]}]})),
+        ("M", 800, _msg("other", {"partitions": [{"leaf": 12, "ancestors": [10]}]})),
+        ("M", 900, _msg(DDL_PREFIX, {"tag": "ALTER TABLE"})),  # an older trigger's message
+    ]
+    roots = {"public.p": 10, "public.q": 20, "public.plain": 40}
+    assert leaves_in_ddl(msgs, roots) == {
+        "public.p": {"11": ["9"], "21": ["7", "6"]},
+        "public.q": {"21": ["7"]},
+    }
+
+
+def _node(parent: int, joined: str = "5", leaf: bool = True) -> PartitionNode:
+    return PartitionNode(parent, leaf, 1, None, ("public", "x"), "5", joined, 0)
+
+
+def test_partitions_that_left_since_the_last_commit() -> None:
+    """A leaf the last commit read, or its batch's DDL messages showed, that is gone now,
+    or that came back by another pg_inherits row on its path, names its root; a root the
+    last commit did not record is left to its copy."""
+    last = _record(
+        snapshot={
+            "leaves": {"public.p": {"11": 11, "12": 12}, "public.q": {"21": 21}, "public.r": {}},
+            "partition_joins": {"public.p": {"11": "5", "12": "5"}, "public.q": {"21": "5"}},
+            "leaves_seen": {
+                "public.q": {"21": ["5"], "22": ["6"]},
+                "public.r": {"31": ["7"]},
+                "public.t": {"51": ["7", "6"]},
+            },
+        }
+    )
+    trees = {
+        "public.p": {11: _node(10), 12: _node(10)},  # unchanged
+        "public.q": {21: _node(20)},  # 22 came and went between the two runs
+        "public.r": {},  # its only leaf, seen in a message, is gone: no leaves at all
+        "public.s": {41: _node(40)},  # not in the last commit
+    }
+    assert partitions_left(trees, last) == {
+        "public.q": "partitions detached or dropped (22)",
+        "public.r": "partitions detached or dropped (31)",
+    }
+    del trees["public.p"][12]
+    assert partitions_left(trees, last)["public.p"] == "partitions detached or dropped (12)"
+    # A known leaf attached again; a seen one below a partition attached again.
+    trees["public.p"] = {11: _node(10, "9"), 12: _node(10)}
+    last.snapshot["leaves"]["public.t"] = {}
+    trees["public.t"] = {50: _node(60, "6", leaf=False), 51: _node(50, "7")}
+    assert partitions_left(trees, last)["public.p"] == (
+        "partitions detached and attached again (11)"
+    )
+    assert "public.t" not in partitions_left(trees, last)
+    trees["public.t"][50] = _node(60, "10", leaf=False)
+    assert partitions_left(trees, last)["public.t"] == (
+        "partitions detached and attached again (51)"
+    )
+    assert partitions_left(trees, None) == {}
