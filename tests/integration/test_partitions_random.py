@@ -4,11 +4,13 @@ source.
 Two partitioned tables: ``r`` published through its root (``publish_via_partition_root``),
 ``l`` as its leaves. Rows move between partitions; partitions are created, detached,
 dropped, attached again with the rows they gained meanwhile, or attached as a table filled
-beforehand (also by the attaching transaction); one is truncated alone, or the whole table; columns are added with fast
-defaults, dropped, and retyped with a rewrite. Rows that leave or join a root published
-as itself without a change in the stream make the lake copy it: in the same run (an
-attached partition) or the next (``snapshot.wanted``), which the check after that round
-waits for. The oracle is the source itself (:func:`slotlake.verify.compare_table`).
+beforehand (also by the attaching transaction); one is truncated alone, or the whole
+table; columns are added with fast defaults, dropped, and retyped with a rewrite. Rows
+that leave or join a root published as itself without a change in the stream make the
+lake copy it: in the same run (a partition attached, or gone since the last run read the
+leaves) or the next (``snapshot.wanted``; and a partition only the DDL capture trigger's
+messages showed, found gone by the next run), which the check after that round waits
+for. The oracle is the source itself (:func:`slotlake.verify.compare_table`).
 
 A failure names the seed and round and the statements of the round;
 ``SLOTLAKE_RANDOM_SEED`` and ``SLOTLAKE_RANDOM_ROUNDS`` replay or widen a run by hand.
