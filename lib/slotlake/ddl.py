@@ -132,21 +132,22 @@ BEGIN
       -- Every leaf of the partition trees the command touched, with its ancestors: a
       -- partition created (or attached) and removed between two syncs was seen here.
       'partitions', (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                       'leaf', l.relid::bigint,
-                       'ancestors', (SELECT jsonb_agg(a.relid::bigint ORDER BY a.n)
-                                     FROM pg_partition_ancestors(l.relid)
-                                          WITH ORDINALITY a(relid, n)
-                                     WHERE a.relid <> l.relid),
-                       'joined', (SELECT jsonb_agg(i.xmin::text ORDER BY a.n)
-                                  FROM pg_partition_ancestors(l.relid)
-                                       WITH ORDINALITY a(relid, n)
-                                  JOIN pg_inherits i ON i.inhrelid = a.relid))
+                       'leaf', l.relid::bigint, 'ancestors', p.ancestors, 'joined', p.joined)
                      ORDER BY l.relid), '[]'::jsonb)
                      FROM (SELECT DISTINCT t.relid
                            FROM (SELECT DISTINCT pg_partition_root(r) AS top
                                  FROM unnest(rels) r) roots,
                                 LATERAL pg_partition_tree(roots.top) t
-                           WHERE roots.top IS NOT NULL AND t.isleaf) l)
+                           WHERE roots.top IS NOT NULL AND t.isleaf) l,
+                          -- One walk up each leaf's path: the levels above it, and the
+                          -- pg_inherits row of each level below the top.
+                          LATERAL (SELECT jsonb_agg(a.relid::bigint ORDER BY a.n)
+                                            FILTER (WHERE a.relid <> l.relid) AS ancestors,
+                                          jsonb_agg(i.xmin::text ORDER BY a.n)
+                                            FILTER (WHERE i.inhrelid IS NOT NULL) AS joined
+                                   FROM pg_partition_ancestors(l.relid)
+                                        WITH ORDINALITY a(relid, n)
+                                   LEFT JOIN pg_inherits i ON i.inhrelid = a.relid) p)
     ) INTO msg;
     PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', msg::text);
   EXCEPTION WHEN OTHERS THEN

@@ -365,7 +365,7 @@ def partitions_left(
                 str(oid)
                 for oid, n in nodes.items()
                 if joined.get(str(oid), n.joined) != n.joined
-                or (n.leaf and seen.get(str(oid)) not in (None, [], _path(nodes, oid)))
+                or (n.leaf and (path := seen.get(str(oid))) and path != _path(nodes, oid))
             ),
             key=int,
         )
@@ -972,6 +972,8 @@ def for_record(
         had = leaves_before.get(name)
         if had is None or name in taken or name in wanted:
             continue
+        # A leaf gone is found, and its root copied, by prepare (partitions_left) for a
+        # plan this code made; ``gone`` here serves a plan an earlier release made.
         # A partition created since (CREATE TABLE … PARTITION OF) starts empty: not told,
         # unless it was rewritten since (truncated alone, say, after rows were routed into
         # it): a table starts with its oid for relfilenode. (One attached since, truncated
