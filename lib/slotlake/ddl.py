@@ -19,10 +19,12 @@ JSON object with
   its own message with ``"rewrite": true`` before the rewrite, and the command's
   ``ddl_command_end`` message flags the tables it rewrote as well
 * ``columns``: ``{"<table>": {"<column>": <attnum>}}``, every live column after the
-  command (a DROP and re-ADD of a same-named column shows as a new attnum)
+  command (a DROP and re-ADD of a same-named column shows as a new attnum), of the tables
+  in ``tables`` and, for a ``ddl_command_end`` on a partitioned table, of every partition
+  below it (the command acted on them too; their names are not in ``tables``)
 * ``missing``: ``{"<table>": {"<column>": "<attmissingval text>"}}``, every column with a
   fast default (``atthasmissing``; a partitioned table's from its leaves, where the ADD
-  put them), as text in the peek session's formats (ISO dates, UTC, ISO 8601 intervals,
+  put them), for the same tables as ``columns``, as text in the peek session's formats (ISO dates, UTC, ISO 8601 intervals,
   hex bytea, ``extra_float_digits = 3``)
 * ``partitions``: ``[{"leaf": <oid>, "ancestors": [<oid>, …], "joined": ["<xid>", …]}]``,
   every leaf partition of the partition trees of the tables the command touched, after
@@ -78,6 +80,7 @@ SET extra_float_digits = 3 SET bytea_output = 'hex'
 AS $fn$
 DECLARE
   rels oid[];
+  named oid[];
   rewritten oid[];
   msg jsonb;
 BEGIN
@@ -98,6 +101,16 @@ BEGIN
     IF rels IS NULL OR cardinality(rels) = 0 THEN
       RETURN;
     END IF;
+    -- A command on a partitioned table acts on every partition below it but names the
+    -- table alone; a publication without publish_via_partition_root sends the leaves,
+    -- whose columns must be seen to change with it.
+    named := rels;
+    IF TG_EVENT <> 'table_rewrite' THEN
+      SELECT array_agg(DISTINCT x) INTO named FROM (
+        SELECT unnest(rels) AS x
+        UNION SELECT t.relid FROM unnest(rels) r, LATERAL pg_partition_tree(r) t
+      ) s;
+    END IF;
     SELECT jsonb_build_object(
       'event', TG_EVENT,
       'tag', TG_TAG,
@@ -113,7 +126,7 @@ BEGIN
                           jsonb_object_agg(a.attname, a.attnum) AS cols
                    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                    JOIN pg_attribute a ON a.attrelid = c.oid
-                   WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
+                   WHERE c.oid = ANY(named) AND a.attnum > 0 AND NOT a.attisdropped
                    GROUP BY 1) t),
       -- A partitioned table stores no rows: its leaves hold the fast defaults.
       'missing', (SELECT coalesce(jsonb_object_agg(t.name, t.vals), '{{}}'::jsonb) FROM (
@@ -124,7 +137,7 @@ BEGIN
                      JOIN pg_attribute a ON a.attrelid = ANY(CASE WHEN c.relkind = 'p'
                        THEN ARRAY(SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf)
                        ELSE ARRAY[c.oid] END)
-                     WHERE c.oid = ANY(rels) AND a.attnum > 0 AND NOT a.attisdropped
+                     WHERE c.oid = ANY(named) AND a.attnum > 0 AND NOT a.attisdropped
                        AND a.atthasmissing
                      GROUP BY 1, 2
                      HAVING count(DISTINCT (a.attmissingval::text::text[])[1]) = 1) m

@@ -108,6 +108,11 @@ def plan_defaults(
     catalog: TableColumns | None,
 ) -> list[FastDefault]:
     """The fast defaults one table's batch must apply (pure: tested with crafted input)."""
+    if not cat.versions:
+        # No change of the table decoded in the batch: it is here only because a snapshot
+        # replaces its state with a copy, which holds the columns as its catalog had them.
+        # No row to fill, and no Relation to convert a default's text with.
+        return []
     prior_cols = set()
     if prior is not None:
         prior_cols = {

@@ -111,6 +111,27 @@ def test_trigger_messages_win_and_give_the_exact_position() -> None:
     assert (d.seq, d.value) == (20, "first")
 
 
+def test_nothing_for_a_table_only_a_snapshot_brings_into_the_batch() -> None:
+    """No Relation in the batch (the table is there for its snapshot copy alone): no row
+    to fill, and no type to convert a default with. Before, a DROP and re-ADD the
+    trigger reported for a leaf copied in that batch raised IndexError (seed 97)."""
+    from slotlake.catalog import TableCatalog
+
+    cat = TableCatalog(
+        name="public.t",
+        versions=[],
+        columns=[*BASE, ("c", "string")],
+        state_columns=["id", "v", "c"],
+        key_columns=["id"],
+        replica_identity="d",
+    )
+    prior = prior_commit([*BASE, ("c", "string")], {"id": 1, "v": 2, "c": 3})
+    msgs = [message(40, {"id": 1, "v": 2}, {}), message(45, {"id": 1, "v": 2, "c": 4}, {"c": "6"})]
+    end = TableColumns({"id": 1, "v": 2, "c": 4}, {"c": "6"})
+    assert plan_defaults(cat, prior, msgs, end) == []
+    assert plan_defaults(cat, prior, [], end) == []
+
+
 def test_a_rename_only_the_trigger_and_the_catalog_saw() -> None:
     # A change (R at 10), ADD x DEFAULT (seq 20), x → c (seq 30), no change after them:
     # no Relation names x, so the catalog does not know the rename; the attnum does.
