@@ -700,8 +700,8 @@ def process_table(
     replaced by the copy, then the changes from the copy's consistent point are merged.
     ``local_raw``: the table's raw DML rows when :class:`DriverWrites` took it: then it is
     done on the driver without Spark (:mod:`slotlake.local_table`), fast defaults included
-    unless the table is re-based on a snapshot or has its state merged by Spark (then
-    Spark's UPDATE applies them); ``state_merge`` says who merges its state.
+    unless the table has its state merged by Spark (then Spark's UPDATE applies them);
+    ``state_merge`` says who merges its state.
     """
     from pyspark.sql import functions as F
 
@@ -736,8 +736,9 @@ def process_table(
     steps("txn versions read")
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
-    # Fast defaults are applied there to a keyed table whose state it merges.
-    driver_defaults = snap is None and state_merge in ON_DRIVER
+    # Fast defaults are applied there to a keyed table whose state it merges (a re-based
+    # one's only to its final rows: its state becomes the copy).
+    driver_defaults = state_merge in ON_DRIVER
     if local_raw is not None and (not defaults or driver_defaults):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
@@ -1050,10 +1051,11 @@ def _process_local(
         _fault("snapshot_rebased")
 
     if fast and not cat.is_multiset and not switched:
-        assert state_merge in ON_DRIVER and snap is None, cat.name
-        state_now = arrow_schema_for(schemas[1])
-        if fastdefault.update_state_local(state_path, state_now, fast, app_id, batch):
-            fault(fastdefault.FAULT_STEP)
+        assert state_merge in ON_DRIVER, cat.name
+        if snap is None:  # a re-based state is the copy: no older row to update
+            state_now = arrow_schema_for(schemas[1])
+            if fastdefault.update_state_local(state_path, state_now, fast, app_id, batch):
+                fault(fastdefault.FAULT_STEP)
         finals = fastdefault.fill_finals_arrow(finals, fast)
 
     def merge_state(rows: pa.Table) -> WriteResult:

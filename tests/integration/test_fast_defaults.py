@@ -636,3 +636,32 @@ def test_a_drop_and_readd_on_a_partitioned_table_published_as_its_leaves(
         c.execute("ALTER TABLE l ADD COLUMN w int DEFAULT 4")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, [*leaves, "public.l3"])
+
+
+def test_a_table_copied_in_the_batch_of_its_fast_default_stays_on_the_driver(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """A snapshot's copy replaces the state, so a table re-based in the batch of a fast
+    default needs the default only on the rows its changes after the copy leave. Such a
+    table went to Spark (a JVM started for a few rows); now the driver does it."""
+    from slotlake.snapshot import request
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=True)
+        run_sync(cfg)
+        request(Lake(lake), "public.k", "by hand")
+        c.execute("UPDATE k SET v = 'before' WHERE id = 1")
+        c.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'dflt'")
+        c.execute("UPDATE k SET v = 'after', c = 'own' WHERE id = 2")
+        c.execute("DELETE FROM k WHERE id = 3")
+        run_sync(cfg)
+        assert_mirror(c, lake, TABLES)
+        state = {r["id"]: r["c"] for r in read_state(lake, "public.k").to_pylist()}
+        assert state[1] == state[4] == "dflt" and state[2] == "own" and 3 not in state
+        assert "Apache-Spark" not in _engines(lake, "public.k")
+        # The next batch's changes land on the copy.
+        c.execute("UPDATE k SET v = 'next' WHERE id = 4")
+        run_sync(cfg)
+        assert_mirror(c, lake, TABLES)
