@@ -131,14 +131,23 @@ BEGIN
       -- A partitioned table stores no rows: its leaves hold the fast defaults.
       'missing', (SELECT coalesce(jsonb_object_agg(t.name, t.vals), '{{}}'::jsonb) FROM (
                    SELECT m.name, jsonb_object_agg(m.attname, m.val) AS vals FROM (
-                     SELECT n.nspname || '.' || c.relname AS name, a.attname,
-                            min((a.attmissingval::text::text[])[1]) AS val
-                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                     JOIN pg_attribute a ON a.attrelid = ANY(CASE WHEN c.relkind = 'p'
-                       THEN ARRAY(SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf)
-                       ELSE ARRAY[c.oid] END)
-                     WHERE c.oid = ANY(named) AND a.attnum > 0 AND NOT a.attisdropped
-                       AND a.atthasmissing
+                     SELECT s.name, a.attname, min((a.attmissingval::text::text[])[1]) AS val
+                     FROM (SELECT n.nspname || '.' || c.relname AS name,
+                                  unnest(CASE WHEN c.relkind = 'p'
+                                    THEN ARRAY(SELECT relid FROM pg_partition_tree(c.oid)
+                                               WHERE isleaf)
+                                    ELSE ARRAY[c.oid] END) AS rel
+                           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                           WHERE c.oid = ANY(named)) s,
+                          -- Looked up by each relation (OFFSET 0 keeps the planner from
+                          -- flattening it): the statistics do not know the columns the
+                          -- command just gave a fast default, and a join planned on them
+                          -- walked the tables once per such column (a thousand partitions'
+                          -- ALTER took 6-8 s instead of 0.3).
+                          LATERAL (SELECT a.attname, a.attmissingval FROM pg_attribute a
+                                   WHERE a.attrelid = s.rel AND a.attnum > 0
+                                     AND NOT a.attisdropped AND a.atthasmissing
+                                   OFFSET 0) a
                      GROUP BY 1, 2
                      HAVING count(DISTINCT (a.attmissingval::text::text[])[1]) = 1) m
                    GROUP BY 1) t),
@@ -157,10 +166,13 @@ BEGIN
                           LATERAL (SELECT jsonb_agg(a.relid::bigint ORDER BY a.n)
                                             FILTER (WHERE a.relid <> l.relid) AS ancestors,
                                           jsonb_agg(i.xmin::text ORDER BY a.n)
-                                            FILTER (WHERE i.inhrelid IS NOT NULL) AS joined
+                                            FILTER (WHERE i.xmin IS NOT NULL) AS joined
                                    FROM pg_partition_ancestors(l.relid)
                                         WITH ORDINALITY a(relid, n)
-                                   LEFT JOIN pg_inherits i ON i.inhrelid = a.relid) p)
+                                   -- By its index (a join scanned pg_inherits once a leaf).
+                                   LEFT JOIN LATERAL (SELECT h.xmin FROM pg_inherits h
+                                                      WHERE h.inhrelid = a.relid
+                                                      OFFSET 0) i ON true) p)
     ) INTO msg;
     PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', msg::text);
   EXCEPTION WHEN OTHERS THEN

@@ -121,9 +121,15 @@ def plan_defaults(
     has_prior_rows = prior is not None and bool(prior.state) and prior.state_version is not None
     baseline = dict(prior.attnums) if prior is not None and prior.attnums else None
     points: list[tuple[int, dict[str, int], dict[str, str | None], str]] = []
+    final = _final_oid(cat, catalog)
     for m in messages:
         cols = m.columns.get(cat.name)
         if cols is None:
+            continue
+        oid = next((t.oid for t in m.tables if t.name == cat.name), None)
+        if final is not None and oid is not None and oid != final:
+            # Another relation under the name (dropped and created again in the batch):
+            # its columns' defaults are not the final one's, whose rows the run copies.
             continue
         points.append((m.seq, cols, m.missing.get(cat.name, {}), "trigger"))
     if catalog is not None:
@@ -161,6 +167,13 @@ def plan_defaults(
             )
         )
     return out
+
+
+def _final_oid(cat: TableCatalog, catalog: TableColumns | None) -> int | None:
+    """The oid of the relation the table has at the batch's end, where known."""
+    if catalog is not None and catalog.relation is not None:
+        return int(catalog.relation.relation.oid)
+    return cat.versions[-1].oid if cat.versions else None
 
 
 def _last_add(

@@ -10,10 +10,11 @@ from decimal import Decimal
 
 import pytest
 
-from slotlake.catalog import build_catalogs
+from slotlake.catalog import TargetRelation, build_catalogs
 from slotlake.ddl import (
     DDL_PREFIX,
     DdlMessage,
+    DdlTable,
     TableColumns,
     catalog_from_json,
     catalog_to_json,
@@ -130,6 +131,49 @@ def test_nothing_for_a_table_only_a_snapshot_brings_into_the_batch() -> None:
     end = TableColumns({"id": 1, "v": 2, "c": 4}, {"c": "6"})
     assert plan_defaults(cat, prior, msgs, end) == []
     assert plan_defaults(cat, prior, [], end) == []
+
+
+def test_messages_of_another_relation_under_the_name_are_left_out() -> None:
+    """``ADD c DEFAULT 'd'`` on relation 16400, then the table dropped and created again
+    (16500) with ``c`` at the same attnum: the old default is not the new column's."""
+    cat = catalog((10, V1), (50, V2), prior=BASE)
+    old, new = DdlTable("public.t", 16400, False), DdlTable("public.t", 16500, False)
+    msgs = [
+        DdlMessage(
+            20,
+            "ddl_command_end",
+            "ALTER TABLE",
+            "…",
+            (old,),
+            {"public.t": {"id": 1, "v": 2, "c": 3}},
+            {"public.t": {"c": "d"}},
+        ),
+        DdlMessage(
+            40,
+            "ddl_command_end",
+            "CREATE TABLE",
+            "…",
+            (new,),
+            {"public.t": {"id": 1, "v": 2, "c": 3}},
+            {"public.t": {}},
+        ),
+    ]
+    prior = prior_commit(BASE, {"id": 1, "v": 2})
+
+    def end(oid: int) -> TableColumns:
+        shape = TargetRelation(Relation(None, oid, "public", "t", "d", V2.columns))
+        return TableColumns({"id": 1, "v": 2, "c": 3}, {}, relation=shape)
+
+    assert plan_defaults(cat, prior, msgs, end(16500)) == []
+    # Both messages of one relation: the default is the column's.
+    same = [
+        msgs[0],
+        DdlMessage(
+            40, "ddl_command_end", "ALTER TABLE", "…", (old,), msgs[1].columns, msgs[1].missing
+        ),
+    ]
+    (d,) = plan_defaults(cat, prior, same, end(16400))
+    assert (d.seq, d.text) == (20, "d")
 
 
 def test_a_rename_only_the_trigger_and_the_catalog_saw() -> None:
