@@ -80,6 +80,20 @@ def make_config(
     )
 
 
+def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:
+    """Table ``l`` partitioned into ``l1`` and ``l2`` (itself partitioned: ``l2a``), 12
+    rows, published as its leaves (publication ``pub``), and slot ``slot``: the leaves'
+    names."""
+    c.execute("CREATE TABLE l (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)")
+    c.execute("CREATE TABLE l1 PARTITION OF l FOR VALUES FROM (0) TO (10)")
+    c.execute("CREATE TABLE l2 PARTITION OF l FOR VALUES FROM (10) TO (20) PARTITION BY RANGE (id)")
+    c.execute("CREATE TABLE l2a PARTITION OF l2 FOR VALUES FROM (0) TO (1000)")
+    c.execute("CREATE PUBLICATION pub FOR TABLE l")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    c.execute("INSERT INTO l SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+    return ["public.l1", "public.l2a"]
+
+
 def assert_mirror(conn: psycopg.Connection, root: str, tables: list[str]) -> None:
     for table in tables:
         cmp = compare_table(conn, root, table)

@@ -22,7 +22,14 @@ from slotlake.cli import main as cli_main
 from slotlake.lake import Lake, read_changes
 from slotlake.sync import run_sync
 
-from .sync_helpers import AUDIT_SQL, assert_mirror, audit, audited_ops, make_config
+from .sync_helpers import (
+    AUDIT_SQL,
+    assert_mirror,
+    audit,
+    audited_ops,
+    make_config,
+    published_as_leaves,
+)
 
 
 def big(seed: int) -> str:
@@ -764,17 +771,7 @@ def test_a_leaf_published_as_itself_detached_and_attached_again_is_copied(
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute(
-            "CREATE TABLE l (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)"
-        )
-        c.execute("CREATE TABLE l1 PARTITION OF l FOR VALUES FROM (0) TO (10)")
-        c.execute(
-            "CREATE TABLE l2 PARTITION OF l FOR VALUES FROM (10) TO (20) PARTITION BY RANGE (id)"
-        )
-        c.execute("CREATE TABLE l2a PARTITION OF l2 FOR VALUES FROM (0) TO (1000)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE l")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        c.execute("INSERT INTO l SELECT g, g % 20, 'v' FROM generate_series(1, 12) g")
+        published_as_leaves(c, slot)
         run_sync(cfg)
         steps = [
             ("l1", "l1", "FROM (0) TO (10)", "INSERT INTO l1 VALUES (50, 5, 'while detached')"),
