@@ -24,8 +24,8 @@ JSON object with
   below it (the command acted on them too; their names are not in ``tables``)
 * ``missing``: ``{"<table>": {"<column>": "<attmissingval text>"}}``, every column with a
   fast default (``atthasmissing``; a partitioned table's from its leaves, where the ADD
-  put them), for the same tables as ``columns``, as text in the peek session's formats (ISO dates, UTC, ISO 8601 intervals,
-  hex bytea, ``extra_float_digits = 3``)
+  put them), for the same tables as ``columns``, as text in the peek session's formats
+  (ISO dates, UTC, ISO 8601 intervals, hex bytea, ``extra_float_digits = 3``)
 * ``partitions``: ``[{"leaf": <oid>, "ancestors": [<oid>, …], "joined": ["<xid>", …]}]``,
   every leaf partition of the partition trees of the tables the command touched, after
   it (a table that is no partition and has none: nothing), with its ancestors from its
