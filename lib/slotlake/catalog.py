@@ -148,6 +148,11 @@ class TableCatalog:
         if lake and name in self.lake_names:
             return self.lake_names[name]
         if have is not None and name in have:
+            if lake and name in self.lake_names.values():
+                # The lake's column of that name went to another name in the batch, which
+                # gave this one to a column it added (``c → d``, ``ADD x``, ``x → c``):
+                # none of the prior's columns is this one ('' is no column's name).
+                return ""
             return name
         if name in self.lake_names:
             return self.lake_names[name]

@@ -684,3 +684,26 @@ def test_a_default_of_a_table_dropped_and_created_again_in_the_batch(
         assert_mirror(c, lake, TABLES)
         got = {r["id"]: r["x"] for r in read_state(lake, "public.k").to_pylist()}
         assert got == {1: 10, 2: 20, 3: 30, 4: 40, 5: 7}, got
+
+
+def test_a_name_handed_on_to_a_column_added_in_the_batch_of_a_multiset(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """``ADD c7 int``, ``c7 → r8``, ``b → c7``, ``r8 → b`` on a multiset (its state rebuilt
+    whole on the driver), with the trigger: the new ``b`` was read from the prior state's
+    ``b``, the text column now named ``c7``, and the batch failed casting it to int (the
+    random workload's seed 605). The prior has no column for the new ``b``."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=True)
+        run_sync(cfg)
+        c.execute("ALTER TABLE m ADD COLUMN c7 int")
+        c.execute("ALTER TABLE m RENAME COLUMN c7 TO r8")
+        c.execute("ALTER TABLE m RENAME COLUMN b TO c7")
+        c.execute("ALTER TABLE m RENAME COLUMN r8 TO b")
+        c.execute("UPDATE m SET a = 20, b = 5 WHERE a = 2")
+        run_sync(cfg)
+        assert_mirror(c, lake, TABLES)
+        rows = sorted((r["a"], r["b"], r["c7"]) for r in read_state(lake, "public.m").to_pylist())
+        assert rows == [(1, None, "x"), (1, None, "x"), (3, None, "z"), (20, 5, "y")], rows
