@@ -144,7 +144,9 @@ class TableCatalog:
         latest (``a → b → c``): only the lake's is in the prior. ``lake``: the prior is
         the lake's state before the batch, so a name the batch gave to another lake
         column (``a → b``, ``c → a``) is that column's; else (a snapshot's copy, named as
-        the source named its columns then) a name the prior has is taken as it is."""
+        the source named its columns then) a name the prior has is taken as it is. A name
+        the prior has for none of its columns any more gives ``''`` or a name it lacks:
+        the caller reads the column as new."""
         if lake and name in self.lake_names:
             return self.lake_names[name]
         if have is not None and name in have:

@@ -106,7 +106,7 @@ BEGIN
     -- whose columns must be seen to change with it.
     named := rels;
     IF TG_EVENT <> 'table_rewrite' THEN
-      SELECT array_agg(DISTINCT x) INTO named FROM (
+      SELECT array_agg(x) INTO named FROM (  -- UNION: each once
         SELECT unnest(rels) AS x
         UNION SELECT t.relid FROM unnest(rels) r, LATERAL pg_partition_tree(r) t
       ) s;

@@ -127,7 +127,7 @@ def plan_defaults(
         if cols is None:
             continue
         oid = next((t.oid for t in m.tables if t.name == cat.name), None)
-        if final is not None and oid is not None and oid != final:
+        if oid is not None and oid != final:
             # Another relation under the name (dropped and created again in the batch):
             # its columns' defaults are not the final one's, whose rows the run copies.
             continue
@@ -169,11 +169,11 @@ def plan_defaults(
     return out
 
 
-def _final_oid(cat: TableCatalog, catalog: TableColumns | None) -> int | None:
-    """The oid of the relation the table has at the batch's end, where known."""
+def _final_oid(cat: TableCatalog, catalog: TableColumns | None) -> int:
+    """The oid of the relation the table has at the batch's end (``cat`` has versions)."""
     if catalog is not None and catalog.relation is not None:
         return int(catalog.relation.relation.oid)
-    return cat.versions[-1].oid if cat.versions else None
+    return cat.versions[-1].oid
 
 
 def _last_add(
