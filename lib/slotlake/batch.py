@@ -790,7 +790,17 @@ def process_table(
         from slotlake.snapshot import rebase
 
         rebased = rebase(
-            session, lake, cat, snap, events, prior_df, truncs, expected_rows, persisted, batch
+            session,
+            lake,
+            cat,
+            snap,
+            events,
+            prior_df,
+            truncs,
+            expected_rows,
+            persisted,
+            batch,
+            defaults,
         )
         changes, state_source, truncated = rebased.changes, rebased.state_source, rebased.truncated
     elif cat.is_multiset:
@@ -990,7 +1000,9 @@ def _process_local(
         import pyarrow.compute as pc
 
         cp = snap.cp_signed
-        copy = local_table.read_copy(str(local_path(lake.path(snap.staging))), cat, state_arrow)
+        copy = local_table.read_copy(
+            str(local_path(lake.path(snap.staging))), cat, state_arrow, fast
+        )
         lsn = events.column("_commit_lsn")
         read_prior = local_table.prior_reader(state_path, version, cat, state_arrow)
         logged, _ = fill_keyed_local(

@@ -455,6 +455,30 @@ def update_state(
     return last_commit(session, path).version
 
 
+def lacking_in_copy(
+    defaults: list[FastDefault], cat: TableCatalog, copied: set[str]
+) -> list[FastDefault]:
+    """The defaults a snapshot's copy needs on every row: those of columns it does not
+    hold (``copied``: its column names), added after it was taken. The copy's rows were
+    there when the column came, so each reads its default at the source until a change
+    after the copy replaces it (the batch's MERGE of its final rows does)."""
+    return [d for d in defaults if cat.prior_name(d.column, copied, False) not in copied]
+
+
+def fill_rows(rows: DataFrame, defaults: list[FastDefault]) -> DataFrame:
+    """Every row of ``rows`` (state columns) with the defaults' values: a snapshot's copy
+    taken before the columns were added (:func:`lacking_in_copy`)."""
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+
+    if not defaults:
+        return rows
+    for d in defaults:
+        rows = rows.withColumn(d.column, _value(d))
+    return rows.withColumn("_fallback", _fallback_with(F.col(quote("_fallback")), defaults))
+
+
 def in_batch(defaults: list[FastDefault]) -> list[FastDefault]:
     """Defaults whose column was added inside the batch (older rows of the batch need them)."""
     return [d for d in defaults if d.seq != BEFORE_BATCH]

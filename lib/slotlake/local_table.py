@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from slotlake.decode import BatchCatalog
+    from slotlake.fastdefault import FastDefault
 
 RAW_BATCH_ROWS = 32_768
 # The raw columns make_decoder reads.
@@ -358,11 +359,20 @@ def prior_reader(
     return read
 
 
-def read_copy(directory: str, cat: TableCatalog, state: pa.Schema) -> pa.Table:
-    """A per-table snapshot's copy (its staging Parquet) as ``state``'s rows."""
+def read_copy(
+    directory: str, cat: TableCatalog, state: pa.Schema, defaults: Sequence[FastDefault] = ()
+) -> pa.Table:
+    """A per-table snapshot's copy (its staging Parquet) as ``state``'s rows, with the
+    fast ``defaults`` of columns added after it was taken
+    (:func:`slotlake.fastdefault.lacking_in_copy`)."""
     import pyarrow.parquet as pq
 
-    return align_prior_arrow(pq.read_table(directory), cat, state, lake=False)
+    from slotlake.fastdefault import apply_arrow, lacking_in_copy
+
+    copy = pq.read_table(directory)
+    lacking = lacking_in_copy(list(defaults), cat, set(copy.column_names))
+    rows = align_prior_arrow(copy, cat, state, lake=False)
+    return apply_arrow(rows, lacking, None) if lacking else rows
 
 
 def rows_reader(rows: pa.Table, cat: TableCatalog) -> Callable[[list[Any], bool], pa.Table]:

@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from slotlake.bootstrap import TablePlan
     from slotlake.catalog import RelationChange, TableCatalog
     from slotlake.config import Config
+    from slotlake.fastdefault import FastDefault
 
 log = logging.getLogger(__name__)
 
@@ -1117,22 +1118,30 @@ def rebase(
     expected_rows: int,
     persisted: list[DataFrame],
     batch: int,
+    defaults: Sequence[FastDefault] = (),
 ) -> Rebased:
     """One snapshot table of batch N: the changes before CP are logged (filled from the
-    previous state, as ever); the state becomes the copy plus the changes from CP on."""
+    previous state, as ever); the state becomes the copy plus the changes from CP on.
+    ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`): the copy's rows
+    take those of columns added after it, the images from CP on those of columns added
+    after them."""
     from pyspark.sql import functions as F
 
+    from slotlake import fastdefault
     from slotlake.bootstrap import multiset_rows
     from slotlake.state import align_prior, fill_keyed, multiset_delta
 
     cp = snap.cp_signed
-    copy = align_prior(session.read.parquet(lake.path(snap.staging)), cat, lake=False)
+    copied = session.read.parquet(lake.path(snap.staging))
+    lacking = fastdefault.lacking_in_copy(list(defaults), cat, set(copied.columns))
+    copy = fastdefault.fill_rows(align_prior(copied, cat, lake=False), lacking)
     before = events.filter(F.col("_commit_lsn") < cp)
     after = events.filter(F.col("_commit_lsn") >= cp)
     truncs_before = [t for t in truncs if t[0] < cp]
     truncs_after = [t for t in truncs if t[0] >= cp]
     if cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
+        after = fastdefault.fill_events(after, list(defaults))
         state_source = multiset_delta(after, cat, truncs_after)
         base = multiset_rows(copy, cat.state_columns)
     else:
@@ -1142,6 +1151,7 @@ def rebase(
         logged_after, state_source = fill_keyed(
             after, copy, cat, truncs_after, expected_rows, persisted=persisted
         )
+        state_source = fastdefault.fill_finals(state_source, after, cat.key_columns, list(defaults))
         changes = logged_before.unionByName(logged_after)
         base = copy
     marker = _marker(session, cat, snap, batch)

@@ -309,3 +309,28 @@ def test_catalog_file_round_trip() -> None:
         "public.old": TableColumns({"id": 1}, {}),
     }
     assert catalog_from_json(catalog_to_json("0/1", tables)) == tables
+
+
+def test_a_copy_taken_before_the_add_takes_the_default_on_every_row() -> None:
+    """A snapshot's copy without the column (taken before the ADD) needs its default on
+    every row; a copy that holds it has its own values."""
+    import pyarrow as pa
+
+    from slotlake.fastdefault import apply_arrow, lacking_in_copy
+
+    cat = catalog((10, V1), (50, V2), prior=BASE)
+    cat_end = TableColumns({"id": 1, "v": 2, "c": 3}, {"c": "dflt"})
+    defaults = plan_defaults(cat, prior_commit(BASE, {"id": 1, "v": 2}), [], cat_end)
+    assert [d.column for d in lacking_in_copy(defaults, cat, {"id", "v"})] == ["c"]
+    assert lacking_in_copy(defaults, cat, {"id", "v", "c"}) == []
+    rows = pa.table(
+        {
+            "id": [1, 2],
+            "v": ["a", "b"],
+            "c": pa.nulls(2, pa.string()),
+            "_fallback": pa.array([[], [("c", "x")]], pa.map_(pa.string(), pa.string())),
+        }
+    )
+    filled = apply_arrow(rows, lacking_in_copy(defaults, cat, {"id", "v"}), None)
+    assert filled.column("c").to_pylist() == ["dflt", "dflt"]
+    assert filled.column("_fallback").to_pylist() == [[], []]
