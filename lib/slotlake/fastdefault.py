@@ -435,11 +435,9 @@ def update_state(
     todo = [d for d in defaults if d.update_prior]
     if not todo:
         return None
-    from pyspark.sql import functions as F
 
     table = DeltaTable.forPath(session, path)
-    sets = {quote(d.column): _value(d) for d in todo}
-    sets["_fallback"] = _fallback_with(F.col("_fallback"), todo)
+    sets = {quote(name): value for name, value in _values(todo).items()}
     log.info(
         "%s: fast default(s) %s applied to the state's existing rows",
         path,
@@ -465,18 +463,21 @@ def lacking_in_copy(
     return [d for d in defaults if cat.prior_name(d.column, copied, False) not in copied]
 
 
-def fill_rows(rows: DataFrame, defaults: list[FastDefault]) -> DataFrame:
-    """Every row of ``rows`` (state columns) with the defaults' values: a snapshot's copy
-    taken before the columns were added (:func:`lacking_in_copy`)."""
+def _values(defaults: list[FastDefault]) -> dict[str, Column]:
+    """Column name → what every row takes: each default's value, and ``_fallback`` without
+    their columns' old texts (plus the texts of values kept as text)."""
     from pyspark.sql import functions as F
 
-    from slotlake.delta import quote
+    values = {d.column: _value(d) for d in defaults}
+    values["_fallback"] = _fallback_with(F.col("_fallback"), defaults)
+    return values
 
-    if not defaults:
-        return rows
-    for d in defaults:
-        rows = rows.withColumn(d.column, _value(d))
-    return rows.withColumn("_fallback", _fallback_with(F.col(quote("_fallback")), defaults))
+
+def fill_rows(rows: DataFrame, defaults: list[FastDefault]) -> DataFrame:
+    """Every row of ``rows`` (state columns) with the defaults' values, as
+    :func:`update_state` sets them: a snapshot's copy taken before the columns were added
+    (:func:`lacking_in_copy`)."""
+    return rows.withColumns(_values(defaults)) if defaults else rows
 
 
 def in_batch(defaults: list[FastDefault]) -> list[FastDefault]:

@@ -1132,8 +1132,9 @@ def rebase(
     from slotlake.state import align_prior, fill_keyed, multiset_delta
 
     cp = snap.cp_signed
+    defaults = list(defaults)
     copied = session.read.parquet(lake.path(snap.staging))
-    lacking = fastdefault.lacking_in_copy(list(defaults), cat, set(copied.columns))
+    lacking = fastdefault.lacking_in_copy(defaults, cat, set(copied.columns))
     copy = fastdefault.fill_rows(align_prior(copied, cat, lake=False), lacking)
     before = events.filter(F.col("_commit_lsn") < cp)
     after = events.filter(F.col("_commit_lsn") >= cp)
@@ -1141,7 +1142,7 @@ def rebase(
     truncs_after = [t for t in truncs if t[0] >= cp]
     if cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
-        after = fastdefault.fill_events(after, list(defaults))
+        after = fastdefault.fill_events(after, defaults)
         state_source = multiset_delta(after, cat, truncs_after)
         base = multiset_rows(copy, cat.state_columns)
     else:
@@ -1151,7 +1152,7 @@ def rebase(
         logged_after, state_source = fill_keyed(
             after, copy, cat, truncs_after, expected_rows, persisted=persisted
         )
-        state_source = fastdefault.fill_finals(state_source, after, cat.key_columns, list(defaults))
+        state_source = fastdefault.fill_finals(state_source, after, cat.key_columns, defaults)
         changes = logged_before.unionByName(logged_after)
         base = copy
     marker = _marker(session, cat, snap, batch)
