@@ -229,8 +229,9 @@ def collect_catalog(
     (:func:`slotlake.catalog.target_versions`). ``log_columns``: a table's change log's
     columns, name → type (:func:`slotlake.catalog.build_catalogs`).
     """
-    relations: list[tuple[int, Relation]] = []
-    types: list[tuple[int, Type]] = []
+    # (seq, message, stream xid): a stream's descriptions count only if it commits here.
+    relations_seen: list[tuple[int, Relation, int | None]] = []
+    types_seen: list[tuple[int, Type, int | None]] = []
     pending_truncates: list[tuple[Any, Truncate]] = []
     streams = StreamOutcome()
     origins: dict[int, str] = {}
@@ -240,9 +241,9 @@ def collect_catalog(
             bytes(r.data), r.stream_xid is not None and r.msg_type not in "cA", where
         )
         if isinstance(msg, Relation):
-            relations.append((r.seq, msg))
+            relations_seen.append((r.seq, msg, r.stream_xid))
         elif isinstance(msg, Type):
-            types.append((r.seq, msg))
+            types_seen.append((r.seq, msg, r.stream_xid))
         elif isinstance(msg, Truncate):
             pending_truncates.append((r, msg))
         elif isinstance(msg, StreamCommit):
@@ -253,6 +254,14 @@ def collect_catalog(
             origins[r.commit_lsn] = msg.name
     if stream_content is not None:
         streams.empty = {x for x in streams.commits if x not in stream_content}
+    # A stream that does not commit in the batch (still open at the target, or aborted)
+    # describes tables as its own uncommitted DDL left them: an ADD COLUMN there must not
+    # reach the state or the change log. pgoutput tracks the descriptions it sent per
+    # stream, so nothing outside that stream decodes by them, and the transaction comes
+    # again, whole and with them, in the batch of its commit. (A rolled-back savepoint's
+    # descriptions stay: later changes of its transaction may rely on them.)
+    relations = [(seq, m) for seq, m, sx in relations_seen if sx is None or sx in streams.commits]
+    types = [(seq, m) for seq, m, sx in types_seen if sx is None or sx in streams.commits]
     for seq, extra in at_target(relations) if at_target is not None else ():
         if isinstance(extra, Relation):
             relations.append((seq, extra))

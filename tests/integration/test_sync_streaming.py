@@ -397,3 +397,105 @@ def test_a_stream_that_delivers_nothing_is_no_transaction(  # type: ignore[no-un
     assert sorted(on_spark.to_pylist(), key=lambda r: r["commit_lsn"]) == sorted(
         listed, key=lambda r: r["commit_lsn"]
     )
+
+
+def _relations_in_streams(lake: str, batch: int) -> list[tuple[int, list[str]]]:
+    """(stream xid, column names) of each Relation message streamed in batch ``batch``."""
+    from slotlake.pgoutput import Relation
+
+    raw = read_raw(Lake(lake).path(Lake(lake).read_commit(batch).raw or ""))
+    out = []
+    for data, t, sx in zip(
+        raw.column("data").to_pylist(),
+        raw.column("msg_type").to_pylist(),
+        raw.column("stream_xid").to_pylist(),
+        strict=True,
+    ):
+        if t == "R" and sx is not None:
+            msg = decode(data, in_stream=True)
+            assert isinstance(msg, Relation)
+            out.append((sx, [col.name for col in msg.columns]))
+    return out
+
+
+def source_columns(table: pa.Table) -> list[str]:
+    return [n for n in table.column_names if not n.startswith("_")]
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_a_column_added_by_a_transaction_open_at_the_target(  # type: ignore[no-untyped-def]
+    pg_dsn: str, slot: str, spark, tmp_path: Path, end: str, monkeypatch
+) -> None:
+    """``ALTER TABLE … ADD COLUMN … DEFAULT`` and a big insert, streamed, in a transaction
+    still open when a sync reads its target. The stream's Relation message names the new
+    column, but the transaction is not in the batch: the state keeps the columns of the
+    target's catalog, and gets the column with the transaction, whole, in a later batch
+    (or never, rolled back). The sync reads the target's catalog in a snapshot taken with
+    the flush LSN, so it may wait for the ALTER's lock but never sees the column early."""
+    import threading
+    import time
+
+    from slotlake import snapshot
+
+    lake = str(tmp_path / "lake")
+    cfg = streaming_config(pg_dsn, lake, slot, 2)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(SCHEMA)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        insert_series(c, "big_t", 1, 50, "seed")
+        assert run_sync(cfg, spark=spark).status == "committed"
+
+        ddl = psycopg.connect(pg_dsn)
+        finished = threading.Event()
+        prepare = snapshot.prepare
+
+        def end_the_ddl() -> None:
+            # Once the sync waits for the ALTER's lock (its target and snapshot taken) or
+            # has finished without waiting: either way the transaction ends after the target.
+            with psycopg.connect(pg_dsn, autocommit=True) as watch:
+                deadline = time.monotonic() + 120
+                while not finished.is_set() and time.monotonic() < deadline:
+                    waiting = watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND pid <> %s",
+                        (ddl.info.backend_pid,),
+                    ).fetchone()
+                    if waiting and waiting[0]:
+                        break
+                    time.sleep(0.05)
+            ddl.commit() if end == "commit" else ddl.rollback()
+
+        def then_open_ddl(*args, **kwargs):  # type: ignore[no-untyped-def]
+            prepared = prepare(*args, **kwargs)
+            ddl.execute("ALTER TABLE big_t ADD COLUMN x int DEFAULT 7")
+            insert_series(ddl, "big_t", 1001, 2200, "open")
+            # A commit elsewhere flushes the open transaction's WAL below the target.
+            c.execute("INSERT INTO other_t VALUES (1, 'o', NULL)")
+            ender.start()
+            return prepared
+
+        ender = threading.Thread(target=end_the_ddl)
+        monkeypatch.setattr(snapshot, "prepare", then_open_ddl)
+        try:
+            result = run_sync(cfg, spark=spark)
+        finally:
+            finished.set()
+            if ender.ident is not None:
+                ender.join(150)
+            ddl.close()
+        monkeypatch.setattr(snapshot, "prepare", prepare)
+        assert result.status == "committed" and result.batch == 2
+
+        state = read_state(lake, "public.big_t")
+        assert source_columns(state) == ["id", "v", "big"]
+        assert state.num_rows == 50
+        # Nor has the change log: a column no committed transaction had.
+        assert "x" not in read_changes(lake, "public.big_t").column_names
+        if end == "commit":
+            # The path under test ran: the open transaction was streamed in this batch with
+            # a Relation message that has the column.
+            assert any("x" in cols for _, cols in _relations_in_streams(lake, 2))
+            c.execute("UPDATE big_t SET v = 'after' WHERE id <= 3")
+            assert run_sync(cfg, spark=spark).batch == 3
+            assert source_columns(read_state(lake, "public.big_t")) == ["id", "v", "big", "x"]
+        assert_mirror(c, lake, TABLES)

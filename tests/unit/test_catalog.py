@@ -940,3 +940,47 @@ def test_every_column_that_went_found_by_attnum_though_an_add_has_none() -> None
     cat = build_catalogs(versions, [], prior, {"public.t": ids})["public.t"]
     assert cat.renames == {"x4": "y6"}
     assert cat.state_columns == ["a", "b", "y6"]
+
+
+def test_a_stream_that_does_not_commit_in_the_batch_describes_no_table() -> None:
+    """Relation and Type messages of a stream without its Stream Commit in the batch (open
+    at the target, or aborted) are that transaction's uncommitted DDL: left out of the
+    catalog. A committed stream's count, and so do ones outside streams."""
+    from types import SimpleNamespace
+
+    from slotlake.decode import collect_catalog
+    from tests.unit.test_make_decoder import relation_payload
+    from tests.unit.test_pgoutput_decode import cstr, i64, u8, u32, u64
+
+    def row(seq: int, data: bytes, stream_xid: int | None = None) -> SimpleNamespace:
+        return SimpleNamespace(
+            seq=seq, lsn=seq, data=data, msg_type=chr(data[0]), stream_xid=stream_xid,
+            commit_lsn=None, commit_ts=None, tx_ordinal=None,
+        )  # fmt: skip
+
+    def streamed(xid: int, payload: bytes) -> bytes:  # the xid follows the type byte
+        return payload[:1] + u32(xid) + payload[1:]
+
+    two = relation_payload([("id", INT4, -1, True), ("v", TEXT, -1, False)])
+    three = relation_payload(
+        [("id", INT4, -1, True), ("v", TEXT, -1, False), ("x", INT4, -1, False)]
+    )
+    mood = b"Y" + u32(70001) + cstr("public") + cstr("mood")
+    commit = b"c" + u32(7) + u8(0) + u64(0x500) + u64(0x510) + i64(0)
+    # The stream's DDL, then a committed transaction's change of the table.
+    open_stream = [
+        row(1, two), row(2, streamed(9, mood), 9), row(3, streamed(9, three), 9), row(4, two),
+    ]  # fmt: skip
+
+    cat = collect_catalog(open_stream, 1)
+    versions = cat.tables["public.t"].versions
+    assert [([c.name for c in v.columns], v.seq) for v in versions] == [
+        (["id", "v"], 1),
+        (["id", "v"], 4),
+    ]
+    assert [n for n, _ in cat.tables["public.t"].columns] == ["id", "v"]
+    assert 70001 not in {o for v in cat.tables["public.t"].versions for o, _, _ in v.type_names}
+
+    committed = [row(1, two), row(2, streamed(7, three), 7), row(4, commit, 7)]
+    cat = collect_catalog(committed, 1)
+    assert [n for n, _ in cat.tables["public.t"].columns] == ["id", "v", "x"]
