@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -178,16 +178,31 @@ def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]
     }
 
 
+def new_copies(
+    prior: CommitRecord | None, copies: Mapping[str, TableSnapshot] | None
+) -> dict[str, TableSnapshot]:
+    """The tables copied for the batch that the lake has no state of: their copy stands
+    for the lake's columns before the batch (a column renamed, dropped or added between
+    the copy and the target is told as one between two batches)."""
+    tables = prior.tables if prior is not None else {}
+    return {
+        n: snap for n, snap in (copies or {}).items() if n not in tables or tables[n].state is None
+    }
+
+
 def column_ids(
     prior: CommitRecord | None,
     target: dict[str, TableColumns] | None,
     messages: Sequence[DdlMessage] = (),
+    copies: Mapping[str, TableSnapshot] | None = None,
 ) -> dict[str, ColumnIds]:
-    """Each table's attnums as the lake last wrote it, after each DDL the capture trigger
-    reported in the batch (``messages``) and at the batch's target: what tells a rename
-    from a DROP and an ADD (:func:`slotlake.catalog.build_catalogs`)."""
+    """Each table's attnums as the lake last wrote it (a table new to the lake: as its copy
+    for the batch has them, ``copies``: :func:`new_copies`), after each DDL the capture
+    trigger reported in the batch (``messages``) and at the batch's target: what tells a
+    rename from a DROP and an ADD (:func:`slotlake.catalog.build_catalogs`)."""
     tables = prior.tables if prior is not None else {}
     before = {n: t.attnums for n, t in tables.items()}
+    before.update({n: dict(snap.attnums) for n, snap in (copies or {}).items()})
     after = {n: t.attnums for n, t in target.items()} if target is not None else {}
     sent = {
         n: frozenset(c.name for c in t.relation.relation.columns)
@@ -202,6 +217,8 @@ def column_ids(
     for n in {*before, *after, *points}:
         kept = tables.get(n)
         oid = kept.oid if kept is not None else None
+        if copies and n in copies:
+            oid = copies[n].oid
         shape = (target or {}).get(n)
         # Dropped and created again since the lake wrote it: the lake's attnums are
         # another relation's, and say nothing of this one's columns.
@@ -238,11 +255,13 @@ def versions_at_target(
     prior: CommitRecord | None,
     schemas: dict[str, list[tuple[str, str]]],
     target: dict[str, TableColumns] | None,
+    copies: Mapping[str, TableSnapshot] | None = None,
 ) -> list[tuple[int, Relation | Type]]:
     """The batch's tables brought to their shape at its target (a column change after a
     table's last change, :func:`slotlake.catalog.target_versions`); nothing for a batch
     whose catalog file predates the Relation shapes in it. ``schemas``:
-    :func:`prior_schemas` of ``prior``."""
+    :func:`prior_schemas` of ``prior``. ``copies``: :func:`new_copies`, compared by their
+    copy's columns (a column added, renamed or dropped after the copy)."""
     if not target:
         return []
     shapes = {n: t.relation for n, t in target.items() if t.relation is not None}
@@ -251,8 +270,11 @@ def versions_at_target(
         for n, t in (prior.tables.items() if prior is not None else ())
         if t.state is not None
     }
-    attnums = {n: t.attnums for n, t in target.items()}
     oids = {n: t.oid for n, t in (prior.tables.items() if prior is not None else ())}
+    for n, snap in (copies or {}).items():
+        lake_tables[n] = ([c[0] for c in snap.columns], snap.attnums)
+        oids[n] = snap.oid
+    attnums = {n: t.attnums for n, t in target.items()}
     return target_versions(relations, shapes, attnums, lake_tables, oids)
 
 
@@ -721,7 +743,14 @@ def process_table(
         written=True,
         oid=_relation_oid(cat, prior, snap),
     )
-    defaults = ddl_input.plan(cat, prior, commit) if ddl_input is not None else []
+    defaults = ddl_input.plan(cat, prior, commit, snap is not None) if ddl_input is not None else []
+    shape = (
+        None if ddl_input is None or ddl_input.catalog is None else ddl_input.catalog.get(cat.name)
+    )
+    if snap is not None and shape is not None:
+        from slotlake.snapshot import copy_names
+
+        cat.copy_names = copy_names(snap, shape.attnums)
     done: list[int | None] = [UNREAD, UNREAD]
     if lake.on_local_disk:
         paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]
@@ -1398,6 +1427,8 @@ def process_batch(
     scan = _scan(lake, raw_rel, raw_local)
     target_catalog = read_catalog_file(lake, raw_rel)
     schemas = prior_schemas(prior)
+    fresh = new_copies(prior, snapshots)
+    schemas.update({n: [(c[0], c[1]) for c in snap.columns] for n, snap in fresh.items()})
     counts, types_seen = scan.dml_counts, scan.types_seen
     has_messages = "M" in types_seen
     raw_dir = _raw_on_disk(lake, raw_rel, raw_local)
@@ -1420,8 +1451,10 @@ def process_batch(
         batch,
         schemas,
         stream_content=scan.stream_content,
-        column_ids=column_ids(prior, target_catalog, ddl_input.messages),
-        at_target=lambda relations: versions_at_target(relations, prior, schemas, target_catalog),
+        column_ids=column_ids(prior, target_catalog, ddl_input.messages, fresh),
+        at_target=lambda relations: versions_at_target(
+            relations, prior, schemas, target_catalog, fresh
+        ),
         log_columns=functools.partial(change_log_columns, lake, spark, prior),
     )
     timings["catalog"] = time.monotonic() - t0

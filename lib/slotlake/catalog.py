@@ -128,6 +128,10 @@ class TableCatalog:
     # its DML rows are this table's only inside these (after seq, before seq) bounds,
     # as pgoutput's latest Relation message of the oid before each row says.
     shared: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # A table re-based on a copy for the batch: each latest column → the copy's name of it
+    # ('' when the copy has none: added after it), told by attnums (slotlake.snapshot
+    # .copy_names); empty when they are unknown (then by names, :meth:`prior_name`).
+    copy_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def oids(self) -> set[int]:
@@ -147,6 +151,8 @@ class TableCatalog:
         the source named its columns then) a name the prior has is taken as it is. A name
         the prior has for none of its columns any more gives ``''`` or a name it lacks:
         the caller reads the column as new."""
+        if not lake and name in self.copy_names:
+            return self.copy_names[name]
         if lake and name in self.lake_names:
             return self.lake_names[name]
         if have is not None and name in have:

@@ -411,8 +411,11 @@ class BatchDdl:
             messages = ddl_messages_from_rows(rows, committed_streams)
         return cls(messages, catalog, fault)
 
-    def plan(self, cat: TableCatalog, prior: TableCommit | None, commit: TableCommit) -> list[Any]:
-        """The table's fast defaults (slotlake.fastdefault); records its attnums in ``commit``."""
+    def plan(
+        self, cat: TableCatalog, prior: TableCommit | None, commit: TableCommit, copied: bool
+    ) -> list[Any]:
+        """The table's fast defaults (slotlake.fastdefault); records its attnums in ``commit``.
+        ``copied``: the table's state is a copy taken for the batch."""
         from slotlake.fastdefault import final_attnums, plan_defaults
 
         table_catalog = None if self.catalog is None else self.catalog.get(cat.name)
@@ -421,7 +424,7 @@ class BatchDdl:
             commit.natts = table_catalog.natts
         elif prior is not None and not any(cat.name in m.columns for m in self.messages):
             commit.natts = prior.natts  # no DDL of it seen: unchanged
-        return plan_defaults(cat, prior, self.messages, table_catalog)
+        return plan_defaults(cat, prior, self.messages, table_catalog, copied)
 
 
 def write_ddl(messages: DataFrame, lake: Lake, app_id: str, batch: int) -> tuple[str, int]:

@@ -106,8 +106,11 @@ def plan_defaults(
     prior: TableCommit | None,
     messages: list[DdlMessage],
     catalog: TableColumns | None,
+    copied: bool = False,
 ) -> list[FastDefault]:
-    """The fast defaults one table's batch must apply (pure: tested with crafted input)."""
+    """The fast defaults one table's batch must apply (pure: tested with crafted input).
+    ``copied``: the state is a copy taken for the batch, whose rows may predate a column
+    the batch's changes all have (:func:`lacking_in_copy` picks those)."""
     if not cat.versions:
         # No change of the table decoded in the batch: it is here only because a snapshot
         # replaces its state with a copy, which holds the columns as its catalog had them.
@@ -142,7 +145,7 @@ def plan_defaults(
         seq, text, source = found
         if seq == _END:
             seq = _relation_add_point(cat, col)
-        if seq == BEFORE_BATCH and not has_prior_rows:
+        if seq == BEFORE_BATCH and not has_prior_rows and not copied:
             continue  # no row is older than the column
         update_prior = has_prior_rows and (text is not None or col in prior_cols)
         if text is None and not update_prior:

@@ -111,6 +111,9 @@ class TableSnapshot:
     columns: list[list[str]]  # [name, spark ddl] of the copy, in attnum order
     key_columns: list[str]
     replica_identity: str
+    # name → attnum of the copy's columns: tells a rename after the copy from a DROP and
+    # an ADD for a table new to the lake (a plan written before this field has none).
+    attnums: dict[str, int] = field(default_factory=dict)
 
     @property
     def cp_signed(self) -> int:
@@ -778,6 +781,7 @@ def _table_snapshot(plan: TablePlan, reason: str, cp: Lsn, rel: str, rows: int) 
         columns=[[c.name, c.spark_ddl] for c in plan.columns],
         key_columns=list(plan.key_columns),
         replica_identity=plan.replica_identity,
+        attnums={c.name: c.attnum for c in plan.columns if c.attnum is not None},
     )
 
 
@@ -1062,6 +1066,18 @@ def catalog_for(snap: TableSnapshot, prior: TableCommit | None) -> TableCatalog:
         key_columns=list(snap.key_columns),
         replica_identity=snap.replica_identity,
     )
+
+
+def copy_names(snap: TableSnapshot, target_attnums: Mapping[str, int]) -> dict[str, str]:
+    """Each column at the target → the copy's name of it ('' for none), by attnum: a
+    column renamed after the copy (even renamed before it too, or after a rename the lake
+    has not seen) keeps its values, and one dropped and added again under its name after
+    the copy is a new column. Empty when either side's attnums are unknown (a plan or a
+    catalog file written before they were recorded)."""
+    if not snap.attnums or not target_attnums:
+        return {}
+    by_attnum = {attnum: name for name, attnum in snap.attnums.items()}
+    return {name: by_attnum.get(attnum, "") for name, attnum in target_attnums.items()}
 
 
 def snapshot_app_id(app_id: str) -> str:

@@ -709,6 +709,47 @@ def test_a_name_handed_on_to_a_column_added_in_the_batch_of_a_multiset(
         assert rows == [(1, None, "x"), (1, None, "x"), (3, None, "z"), (20, 5, "y")], rows
 
 
+def sync_with_ddl_around_the_copy(
+    pg_dsn: str,
+    cfg: Any,
+    spark: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    after: list[str],
+    before: tuple[str, ...] = (),
+) -> None:
+    """One sync whose copies (``slotlake.snapshot.prepare``) have the statements ``before``
+    run just before them and ``after`` just after (the copy's lock released, the target
+    not yet read), each in autocommit."""
+    from slotlake import snapshot
+
+    prepare = snapshot.prepare
+
+    def around(*args: Any, **kwargs: Any) -> Any:
+        with psycopg.connect(pg_dsn, autocommit=True) as d:
+            for sql in before:
+                d.execute(sql)
+        prepared = prepare(*args, **kwargs)
+        with psycopg.connect(pg_dsn, autocommit=True) as d:
+            for sql in after:
+                d.execute(sql)
+        return prepared
+
+    monkeypatch.setattr(snapshot, "prepare", around)
+    try:
+        assert run_sync(cfg, spark=spark).status == "committed"
+    finally:
+        monkeypatch.setattr(snapshot, "prepare", prepare)
+
+
+def copy_config(pg_dsn: str, tmp_path: Path, slot: str, path: str) -> tuple[str, Any]:
+    """The lake and config of a test run on the driver's writers or on Spark's."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    if path == "spark":
+        cfg.lake.driver_write_rows = 0
+    return lake, cfg
+
+
 @pytest.mark.parametrize(
     "path", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
 )
@@ -728,32 +769,22 @@ def test_a_default_added_between_a_copy_and_the_target(
     source. Its rows kept NULL in the mirror."""
     from slotlake import snapshot
 
-    lake = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, lake, slot)
-    if path == "spark":
-        cfg.lake.driver_write_rows = 0
-    prepare = snapshot.prepare
-
-    def then_ddl(*args: Any, **kwargs: Any) -> Any:
-        prepared = prepare(*args, **kwargs)
-        with psycopg.connect(pg_dsn, autocommit=True) as d:
-            d.execute("UPDATE k SET v = 'copied, then changed' WHERE id = 1")
-            d.execute("UPDATE m SET b = 'changed' WHERE a = 2")
-            d.execute("ALTER TABLE k ADD COLUMN c text DEFAULT 'dflt', ADD COLUMN n int")
-            d.execute("ALTER TABLE m ADD COLUMN c int DEFAULT 4")
-            d.execute("UPDATE k SET v = 'after', c = 'own' WHERE id = 2")
-            d.execute("DELETE FROM k WHERE id = 3")
-            d.execute("INSERT INTO m (a, b) VALUES (5, 'new')")
-        return prepared
-
+    lake, cfg = copy_config(pg_dsn, tmp_path, slot, path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         setup(c, slot, trigger=trigger)
         run_sync(cfg, spark=spark)
         for table in TABLES:
             snapshot.request(Lake(lake), table, "by hand")
-        monkeypatch.setattr(snapshot, "prepare", then_ddl)
-        assert run_sync(cfg, spark=spark).status == "committed"
-        monkeypatch.undo()
+        after = [
+            "UPDATE k SET v = 'copied, then changed' WHERE id = 1",
+            "UPDATE m SET b = 'changed' WHERE a = 2",
+            "ALTER TABLE k ADD COLUMN c text DEFAULT 'dflt', ADD COLUMN n int",
+            "ALTER TABLE m ADD COLUMN c int DEFAULT 4",
+            "UPDATE k SET v = 'after', c = 'own' WHERE id = 2",
+            "DELETE FROM k WHERE id = 3",
+            "INSERT INTO m (a, b) VALUES (5, 'new')",
+        ]
+        sync_with_ddl_around_the_copy(pg_dsn, cfg, spark, monkeypatch, after)
         rec = Lake(lake).last_commit()
         assert rec is not None and set(rec.snapshot["tables"]) == set(TABLES)
         assert_mirror(c, lake, TABLES)
@@ -772,3 +803,147 @@ def test_a_default_added_between_a_copy_and_the_target(
         c.execute("UPDATE m SET b = 'next' WHERE a = 3")
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, TABLES)
+
+
+@pytest.mark.parametrize(
+    ("path", "changed"),
+    [
+        ("driver", True),
+        ("driver", False),
+        pytest.param("spark", True, marks=pytest.mark.one_pg_version),
+    ],
+    ids=["driver-changed", "driver-unchanged", "spark-changed"],
+)
+@pytest.mark.parametrize("trigger", [True, False], ids=["trigger", "catalog"])
+def test_columns_changed_between_the_copy_of_a_new_table_and_the_target(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    changed: bool,
+    trigger: bool,
+) -> None:
+    """Tables added to the publication are copied; then, before the run picks its target,
+    ``ADD COLUMN … DEFAULT``, a RENAME and a DROP COLUMN, with or without a change of the
+    table after them. The lake has no columns of the table to compare with: the copy's
+    stand for them. Before, the copied rows kept NULL for the default (always without a
+    change; with one, unless the trigger gave the ADD's position), and a column renamed
+    after the copy lost its values (or kept its old name)."""
+    lake, cfg = copy_config(pg_dsn, tmp_path, slot, path)
+    after = [
+        "ALTER TABLE n ADD COLUMN c text DEFAULT 'dflt'",
+        "ALTER TABLE n RENAME COLUMN v TO v2",
+        "ALTER TABLE n DROP COLUMN w",
+        "ALTER TABLE nm ADD COLUMN c int DEFAULT 4",
+    ]
+    if changed:
+        after += ["UPDATE n SET v2 = 'after' WHERE id = 2", "INSERT INTO nm VALUES (9, 'new')"]
+    new = ["public.n", "public.nm"]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=trigger)
+        run_sync(cfg, spark=spark)
+        c.execute("CREATE TABLE n (id int PRIMARY KEY, v text, w int)")
+        c.execute("CREATE TABLE nm (a int, b text)")
+        c.execute("ALTER TABLE nm REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO n SELECT g, 'v' || g, g FROM generate_series(1, 5) g")
+        c.execute("INSERT INTO nm VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+        c.execute("ALTER PUBLICATION pub ADD TABLE n, nm")
+        sync_with_ddl_around_the_copy(pg_dsn, cfg, spark, monkeypatch, after)
+        rec = Lake(lake).last_commit()
+        assert rec is not None and set(rec.snapshot["tables"]) == set(new)
+        assert_mirror(c, lake, new)
+        rows = sorted((r["id"], r["v2"], r["c"]) for r in read_state(lake, "public.n").to_pylist())
+        assert rows == [
+            (i, "after" if changed and i == 2 else f"v{i}", "dflt") for i in range(1, 6)
+        ], rows
+        assert "w" not in read_state(lake, "public.n").column_names
+        assert sorted(r["c"] for r in read_state(lake, "public.nm").to_pylist()) == [4] * (
+            4 if changed else 3
+        )
+        # The next batch's changes land on the filled, renamed rows.
+        c.execute("UPDATE n SET v2 = 'next' WHERE id = 4")
+        c.execute("DELETE FROM nm WHERE a = 2")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, new)
+
+
+@pytest.mark.parametrize(
+    ("path", "changed", "trigger"),
+    [
+        ("driver", True, True),
+        ("driver", False, False),
+        pytest.param("spark", True, False, marks=pytest.mark.one_pg_version),
+    ],
+    ids=["driver-changed-trigger", "driver-unchanged-catalog", "spark-changed-catalog"],
+)
+def test_columns_renamed_swapped_or_added_again_around_the_copy_of_a_lake_table(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    changed: bool,
+    trigger: bool,
+) -> None:
+    """Both tables copied again (``resnapshot``). ``k``'s column, ``v1`` in the lake, is
+    renamed before the copy and again after it: the copy, the lake and the target each
+    name it differently. ``m``'s ``b`` is dropped and added again, with a default, after
+    the copy: a new column under the copy's name. ``s`` swaps two names after the copy.
+    The copy's columns are matched to the target's by attnum: before, ``k``'s column was
+    NULL on every copied row, ``m``'s rows kept the dropped column's values and ``s``'s
+    copied rows had the two columns' values swapped."""
+    from slotlake import snapshot
+
+    lake, cfg = copy_config(pg_dsn, tmp_path, slot, path)
+    after = [
+        "ALTER TABLE k RENAME COLUMN vb TO v2",
+        "ALTER TABLE m DROP COLUMN b",
+        "ALTER TABLE m ADD COLUMN b text DEFAULT 'again'",
+        "ALTER TABLE s RENAME COLUMN p TO tmp",
+        "ALTER TABLE s RENAME COLUMN q TO p",
+        "ALTER TABLE s RENAME COLUMN tmp TO q",
+    ]
+    if changed:
+        after += [
+            "UPDATE k SET v2 = 'after' WHERE id = 2",
+            "INSERT INTO m VALUES (9, 'new')",
+            "UPDATE s SET p = 'after' WHERE id = 2",
+        ]
+    tables = [*TABLES, "public.s"]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup(c, slot, trigger=trigger)
+        c.execute("CREATE TABLE s (id int PRIMARY KEY, p text, q text)")
+        c.execute("INSERT INTO s SELECT g, 'p' || g, 'q' || g FROM generate_series(1, 5) g")
+        c.execute("ALTER PUBLICATION pub ADD TABLE s")
+        run_sync(cfg, spark=spark)
+        c.execute("ALTER TABLE k RENAME COLUMN v TO v1")
+        c.execute("UPDATE k SET v1 = 'b' WHERE id = 5")
+        run_sync(cfg, spark=spark)
+        for table in tables:
+            snapshot.request(Lake(lake), table, "by hand")
+        before = ("ALTER TABLE k RENAME COLUMN v1 TO vb",)
+        sync_with_ddl_around_the_copy(pg_dsn, cfg, spark, monkeypatch, after, before)
+        rec = Lake(lake).last_commit()
+        assert rec is not None and set(rec.snapshot["tables"]) == set(tables)
+        assert_mirror(c, lake, tables)
+        swapped = sorted(
+            (r["id"], r["p"], r["q"]) for r in read_state(lake, "public.s").to_pylist()
+        )
+        assert swapped == [
+            (i, "after" if changed and i == 2 else f"q{i}", f"p{i}") for i in range(1, 6)
+        ], swapped
+        k = sorted((r["id"], r["v2"]) for r in read_state(lake, "public.k").to_pylist())
+        expected = {i: f"v{i}" for i in range(1, 9)} | {5: "b"} | ({2: "after"} if changed else {})
+        assert k == sorted(expected.items()), k
+        m = sorted((r["a"], r["b"]) for r in read_state(lake, "public.m").to_pylist())
+        assert m == [(1, "again"), (1, "again"), (2, "again"), (3, "again")] + (
+            [(9, "new")] if changed else []
+        ), m
+        c.execute("UPDATE k SET v2 = 'next' WHERE id = 4")
+        c.execute("DELETE FROM m WHERE a = 2")
+        c.execute("UPDATE s SET q = 'next' WHERE id = 4")
+        run_sync(cfg, spark=spark)
+        assert_mirror(c, lake, tables)

@@ -334,3 +334,43 @@ def test_a_copy_taken_before_the_add_takes_the_default_on_every_row() -> None:
     filled = apply_arrow(rows, lacking_in_copy(defaults, cat, {"id", "v"}), None)
     assert filled.column("c").to_pylist() == ["dflt", "dflt"]
     assert filled.column("_fallback").to_pylist() == [[], []]
+
+
+def test_a_table_new_to_the_lake_needs_a_default_only_on_its_copy() -> None:
+    """No prior state: an ADD before every change of the batch concerns no row, unless the
+    state is a copy taken for the batch, whose rows may predate the column."""
+    from slotlake.fastdefault import lacking_in_copy
+
+    cat = catalog((10, V2))
+    cat_end = TableColumns({"id": 1, "v": 2, "c": 3}, {"c": "dflt"})
+    assert plan_defaults(cat, None, [], cat_end) == []
+    (d,) = plan_defaults(cat, None, [], cat_end, copied=True)
+    assert (d.column, d.seq, d.value, d.update_prior) == ("c", BEFORE_BATCH, "dflt", False)
+    assert lacking_in_copy([d], cat, {"id", "v"}) == [d]
+    assert lacking_in_copy([d], cat, {"id", "v", "c"}) == []
+
+
+def test_a_copy_is_matched_to_the_target_by_attnum() -> None:
+    """The copy's names → the target's by attnum: renamed after the copy keeps its values,
+    dropped and added again under the copy's name is a new column (its default on every
+    copied row); unknown attnums fall back to names."""
+    from slotlake.fastdefault import lacking_in_copy
+    from slotlake.snapshot import TableSnapshot, copy_names
+
+    snap = TableSnapshot(
+        "public.t", 16400, "r", "0/1", "x", 3, [["id", "int"], ["vb", "string"], ["c", "string"]],
+        ["id"], "d", attnums={"id": 1, "vb": 2, "c": 3},
+    )  # fmt: skip
+    at_target = {"id": 1, "v": 2, "c": 4}
+    names = copy_names(snap, at_target)
+    assert names == {"id": "id", "v": "vb", "c": ""}
+    cat = catalog((10, V2), prior=BASE)
+    cat.copy_names = names
+    copied = {"id", "vb", "c"}
+    assert [cat.prior_name(n, copied, lake=False) for n in ("id", "v", "c")] == ["id", "vb", ""]
+    cat_end = TableColumns(at_target, {"c": "new"})
+    defaults = plan_defaults(cat, prior_commit(BASE, {"id": 1, "v": 2}), [], cat_end, copied=True)
+    assert [d.column for d in lacking_in_copy(defaults, cat, copied)] == ["c"]
+    # A plan or catalog file without attnums: matched by names, as before.
+    assert copy_names(TableSnapshot(**{**snap.__dict__, "attnums": {}}), at_target) == {}
+    assert copy_names(snap, {}) == {}
