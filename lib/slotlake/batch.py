@@ -750,7 +750,10 @@ def process_table(
     if snap is not None and shape is not None:
         from slotlake.snapshot import copy_names
 
-        cat.copy_names = copy_names(snap, shape.attnums)
+        # The copy's attnums say nothing of another relation's (dropped and created
+        # again after the copy): that one's columns are matched by names, as before.
+        same = shape.relation is None or shape.relation.relation.oid == snap.oid
+        cat.copy_names = copy_names(snap, shape.attnums) if same else {}
     done: list[int | None] = [UNREAD, UNREAD]
     if lake.on_local_disk:
         paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]
@@ -879,7 +882,12 @@ def process_table(
             )
         target = session.read.format("delta").load(changes_path).schema
         _count_keyed_rows_once(session, lake, cat, prior, state_path)
-        if fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None:
+        # A copied table's state is replaced by its copy (which takes the defaults it
+        # lacks in rebase): an UPDATE of the prior rows first would be overwritten.
+        if (
+            snap is None
+            and fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None
+        ):
             assert ddl_input is not None
             ddl_input.fault(fastdefault.FAULT_STEP)
         steps("tables ready")

@@ -111,8 +111,8 @@ class TableSnapshot:
     columns: list[list[str]]  # [name, spark ddl] of the copy, in attnum order
     key_columns: list[str]
     replica_identity: str
-    # name → attnum of the copy's columns: tells a rename after the copy from a DROP and
-    # an ADD for a table new to the lake (a plan written before this field has none).
+    # name → attnum of the copy's columns: matches them to the target's (a rename after
+    # the copy, or a DROP and an ADD: copy_names); a plan written before it has none.
     attnums: dict[str, int] = field(default_factory=dict)
 
     @property

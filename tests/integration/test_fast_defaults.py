@@ -929,6 +929,8 @@ def test_columns_renamed_swapped_or_added_again_around_the_copy_of_a_lake_table(
         rec = Lake(lake).last_commit()
         assert rec is not None and set(rec.snapshot["tables"]) == set(tables)
         assert_mirror(c, lake, tables)
+        # The copies replaced the states: no update of the prior rows' defaults before.
+        assert _fastdefault_commits(lake, "public.m") == []
         swapped = sorted(
             (r["id"], r["p"], r["q"]) for r in read_state(lake, "public.s").to_pylist()
         )
