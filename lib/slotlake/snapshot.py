@@ -1073,9 +1073,9 @@ def copy_names(snap: TableSnapshot, target_attnums: Mapping[str, int]) -> dict[s
     column renamed after the copy (even renamed before it too, or after a rename the lake
     has not seen) keeps its values, and one dropped and added again under its name after
     the copy is a new column. Empty when either side's attnums are unknown (a plan or a
-    catalog file written before they were recorded)."""
-    if not snap.attnums or not target_attnums:
-        return {}
+    catalog file written before they were recorded, or a copy column without one)."""
+    if not target_attnums or set(snap.attnums) != {c[0] for c in snap.columns}:
+        return {}  # unknown for some of the copy's columns: by names
     by_attnum = {attnum: name for name, attnum in snap.attnums.items()}
     return {name: by_attnum.get(attnum, "") for name, attnum in target_attnums.items()}
 

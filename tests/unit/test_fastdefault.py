@@ -374,3 +374,5 @@ def test_a_copy_is_matched_to_the_target_by_attnum() -> None:
     # A plan or catalog file without attnums: matched by names, as before.
     assert copy_names(TableSnapshot(**{**snap.__dict__, "attnums": {}}), at_target) == {}
     assert copy_names(snap, {}) == {}
+    partial = TableSnapshot(**{**snap.__dict__, "attnums": {"id": 1, "vb": 2}})
+    assert copy_names(partial, at_target) == {}
