@@ -115,6 +115,27 @@ SESSION_SETTINGS: dict[str, str] = {
 # Highest pgoutput proto_version per server major version.
 _MAX_PROTO = {14: 2, 15: 3, 16: 4}
 
+# A wait for another session's lock is reported after this many seconds, then every
+# LOCK_REPORT_EVERY: the catalog reads take each published table's lock, which an open
+# ALTER TABLE holds until it ends.
+LOCK_REPORT_AFTER = 10.0
+LOCK_REPORT_EVERY = 60.0
+# The sessions a backend waits for, each with the relations it holds locks on that the
+# backend waits for, and how long its transaction has been open. No query text: another
+# session's statement may carry secrets.
+_BLOCKERS = """
+SELECT b.pid,
+       coalesce((SELECT string_agg(DISTINCT format('%%s on %%s', l.mode, l.relation::regclass), ', ')
+                 FROM pg_locks l
+                 WHERE l.pid = b.pid AND l.granted AND l.relation IN
+                       (SELECT w.relation FROM pg_locks w WHERE w.pid = %(pid)s AND NOT w.granted)),
+                ''),
+       coalesce(extract(epoch FROM now() - a.xact_start)::bigint, 0)
+FROM unnest(pg_blocking_pids(%(pid)s)) AS b(pid)
+LEFT JOIN pg_stat_activity a ON a.pid = b.pid
+ORDER BY b.pid
+"""
+
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _COPY_HEADER = struct.Struct(">11sII")  # signature, flags, header extension length
 # One row of (lsn pg_lsn, xid xid, data bytea) in binary COPY: field count, then
@@ -576,6 +597,49 @@ class SlotSource:
 
     def _backend_pid(self) -> int:
         return int(self._require().info.backend_pid)
+
+    @contextlib.contextmanager
+    def lock_waits_reported(self, what: str) -> Iterator[None]:
+        """While the body runs, log (a warning) each other session whose lock this
+        session's backend waits for — its pid, the locks and its transaction's age, never
+        its statement — first after :data:`LOCK_REPORT_AFTER` seconds, then every
+        :data:`LOCK_REPORT_EVERY`; ``what``: the step, for the message. Best effort: a
+        watcher that cannot connect stays silent."""
+        pid = self._backend_pid()
+        stop = threading.Event()
+
+        def watch() -> None:
+            wait = LOCK_REPORT_AFTER
+            while not stop.wait(wait):
+                wait = LOCK_REPORT_EVERY
+                try:
+                    with psycopg.connect(
+                        self._dsn,
+                        autocommit=True,
+                        application_name=f"{self.application_name} (lock watch)",
+                        connect_timeout=self.connect_timeout,
+                    ) as conn:
+                        rows = conn.execute(_BLOCKERS, {"pid": pid}).fetchall()
+                except psycopg.Error:
+                    return
+                for blocker, locks, age in rows:
+                    held = f" holding {locks}" if locks else ""
+                    log.warning(
+                        "%s: waiting for session pid %s%s (its transaction open %ss); the "
+                        "run goes on when that transaction ends",
+                        what,
+                        blocker,
+                        held,
+                        age,
+                    )
+
+        watcher = threading.Thread(target=watch, name="slotlake-lock-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join(self.connect_timeout + 5)
 
     def current_flush_lsn(self) -> Lsn:
         (value,) = self._query(

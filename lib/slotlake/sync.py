@@ -308,9 +308,12 @@ def _run_batch(
         attempt = new_attempt()
         # Tables that need a copy are copied now, before the target: the target must not
         # be below their consistent point (slotlake.snapshot).
-        prepared = snapshot.prepare(cfg, lake, last, batch, attempt, source.connection, progress)
-        # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
-        flush, catalog = source.flush_lsn_and_catalog()
+        with source.lock_waits_reported(f"batch {batch}: reading the published tables"):
+            prepared = snapshot.prepare(
+                cfg, lake, last, batch, attempt, source.connection, progress
+            )
+            # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
+            flush, catalog = source.flush_lsn_and_catalog()
         target = target_lsn if target_lsn is not None else flush
         cp = prepared.consistent_point
         if cp is not None and target < cp:

@@ -424,18 +424,26 @@ def source_columns(table: pa.Table) -> list[str]:
 
 @pytest.mark.parametrize("end", ["commit", "rollback"])
 def test_a_column_added_by_a_transaction_open_at_the_target(  # type: ignore[no-untyped-def]
-    pg_dsn: str, slot: str, spark, tmp_path: Path, end: str, monkeypatch
+    pg_dsn: str, slot: str, spark, tmp_path: Path, end: str, monkeypatch, caplog
 ) -> None:
     """``ALTER TABLE … ADD COLUMN … DEFAULT`` and a big insert, streamed, in a transaction
     still open when a sync reads its target. The stream's Relation message names the new
     column, but the transaction is not in the batch: the state keeps the columns of the
     target's catalog, and gets the column with the transaction, whole, in a later batch
     (or never, rolled back). The sync reads the target's catalog in a snapshot taken with
-    the flush LSN, so it may wait for the ALTER's lock but never sees the column early."""
+    the flush LSN, so it may wait for the ALTER's lock (and says whose) but never sees
+    the column early."""
+    import logging
     import threading
     import time
 
-    from slotlake import snapshot
+    from slotlake import snapshot, source
+
+    monkeypatch.setattr(source, "LOCK_REPORT_AFTER", 0.2)
+    caplog.set_level(logging.WARNING, logger="slotlake.source")
+
+    def lock_reports() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "waiting for session pid" in r.message]
 
     lake = str(tmp_path / "lake")
     cfg = streaming_config(pg_dsn, lake, slot, 2)
@@ -446,7 +454,8 @@ def test_a_column_added_by_a_transaction_open_at_the_target(  # type: ignore[no-
         assert run_sync(cfg, spark=spark).status == "committed"
 
         ddl = psycopg.connect(pg_dsn)
-        finished = threading.Event()
+        ddl_pid = ddl.info.backend_pid
+        finished, waited = threading.Event(), threading.Event()
         prepare = snapshot.prepare
 
         def end_the_ddl() -> None:
@@ -458,11 +467,15 @@ def test_a_column_added_by_a_transaction_open_at_the_target(  # type: ignore[no-
                     waiting = watch.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                         " AND pid <> %s",
-                        (ddl.info.backend_pid,),
+                        (ddl_pid,),
                     ).fetchone()
                     if waiting and waiting[0]:
+                        waited.set()
                         break
                     time.sleep(0.05)
+            # A wait is reported before the transaction ends.
+            while waited.is_set() and not lock_reports() and time.monotonic() < deadline:
+                time.sleep(0.05)
             ddl.commit() if end == "commit" else ddl.rollback()
 
         def then_open_ddl(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -485,6 +498,11 @@ def test_a_column_added_by_a_transaction_open_at_the_target(  # type: ignore[no-
             ddl.close()
         monkeypatch.setattr(snapshot, "prepare", prepare)
         assert result.status == "committed" and result.batch == 2
+        if waited.is_set():  # PostgreSQL 16's pg_publication_tables locks the tables
+            (report,) = set(lock_reports())
+            assert report.startswith("batch 2: reading the published tables: waiting for ")
+            assert f"session pid {ddl_pid} holding AccessExclusiveLock on big_t" in report
+            assert "INSERT" not in report and "ALTER" not in report  # no statement text
 
         state = read_state(lake, "public.big_t")
         assert source_columns(state) == ["id", "v", "big"]
