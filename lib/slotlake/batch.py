@@ -747,13 +747,16 @@ def process_table(
     shape = (
         None if ddl_input is None or ddl_input.catalog is None else ddl_input.catalog.get(cat.name)
     )
-    if snap is not None and shape is not None:
+    # The copy's attnums say nothing of another relation's (dropped and created again
+    # after the copy): that one's columns are matched by names, as before.
+    if (
+        snap is not None
+        and shape is not None
+        and (shape.relation is None or not another_relation(snap.oid, shape.relation.relation.oid))
+    ):
         from slotlake.snapshot import copy_names
 
-        # The copy's attnums say nothing of another relation's (dropped and created
-        # again after the copy): that one's columns are matched by names, as before.
-        same = shape.relation is None or shape.relation.relation.oid == snap.oid
-        cat.copy_names = copy_names(snap, shape.attnums) if same else {}
+        cat.copy_names = copy_names(snap, shape.attnums)
     done: list[int | None] = [UNREAD, UNREAD]
     if lake.on_local_disk:
         paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]

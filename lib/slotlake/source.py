@@ -356,12 +356,7 @@ class SlotSource:
         if self._conn is not None:
             return self
         try:
-            self._conn = psycopg.connect(
-                self._dsn,
-                autocommit=True,
-                application_name=self.application_name,
-                connect_timeout=self.connect_timeout,
-            )
+            self._conn = self._new_connection(self.application_name)
         except psycopg.Error as exc:
             # `from None`: the chained psycopg error would print unredacted text.
             raise self._error(f"cannot connect to {self.dsn_redacted}", exc) from None
@@ -380,6 +375,15 @@ class SlotSource:
             self.database,
         )
         return self
+
+    def _new_connection(self, application_name: str) -> psycopg.Connection[Any]:
+        """A connection to the source in autocommit, as the session's own is opened."""
+        return psycopg.connect(
+            self._dsn,
+            autocommit=True,
+            application_name=application_name,
+            connect_timeout=self.connect_timeout,
+        )
 
     def _setup_session(self) -> None:
         conn = self._require()
@@ -613,12 +617,7 @@ class SlotSource:
             while not stop.wait(wait):
                 wait = LOCK_REPORT_EVERY
                 try:
-                    with psycopg.connect(
-                        self._dsn,
-                        autocommit=True,
-                        application_name=f"{self.application_name} (lock watch)",
-                        connect_timeout=self.connect_timeout,
-                    ) as conn:
+                    with self._new_connection(f"{self.application_name} (lock watch)") as conn:
                         rows = conn.execute(_BLOCKERS, {"pid": pid}).fetchall()
                 except psycopg.Error:
                     return
