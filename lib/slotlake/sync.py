@@ -104,6 +104,9 @@ class SyncResult:
     # Where this run's pull was cut in two peeks decoded at once (None: one peek, or none).
     split_at: Lsn | None = None
     resumed: int | None = None  # an unfinished batch this run completed first
+    # The batch before this one in the same run, which named tables this one copied
+    # (lake.copy_wanted_in_same_run).
+    followed: int | None = None
 
 
 def _session(cfg: Config) -> SparkSession:
@@ -248,6 +251,23 @@ def _run(
                     if following.status == "committed":
                         following.resumed = result.resumed
                         result = following
+                if _copies_wanted(cfg, lake, result, target_lsn, progress):
+                    assert result.end_lsn is not None
+                    repair = _run_batch(
+                        cfg,
+                        source,
+                        lake,
+                        result.end_lsn,
+                        lake.last_commit(),
+                        None,
+                        spark,
+                        progress,
+                        t_start,
+                    )
+                    if repair.status == "committed":
+                        repair.resumed = result.resumed
+                        repair.followed = result.batch
+                        result = repair
             return result
         except Exception as exc:
             # Errors can quote the DSN (psycopg does): never let a password through.
@@ -256,6 +276,38 @@ def _run(
             raise
         finally:
             source.unlock()
+
+
+def _copies_wanted(
+    cfg: Config,
+    lake: Lake,
+    result: SyncResult,
+    target_lsn: Lsn | None,
+    progress: Callable[[str], None],
+) -> bool:
+    """Whether the batch just committed named tables for a copy and the run takes them now.
+
+    Such a table is off until its copy (its changes went to another name, a rewrite
+    changed its rows unseen, Spark merged it across a replica identity change); the next
+    batch copies it, and taking that batch at once
+    shrinks the window from the schedule's interval to the length of one batch. Only
+    towards the source's current position: a --target-lsn run must not end past it."""
+    if result.status != "committed" or target_lsn is not None:
+        return False
+    last = lake.last_commit()
+    wanted = dict(last.snapshot.get("wanted") or {}) if last is not None else {}
+    # Requests the batch honoured are gone: these came meanwhile (a replica identity
+    # changed in a state Spark merged, or `slotlake resnapshot` during the run).
+    for entry in snapshot.pending_requests(lake):
+        wanted.setdefault(entry.get("table", ""), entry.get("reason", "requested by hand"))
+    if not wanted:
+        return False
+    names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
+    if not cfg.lake.copy_wanted_in_same_run:
+        progress(f"batch {result.batch}: the next run copies {names}")
+        return False
+    progress(f"batch {result.batch}: copying {names} in one more batch now")
+    return True
 
 
 def _run_batch(

@@ -263,7 +263,8 @@ def test_a_lakes_first_batch_with_a_table_created_again_or_renamed(
     """A lake's first batch copies nothing (``slotlake bootstrap`` does) and records the
     oids it finds, so the next run's own check (a published oid against the recorded one)
     cannot see a table the batch saw dropped and created again or renamed: the batch
-    names it for the next run, which copies it; the mirror equals the source from there.
+    names it for a copy, which the run takes in one more batch; the mirror equals the
+    source from there.
     Before, the lake kept the dropped relation's rows, or missed the rows of the rename's
     old name, for good."""
     import psycopg
@@ -281,9 +282,8 @@ def test_a_lakes_first_batch_with_a_table_created_again_or_renamed(
         _setup(c, slot, trigger=True)
         for statement in statements:
             c.execute(statement)
-        run_sync(cfg)
-        assert waiting(Lake(lake), None)[table].startswith(why)
-        run_sync(cfg)
+        assert run_sync(cfg).followed == 1
+        assert Lake(lake).read_commit(1).snapshot["wanted"][table].startswith(why)
         assert waiting(Lake(lake), None) == {}
         assert_mirror(c, lake, [table, "public.u"])
         c.execute(f"INSERT INTO {table.split('.')[1]} VALUES (50, 50)")
@@ -366,13 +366,17 @@ def test_a_table_gone_from_the_source_leaves_the_lakes_tables(
         assert table_names(lake) == ["public.t", "public.u"]
 
 
-def test_a_table_renamed_away_and_back_is_copied_by_the_next_run(
-    pg_dsn: str, slot: str, tmp_path: Path
+@pytest.mark.parametrize("same_run", [True, False], ids=["same run", "next run"])
+def test_a_table_renamed_away_and_back_is_copied_by_the_same_run(
+    pg_dsn: str, slot: str, tmp_path: Path, same_run: bool
 ) -> None:
     """``t`` renamed ``t_tmp``, changed, and renamed back, in one batch: the change made
     as ``t_tmp`` goes to ``t_tmp``'s tables (the name its Relation message gave), so the
-    batch names ``t`` for the next run's copy (by the target's name of the relation: no
-    change of ``t`` follows), which mirrors it; ``t_tmp`` is gone by then."""
+    batch names ``t`` for a copy (by the target's name of the relation: no change of ``t``
+    follows). The run takes it in one more batch (``lake.copy_wanted_in_same_run``, the
+    default), so it ends with the mirror equal to the source; with that off, the next
+    run does. ``t_tmp`` is gone by then. Before 2026-12-03 the mirror of ``t`` lacked the
+    change until the next scheduled run."""
     import psycopg
 
     from slotlake.lake import Lake, read_changes, table_names
@@ -383,22 +387,36 @@ def test_a_table_renamed_away_and_back_is_copied_by_the_next_run(
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
+    cfg.lake.copy_wanted_in_same_run = same_run
     around = [
         "ALTER TABLE t RENAME TO t_tmp",
         "UPDATE t_tmp SET v = 'as t_tmp' WHERE id = 2",
         "ALTER TABLE t_tmp RENAME TO t",
     ]
+    said: list[str] = []
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _setup(c, slot, trigger=True)
-        run_sync(cfg)
+        assert run_sync(cfg).batch == 1
         c.execute("UPDATE t SET v = 'as t' WHERE id = 1")
         with c.transaction():
             for statement in around:
                 c.execute(statement)
-        run_sync(cfg)
-        assert waiting(Lake(lake), None) == {"public.t": "renamed from public.t_tmp"}
+        result = run_sync(cfg, progress=said.append)
+        named = Lake(lake).read_commit(2).snapshot.get("wanted")
+        assert named == {"public.t": "renamed from public.t_tmp"}
         assert [r["v"] for r in read_changes(lake, "public.t_tmp").to_pylist()] == ["as t_tmp"]
-        run_sync(cfg)
+        if same_run:
+            assert (result.batch, result.followed) == (3, 2)
+            assert list(Lake(lake).read_commit(3).snapshot["tables"]) == ["public.t"]
+            assert (
+                "batch 2: copying public.t (renamed from public.t_tmp) in one more batch now"
+                in said
+            )
+        else:
+            assert (result.batch, result.followed) == (2, None)
+            assert "batch 2: the next run copies public.t (renamed from public.t_tmp)" in said
+            assert waiting(Lake(lake), None) == {"public.t": "renamed from public.t_tmp"}
+            run_sync(cfg)
         assert_mirror(c, lake, ["public.t", "public.u"])
         assert waiting(Lake(lake), None) == {}
     assert table_names(lake) == ["public.t", "public.u"]

@@ -277,10 +277,12 @@ def test_new_table_rewrites_and_resnapshot(
         # One duplicate of d goes, another value gains one: the multiset MERGE after a copy.
         c.execute("DELETE FROM d WHERE ctid = (SELECT ctid FROM d WHERE x = 0 LIMIT 1)")
         c.execute("INSERT INTO d VALUES (1, 'y'), (7, NULL)")
-        run_sync(cfg, spark=spark)
-        rec = Lake(lake).last_commit()
-        assert rec is not None and "relfilenode" in rec.snapshot["wanted"]["public.c"]
-        run_sync(cfg, spark=spark)
+        # The batch names c for a copy, and the run takes it in one more batch.
+        result = run_sync(cfg, spark=spark)
+        assert result.followed is not None and result.batch == result.followed + 1
+        rec = Lake(lake).read_commit(result.followed)
+        assert "relfilenode" in rec.snapshot["wanted"]["public.c"]
+        assert list(Lake(lake).read_commit(result.batch).snapshot["tables"]) == ["public.c"]
         assert_mirror(c, lake, ["public.a", "public.c", "public.d"])
 
         # (b) The DDL capture trigger's message, with a volatile default's rewrite.
@@ -295,7 +297,10 @@ def test_new_table_rewrites_and_resnapshot(
             c.execute(
                 "SELECT pg_logical_emit_message(true, 'slotlake.ddl', %s)", (json.dumps(content),)
             )
-        run_sync(cfg, spark=spark)
+        # With the same run's copy off, the next run takes it (and status says so).
+        cfg.lake.copy_wanted_in_same_run = False
+        assert run_sync(cfg, spark=spark).followed is None
+        cfg.lake.copy_wanted_in_same_run = True
         rec = Lake(lake).last_commit()
         assert rec is not None and "DDL message" in rec.snapshot["wanted"]["public.c"]
         capsys.readouterr()
@@ -470,7 +475,8 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
     it without a change in the stream when a partition is detached, dropped or truncated
     alone (pgoutput sends no TRUNCATE of such a partition). The commit records each root's
     leaf partitions; one gone is copied again by the run that reads the leaves without it
-    (before its target), one with another relfilenode by the next run. A partition
+    (before its target), one with another relfilenode by one more batch of the run that
+    finds it (``lake.copy_wanted_in_same_run``). A partition
     created since starts empty and costs no copy, nor does a TRUNCATE of the root in the
     stream, unless a leaf was truncated alone after it."""
     lake = str(tmp_path / "lake")
@@ -490,15 +496,14 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
         ),
         ([], []),
         (["DROP TABLE p3"], ["public.p"]),
-        (["TRUNCATE p2"], []),
-        ([], ["public.p"]),
+        # A leaf truncated alone: the batch names the root, one more batch copies it.
+        (["TRUNCATE p2"], ["public.p"]),
         # The root truncated in the stream rewrote every leaf, and said so: no copy.
         (["TRUNCATE p"], []),
         ([], []),
         # ... unless a leaf was truncated alone after it (its pg_class row is another
         # transaction's than that TRUNCATE): the row between the two is gone unseen.
-        (["TRUNCATE p", "INSERT INTO p VALUES (12, 12, 'between')", "TRUNCATE p2"], []),
-        ([], ["public.p"]),
+        (["TRUNCATE p", "INSERT INTO p VALUES (12, 12, 'between')", "TRUNCATE p2"], ["public.p"]),
         # A partition created since, rows routed into it and it truncated alone: it no
         # longer has its oid for relfilenode, which a table starts with.
         (
@@ -507,9 +512,8 @@ def test_partitions_leaving_a_root_published_as_itself_are_copied_again(
                 "INSERT INTO p VALUES (41, 41, 'routed')",
                 "TRUNCATE p4",
             ],
-            [],
+            ["public.p"],
         ),
-        ([], ["public.p"]),
     ]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _partitioned_through_its_root(c, slot)
@@ -798,7 +802,8 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
     """A bootstrap records what the first sync's checks compare with: the copied tables'
     oids, the relfilenodes and the partitioned tables' leaves. Between it and the first
     sync: a partition attached with rows and a table dropped and created again, or a
-    partition detached (copied by that sync), or a table rewritten (copied by the next).
+    partition detached (copied by that sync), or a table rewritten (copied by one more
+    batch of that run).
     Before, the first sync had nothing to compare with: the mirror kept the dropped
     table's rows and the detached partition's, and lacked the attached one's, for good."""
     from slotlake.bootstrap import run_bootstrap
@@ -827,38 +832,37 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
             c.execute("DROP TABLE u")
             c.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
             c.execute("ALTER PUBLICATION pub ADD TABLE u")
-            copies = [["public.p", "public.u"], []]
+            # Per run, the tables each of its batches copies.
+            copies = [[["public.p", "public.u"]], [[]]]
         else:
             c.execute("ALTER TABLE p DETACH PARTITION p1")
             # A rewrite that keeps the values and sends no change: a needless copy, but a
             # USING that changes them would be just as silent.
             c.execute("VACUUM FULL t")
-            copies = [["public.p"], ["public.t"]]
+            # The rewrite is found by the batch (relfilenode): one more batch copies it.
+            copies = [[["public.p"], ["public.t"]], [[]]]
         for i, want in enumerate(copies):
             c.execute("INSERT INTO p VALUES (100 + %s, 15, 'tick')", (i,))
-            run_sync(cfg)
-            last = Lake(lake).last_commit()
-            assert last is not None
-            assert sorted(last.snapshot.get("tables", {})) == want, after
+            result = run_sync(cfg)
+            assert result.batch is not None
+            batches = range(result.followed or result.batch, result.batch + 1)
+            got = [sorted(Lake(lake).read_commit(b).snapshot.get("tables", {})) for b in batches]
+            assert got == want, after
         assert_mirror(c, lake, ["public.p", "public.t", "public.u"])
 
 
-def test_a_rewrite_after_a_truncate_is_copied_by_the_next_run(
+def test_a_rewrite_after_a_truncate_is_copied_by_the_same_run(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:
     """Without the DDL capture trigger, a new relfilenode that a TRUNCATE in the stream
     set needs no copy: the stream has everything after it. A rewrite after the TRUNCATE
     (``ALTER COLUMN … TYPE … USING``, which changes values and sends no change) sets
     another: the table's ``pg_class`` row is then another transaction's than the
-    TRUNCATE, and the next run copies it. Before, any TRUNCATE in the window explained
-    it, and the mirror kept the values from before the rewrite."""
+    TRUNCATE: the batch names it and the run copies it in one more batch. Before, any
+    TRUNCATE in the window explained it, and the mirror kept the values from before the
+    rewrite."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
-
-    def wanted() -> dict[str, str]:
-        last = Lake(lake).last_commit()
-        assert last is not None
-        return last.snapshot.get("wanted", {})
 
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -867,7 +871,7 @@ def test_a_rewrite_after_a_truncate_is_copied_by_the_next_run(
         c.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 5) g")
         run_sync(cfg)
         steps = [
-            # (statements, the rewrite the next run copies)
+            # (statements, a rewrite the run copies in one more batch)
             (["TRUNCATE t", "INSERT INTO t VALUES (1, 'a')"], False),
             (["ALTER TABLE t ALTER COLUMN v TYPE text USING v || 'x'", "TRUNCATE t"], False),
             (
@@ -885,10 +889,12 @@ def test_a_rewrite_after_a_truncate_is_copied_by_the_next_run(
             c.execute(
                 "INSERT INTO t VALUES (100, 'tick') ON CONFLICT (id) DO UPDATE SET v = 'tock'"
             )
-            run_sync(cfg)
-            assert ("public.t" in wanted()) == rewritten, (statements, wanted())
+            result = run_sync(cfg)
+            assert result.batch is not None
+            named = Lake(lake).read_commit(result.followed or result.batch).snapshot
+            assert ("public.t" in named.get("wanted", {})) == rewritten, statements
+            assert (result.followed is not None) == rewritten, statements
             if rewritten:
-                run_sync(cfg)
-                last = Lake(lake).last_commit()
-                assert last is not None and list(last.snapshot.get("tables", {})) == ["public.t"]
+                last = Lake(lake).read_commit(result.batch)
+                assert list(last.snapshot.get("tables", {})) == ["public.t"]
             assert_mirror(c, lake, ["public.t"])
