@@ -196,6 +196,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     )
     for name, (changes, rows) in sorted(result.tables.items()):
         print(f"{name}: {changes} changes, {rows} rows")
+    if result.followed is not None:
+        print(f"batch {result.followed} named tables for a copy, which batch {result.batch} took")
     print(
         f"status: {result.status}"
         + (f", batch {result.batch}, slot at {result.end_lsn}" if result.batch else "")

@@ -39,6 +39,9 @@ def synced_lake(pg_cluster: LocalPostgres, spark, tmp_path_factory) -> Iterator[
     slot = f"s_{dbname}"
     lake = str(tmp_path_factory.mktemp("reprocess") / "lake")
     cfg = make_config(dsn, lake, slot)
+    # Batch 3's rewrite of evolve is copied by the next run's batch (4, beside the idle
+    # database's progress), not by a batch of its own: the five batches the tests name.
+    cfg.lake.copy_wanted_in_same_run = False
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(SCHEMA)
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -278,11 +279,18 @@ def test_new_table_rewrites_and_resnapshot(
         c.execute("DELETE FROM d WHERE ctid = (SELECT ctid FROM d WHERE x = 0 LIMIT 1)")
         c.execute("INSERT INTO d VALUES (1, 'y'), (7, NULL)")
         # The batch names c for a copy, and the run takes it in one more batch.
-        result = run_sync(cfg, spark=spark)
-        assert result.followed is not None and result.batch == result.followed + 1
-        rec = Lake(lake).read_commit(result.followed)
-        assert "relfilenode" in rec.snapshot["wanted"]["public.c"]
-        assert list(Lake(lake).read_commit(result.batch).snapshot["tables"]) == ["public.c"]
+        capsys.readouterr()
+        assert cli_main(["sync", "--config", str(config)]) == 0
+        said = re.search(
+            r"batch (\d+) named tables for a copy, which batch (\d+) took\nstatus: committed, "
+            r"batch \2,",
+            capsys.readouterr().out,
+        )
+        assert said is not None
+        named, took = int(said[1]), int(said[2])
+        assert took == named + 1
+        assert "relfilenode" in Lake(lake).read_commit(named).snapshot["wanted"]["public.c"]
+        assert list(Lake(lake).read_commit(took).snapshot["tables"]) == ["public.c"]
         assert_mirror(c, lake, ["public.a", "public.c", "public.d"])
 
         # (b) The DDL capture trigger's message, with a volatile default's rewrite.
