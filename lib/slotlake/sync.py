@@ -230,40 +230,34 @@ def _run(
                 if lake.on_local_disk
                 else contextlib.nullcontext()
             ):
+
+                def after(done: SyncResult, target: Lsn | None) -> SyncResult:
+                    """The batch after ``done`` (committed by this run), towards ``target``."""
+                    assert done.end_lsn is not None
+                    return _run_batch(
+                        cfg,
+                        source,
+                        lake,
+                        done.end_lsn,
+                        lake.last_commit(),
+                        target,
+                        spark,
+                        progress,
+                        t_start,
+                    )
+
                 result = _run_batch(
                     cfg, source, lake, start, last, target_lsn, spark, progress, t_start
                 )
                 if result.resumed is not None and result.status == "committed":
                     # The unfinished batch is done; the run goes on to what arrived since.
-                    assert result.end_lsn is not None
                     result.resumed = result.batch
-                    following = _run_batch(
-                        cfg,
-                        source,
-                        lake,
-                        result.end_lsn,
-                        lake.last_commit(),
-                        target_lsn,
-                        spark,
-                        progress,
-                        t_start,
-                    )
+                    following = after(result, target_lsn)
                     if following.status == "committed":
                         following.resumed = result.resumed
                         result = following
                 if _copies_wanted(cfg, lake, result, target_lsn, progress):
-                    assert result.end_lsn is not None
-                    repair = _run_batch(
-                        cfg,
-                        source,
-                        lake,
-                        result.end_lsn,
-                        lake.last_commit(),
-                        None,
-                        spark,
-                        progress,
-                        t_start,
-                    )
+                    repair = after(result, None)
                     if repair.status == "committed":
                         repair.resumed = result.resumed
                         repair.followed = result.batch
@@ -289,10 +283,10 @@ def _copies_wanted(
 
     Such a table is off until its copy (its changes went to another name, a rewrite
     changed its rows unseen, Spark merged it across a replica identity change); the next
-    batch copies it, and taking that batch at once
-    shrinks the window from the schedule's interval to the length of one batch. Only
-    towards the source's current position: a --target-lsn run must not end past it."""
-    if result.status != "committed" or target_lsn is not None:
+    batch copies it, and taking that batch at once shrinks the window from the schedule's
+    interval to the length of one batch. Not in a --target-lsn run: it must not end past
+    that target, and a copy now is newer."""
+    if result.status != "committed":
         return False
     last = lake.last_commit()
     wanted = dict(last.snapshot.get("wanted") or {}) if last is not None else {}
@@ -303,7 +297,7 @@ def _copies_wanted(
     if not wanted:
         return False
     names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
-    if not cfg.lake.copy_wanted_in_same_run:
+    if target_lsn is not None or not cfg.lake.copy_wanted_in_same_run:
         progress(f"batch {result.batch}: the next run copies {names}")
         return False
     progress(f"batch {result.batch}: copying {names} in one more batch now")
