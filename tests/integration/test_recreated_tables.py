@@ -366,20 +366,22 @@ def test_a_table_gone_from_the_source_leaves_the_lakes_tables(
         assert table_names(lake) == ["public.t", "public.u"]
 
 
-@pytest.mark.parametrize("same_run", [True, False], ids=["same run", "next run"])
+@pytest.mark.parametrize("run", ["same run", "next run", "target lsn"])
 def test_a_table_renamed_away_and_back_is_copied_by_the_same_run(
-    pg_dsn: str, slot: str, tmp_path: Path, same_run: bool
+    pg_dsn: str, slot: str, tmp_path: Path, run: str
 ) -> None:
     """``t`` renamed ``t_tmp``, changed, and renamed back, in one batch: the change made
     as ``t_tmp`` goes to ``t_tmp``'s tables (the name its Relation message gave), so the
     batch names ``t`` for a copy (by the target's name of the relation: no change of ``t``
     follows). The run takes it in one more batch (``lake.copy_wanted_in_same_run``, the
-    default), so it ends with the mirror equal to the source; with that off, the next
-    run does. ``t_tmp`` is gone by then. Before 2026-12-03 the mirror of ``t`` lacked the
+    default), so it ends with the mirror equal to the source; with that off, or in a run
+    with ``--target-lsn`` (a copy now would be newer than its target), the next run
+    does. ``t_tmp`` is gone by then. Before 2026-12-03 the mirror of ``t`` lacked the
     change until the next scheduled run."""
     import psycopg
 
     from slotlake.lake import Lake, read_changes, table_names
+    from slotlake.lsn import Lsn
     from slotlake.snapshot import waiting
     from slotlake.sync import run_sync
 
@@ -387,7 +389,7 @@ def test_a_table_renamed_away_and_back_is_copied_by_the_same_run(
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
-    cfg.lake.copy_wanted_in_same_run = same_run
+    cfg.lake.copy_wanted_in_same_run = run != "next run"
     around = [
         "ALTER TABLE t RENAME TO t_tmp",
         "UPDATE t_tmp SET v = 'as t_tmp' WHERE id = 2",
@@ -401,11 +403,14 @@ def test_a_table_renamed_away_and_back_is_copied_by_the_same_run(
         with c.transaction():
             for statement in around:
                 c.execute(statement)
-        result = run_sync(cfg, progress=said.append)
+        target = None
+        if run == "target lsn":
+            target = Lsn.parse(c.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        result = run_sync(cfg, target_lsn=target, progress=said.append)
         named = Lake(lake).read_commit(2).snapshot.get("wanted")
         assert named == {"public.t": "renamed from public.t_tmp"}
         assert [r["v"] for r in read_changes(lake, "public.t_tmp").to_pylist()] == ["as t_tmp"]
-        if same_run:
+        if run == "same run":
             assert (result.batch, result.followed) == (3, 2)
             assert list(Lake(lake).read_commit(3).snapshot["tables"]) == ["public.t"]
             assert (
