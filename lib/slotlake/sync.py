@@ -288,12 +288,10 @@ def _copies_wanted(
     that target, and a copy now is newer."""
     if result.status != "committed":
         return False
-    last = lake.last_commit()
-    wanted = dict(last.snapshot.get("wanted") or {}) if last is not None else {}
-    # Requests the batch honoured are gone: these came meanwhile (a replica identity
-    # changed in a state Spark merged, or `slotlake resnapshot` during the run).
-    for entry in snapshot.pending_requests(lake):
-        wanted.setdefault(entry.get("table", ""), entry.get("reason", "requested by hand"))
+    # What status reports as waiting: the batch's record names them, and any request left
+    # came meanwhile (the batch's own honoured ones are gone): a replica identity changed
+    # in a state Spark merged, or `slotlake resnapshot` during the run.
+    wanted = snapshot.waiting(lake, None)
     if not wanted:
         return False
     names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
