@@ -1,8 +1,9 @@
 """Airflow 3 DAGs that spark-submit slotlake's jobs.
 
-* ``slotlake_sync``: one sync batch (jobs/sync.py) per scheduled run. ``max_active_runs=1``
-  and no catch-up: a batch takes everything up to "now", so missed intervals need no run
-  of their own (and the job's advisory lock would turn a second concurrent run away).
+* ``slotlake_sync``: one sync (jobs/sync.py) per scheduled run: a batch, and one more
+  when that batch names tables for a copy (README, Snapshots). ``max_active_runs=1`` and
+  no catch-up: a batch takes everything up to "now", so missed intervals need no run of
+  their own (and the job's advisory lock would turn a second concurrent run away).
 * ``slotlake_reprocess``: triggered by hand, with params, runs jobs/reprocess.py.
 
 Every task spark-submits with Delta Lake on the class path (``delta_packages`` for

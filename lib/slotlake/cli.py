@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", "-v", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("sync", help="pull the slot up to a target LSN into the lake (one batch)")
+    p = sub.add_parser(
+        "sync",
+        help="pull the slot up to a target LSN into the lake (one batch, and one more when it "
+        "names tables for a copy)",
+    )
     _config_args(p)
     p.add_argument(
         "--target-lsn", type=Lsn.parse, help="upto_lsn of the peek (default: current flush LSN)"
@@ -233,7 +237,8 @@ def cmd_resnapshot(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     entry = request(lake, args.table)
     print(
-        f"status: requested, {args.table} is copied again by the next sync (request {entry['id']})"
+        f"status: requested, {args.table} is copied again by the next sync (one running now "
+        f"may take it in one more batch; request {entry['id']})"
     )
     return EXIT_OK
 

@@ -8,9 +8,10 @@ beforehand (also by the attaching transaction); one is truncated alone, or the w
 table; columns are added with fast defaults, dropped, and retyped with a rewrite. Rows
 that leave or join a root published as itself without a change in the stream make the
 lake copy it: in the same run (a partition attached, or gone since the last run read the
-leaves) or the next (``snapshot.wanted``; and a partition only the DDL capture trigger's
-messages showed, found gone by the next run), which the check after that round waits
-for. The oracle is the source itself (:func:`slotlake.verify.compare_table`).
+leaves; a leaf rewritten, named in ``snapshot.wanted`` and copied by one more batch) or
+the next (a partition only the DDL capture trigger's messages showed, found gone by the
+next run; or what that one more batch names in turn), which the check after that round
+waits for. The oracle is the source itself (:func:`slotlake.verify.compare_table`).
 
 A failure names the seed and round and the statements of the round;
 ``SLOTLAKE_RANDOM_SEED`` and ``SLOTLAKE_RANDOM_ROUNDS`` replay or widen a run by hand.
@@ -283,8 +284,9 @@ def play(
         work.synced()
         last = Lake(cfg.lake.path).last_commit()
         assert last is not None
-        # The roots the next run copies: named by this one (a leaf rewritten), or to be
-        # found by it (a leaf this batch's DDL messages showed is gone).
+        # The roots the next run copies: named by this run's last batch (its one more
+        # batch took what the batch before named), or to be found by it (a leaf this
+        # batch's DDL messages showed is gone).
         wanted = set(last.snapshot.get("wanted", {}))
         published_now, _, _ = published_catalog(c, cfg.source.publications)
         wanted |= set(partitions_left(partition_trees(c, published_now), last))

@@ -291,6 +291,68 @@ def test_a_lakes_first_batch_with_a_table_created_again_or_renamed(
         assert_mirror(c, lake, [table, "public.u"])
 
 
+DURING_THE_RUN = {
+    **FIRST_BATCH,
+    "created again, no change": (
+        ["DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int)"],
+        "public.t",
+        "recreated",
+    ),
+    "renamed, no change": (["ALTER TABLE t RENAME TO t2"], "public.t2", "renamed from public.t"),
+}
+
+
+@pytest.mark.parametrize("case", list(DURING_THE_RUN))
+def test_a_table_created_again_or_renamed_while_the_run_reads_the_source(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """Statements run after the run read the published tables (for its copies) and
+    before it read the target's catalog: the published set it compared showed ``t`` as
+    the lake has it, so it copied nothing, while the batch's catalog (and messages) show
+    another relation under the name, or the lake's relation under another. The batch
+    names it for a copy, which the run takes in one more batch: the mirror equals the
+    source when the run ends, and the name the source lost is gone from the lake.
+    Before 2026-12-03 only a table with a change of the new relation in the batch was
+    named; a renamed one (its rows under the old name) or one created again with no
+    change kept the lake's rows until the next run."""
+    import psycopg
+
+    from slotlake.lake import Lake, table_names
+    from slotlake.snapshot import waiting
+    from slotlake.source import SlotSource
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror, make_config
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    statements, table, why = DURING_THE_RUN[case]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _setup(c, slot, trigger=True)
+        run_sync(cfg)
+        assert_mirror(c, lake, ["public.t", "public.u"])
+        read_catalog = SlotSource.flush_lsn_and_catalog
+        ran: list[int] = []
+
+        def meanwhile(source: SlotSource) -> Any:
+            if not ran:
+                for statement in statements:
+                    c.execute(statement)
+                ran.append(1)
+            return read_catalog(source)
+
+        monkeypatch.setattr(SlotSource, "flush_lsn_and_catalog", meanwhile)
+        result = run_sync(cfg)
+        assert ran and result.followed == 2, result
+        named = Lake(lake).read_commit(2).snapshot
+        assert table not in named.get("tables", {}), "the run's copies read the source before"
+        assert named["wanted"][table].startswith(why), named["wanted"]
+        assert table in Lake(lake).read_commit(3).snapshot["tables"]
+        assert waiting(Lake(lake), None) == {}
+        assert_mirror(c, lake, [table, "public.u"])
+        assert table_names(lake) == sorted({table, "public.u"})
+
+
 GONE = {
     # case: (statements that take t from the source, those that bring it back, the names
     # the lake lists while it is gone)
