@@ -718,8 +718,7 @@ def relation_changes(
     """Each table whose relation changed in the batch: dropped and created again (another
     oid than its previous version's, or than ``lake_oids``, the one the lake last wrote it
     from), or whose relation had changes under another name (renamed to it, or renamed
-    away and back), which went to that name's tables, or a name new to the lake for a
-    relation the lake wrote under another (renamed). ``target_names``: the name of each
+    away and back), which went to that name's tables. ``target_names``: the name of each
     relation oid at the batch's target (:func:`slotlake.ddl.read_catalog`); without it, a
     table is known renamed only by a Relation message of its own after the other name's.
     """
@@ -740,25 +739,6 @@ def relation_changes(
         others = [name for _, name in named if name != final]
         if final is not None and others and final not in out:
             out[final] = RelationChange(f"renamed from {others[-1]}", oid)
-    # A relation the lake wrote under another name, under a name new to the lake at the
-    # target (else in the batch's messages): renamed after the run read its published set
-    # (whose check copies a table renamed before), with no message under the old name in
-    # the batch to tell. (One dropped and created again then has a target version.)
-    lake_names: dict[int, list[str]] = {}
-    for name, oid in lake_oids.items():
-        if oid is not None:
-            lake_names.setdefault(oid, []).append(name)
-    finals = (
-        target_names.items()
-        if target_names is not None
-        else [(v.oid, cat.name) for cat in catalogs.values() for v in cat.versions]
-    )
-    for oid, final in finals:
-        if final in out or lake_oids.get(final) is not None:
-            continue
-        elsewhere = [n for n in lake_names.get(oid, ()) if n != final]
-        if elsewhere:
-            out[final] = RelationChange(f"renamed from {elsewhere[0]}", oid)
     return out
 
 

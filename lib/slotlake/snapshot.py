@@ -54,7 +54,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -913,6 +913,7 @@ def for_record(
     last: CommitRecord | None,
     raw_rel: str,
     changed: Mapping[str, RelationChange] | None = None,
+    published_at_target: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The commit record's ``snapshot`` entry: the plan's, plus the tables the next run must
     snapshot (``wanted``). Derived from the plan, the raw batch and the previous record
@@ -922,7 +923,12 @@ def for_record(
     (:func:`slotlake.catalog.relation_changes`): wanted unless this batch copied that
     relation. The next run's own check (a published oid against the one this batch
     recorded) misses what happened inside a batch that recorded the new oids: a lake's
-    first batch, or a table renamed away and back."""
+    first batch, or a table renamed away and back.
+
+    ``published_at_target``: the tables the batch's target catalog lists. One the plan's
+    read of the publications lacked was added to a publication, renamed or created after
+    that read, which is what copies a table new in the publication: its rows from before
+    are in no change of the batch."""
     out = dict(plan_snapshot)
     taken = table_snapshots(plan_snapshot)
     messages = _raw_messages(spark, lake, raw_rel)
@@ -931,6 +937,10 @@ def for_record(
         snap = taken.get(name)
         if snap is None or snap.oid != change.oid:
             wanted[name] = change.reason
+    read = plan_snapshot.get("published")
+    if last is not None and read is not None:  # (a lake's first batch copies nothing)
+        for name in sorted(set(published_at_target or ()) - set(read) - set(taken)):
+            wanted.setdefault(name, "new in the publication after the run read it")
     for name, commit_lsn in rewritten_by_ddl(messages).items():
         snap = taken.get(name)
         if snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed:

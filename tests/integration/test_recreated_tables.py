@@ -71,14 +71,14 @@ CASES = {
 }
 
 
-def _setup(c: Any, slot: str, trigger: bool) -> None:
+def _setup(c: Any, slot: str, trigger: bool, publication: str = "FOR ALL TABLES") -> None:
     from slotlake import ddl
 
     if trigger:
         ddl.install(c)
     c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     c.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
-    c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    c.execute(f"CREATE PUBLICATION pub {publication}")
     c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     c.execute("INSERT INTO t SELECT g, 'old' || g FROM generate_series(1, 5) g")
     c.execute("INSERT INTO u SELECT g, 'u' || g FROM generate_series(1, 3) g")
@@ -292,29 +292,41 @@ def test_a_lakes_first_batch_with_a_table_created_again_or_renamed(
 
 
 DURING_THE_RUN = {
-    **FIRST_BATCH,
+    # case: (statements between the run's two reads, the table to mirror, why the batch
+    # names it for a copy)
+    "created again": (FIRST_BATCH["created again"][0], "public.t", "recreated"),
     "created again, no change": (
         ["DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int)"],
         "public.t",
         "recreated",
     ),
-    "renamed, no change": (["ALTER TABLE t RENAME TO t2"], "public.t2", "renamed from public.t"),
+    "rebuilt under its name": (FIRST_BATCH["rebuilt under its name"][0], "public.t", "recreated"),
+    "renamed": (FIRST_BATCH["renamed"][0], "public.t2", "new in the publication after"),
+    "renamed, no change": (["ALTER TABLE t RENAME TO t2"], "public.t2", "new in the publication"),
+    # x: 5 rows, in no publication before (the publication lists t and u)
+    "added to the publication": (
+        ["ALTER PUBLICATION pub ADD TABLE x", "INSERT INTO x VALUES (100, 'new')"],
+        "public.x",
+        "new in the publication after",
+    ),
+    "added, no change": (["ALTER PUBLICATION pub ADD TABLE x"], "public.x", "new in the"),
 }
 
 
 @pytest.mark.parametrize("case", list(DURING_THE_RUN))
-def test_a_table_created_again_or_renamed_while_the_run_reads_the_source(
+def test_a_table_changed_while_the_run_reads_the_source_is_copied_by_the_same_run(
     pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    """Statements run after the run read the published tables (for its copies) and
-    before it read the target's catalog: the published set it compared showed ``t`` as
-    the lake has it, so it copied nothing, while the batch's catalog (and messages) show
-    another relation under the name, or the lake's relation under another. The batch
-    names it for a copy, which the run takes in one more batch: the mirror equals the
-    source when the run ends, and the name the source lost is gone from the lake.
-    Before 2026-12-03 only a table with a change of the new relation in the batch was
-    named; a renamed one (its rows under the old name) or one created again with no
-    change kept the lake's rows until the next run."""
+    """Statements run after the run read the published tables (which copies a table new
+    in a publication, or created again) and before it read the target's catalog: the
+    set it compared showed ``t`` as the lake has it, and no ``x``, so it copied nothing,
+    while the batch's catalog (and messages) show another relation under a name, or a
+    name it did not read. The batch names it for a copy, which the run takes in one more
+    batch: the mirror equals the source when the run ends, and a name the source lost
+    is gone from the lake. Before 2026-12-03 only a table with a change of the new
+    relation in the batch was named: one renamed or added to the publication lacked its
+    rows from before (the old name kept them), and one created again with no change kept
+    the old relation's rows, until the next run."""
     import psycopg
 
     from slotlake.lake import Lake, table_names
@@ -328,7 +340,10 @@ def test_a_table_created_again_or_renamed_while_the_run_reads_the_source(
     cfg = make_config(pg_dsn, lake, slot)
     statements, table, why = DURING_THE_RUN[case]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        _setup(c, slot, trigger=True)
+        c.execute("CREATE TABLE x (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO x SELECT g, 'x' || g FROM generate_series(1, 5) g")
+        added = case.startswith("added")
+        _setup(c, slot, trigger=True, publication="FOR TABLE t, u" if added else "FOR ALL TABLES")
         run_sync(cfg)
         assert_mirror(c, lake, ["public.t", "public.u"])
         read_catalog = SlotSource.flush_lsn_and_catalog
@@ -342,6 +357,7 @@ def test_a_table_created_again_or_renamed_while_the_run_reads_the_source(
             return read_catalog(source)
 
         monkeypatch.setattr(SlotSource, "flush_lsn_and_catalog", meanwhile)
+        c.execute("INSERT INTO u VALUES (10, 'u10')")
         result = run_sync(cfg)
         assert ran and result.followed == 2, result
         named = Lake(lake).read_commit(2).snapshot
@@ -350,7 +366,12 @@ def test_a_table_created_again_or_renamed_while_the_run_reads_the_source(
         assert table in Lake(lake).read_commit(3).snapshot["tables"]
         assert waiting(Lake(lake), None) == {}
         assert_mirror(c, lake, [table, "public.u"])
-        assert table_names(lake) == sorted({table, "public.u"})
+        gone = {"public.t"} if case.startswith("renamed") else set()
+        assert table_names(lake) == sorted({"public.t", "public.u", table} - gone)
+        # Nothing more to copy: the next run is an ordinary batch.
+        c.execute(f"INSERT INTO {table} (id) VALUES (60)")
+        assert run_sync(cfg).followed is None
+        assert_mirror(c, lake, [table, "public.u"])
 
 
 GONE = {

@@ -733,34 +733,6 @@ def test_relation_changes_name_the_tables_that_read_another_relation() -> None:
     assert set(relation_changes(cats, {}, target)) == {"public.t2", "public.b", "public.e"}
 
 
-def test_relation_changes_against_the_lake_alone() -> None:
-    """A rename the batch's messages cannot show, as a run that read its published set
-    before it sees it: the table's changes under its new name only (or none), the lake
-    wrote the relation under the old one. A name the lake wrote from the same relation,
-    or a relation new to the lake, has none; without the target's names, the messages'
-    names stand for them."""
-    shape = (col("id", INT4, key=True), col("v", TEXT))
-    cats = build_catalogs(
-        [
-            (10, rel(*shape, name="t2")),  # the lake wrote OID as t
-            (20, rel(*shape, oid=OID + 1, name="u")),  # the lake's u: no change
-            (30, rel(*shape, oid=OID + 4, name="c")),  # new to the lake
-        ],
-        [],
-    )
-    lake = {"public.t": OID, "public.u": OID + 1, "public.w": OID + 2, "public.gone": None}
-    # w renamed w2 with no change of it in the batch: the target's names alone tell.
-    target = {OID: "public.t2", OID + 1: "public.u", OID + 2: "public.w2", OID + 4: "public.c"}
-    assert relation_changes(cats, lake, target) == {
-        "public.t2": RelationChange("renamed from public.t", OID),
-        "public.w2": RelationChange("renamed from public.w", OID + 2),
-    }
-    assert relation_changes(cats, lake) == {
-        "public.t2": RelationChange("renamed from public.t", OID)
-    }
-    assert relation_changes(cats, {"public.t2": OID, "public.t": OID}, target) == {}
-
-
 def test_a_target_version_renames_by_attnum_and_keeps_older_rows_shapes() -> None:
     cats = build_catalogs(
         [
