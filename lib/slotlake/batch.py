@@ -157,9 +157,6 @@ class BatchOutput:
     # Tables that began to read another relation in the batch (slotlake.snapshot copies
     # them in the next run unless this batch did).
     relation_changes: dict[str, RelationChange] = field(default_factory=dict)
-    # The tables published at the batch's target (None: a batch pulled before its catalog
-    # was kept).
-    published_at_target: frozenset[str] | None = None
 
 
 def _check_collisions(cat: TableCatalog) -> None:
@@ -1725,7 +1722,6 @@ def process_batch(
             {n: t.oid for n, t in prior_tables.items()},
             _target_names(target_catalog),
         ),
-        published_at_target=None if target_catalog is None else frozenset(target_catalog),
     )
 
 

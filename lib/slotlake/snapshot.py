@@ -54,7 +54,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -657,15 +657,54 @@ def prepare(
     :func:`slotlake.ddltypes.parse_struct`; the batch starts Spark only for a table the
     driver does not take.
     """
-    dsn = cfg.source.dsn
-    secrets = [p for p in (dsn_password(dsn),) if p]
+    prep, wanted = _read(cfg, lake, last, conn)
+    if not wanted:
+        return prep
+    progress(f"batch {batch}: snapshot of {', '.join(f'{n} ({r})' for n, r in wanted.items())}")
+    try:
+        prep.tables = _copy(cfg, lake, last, batch, attempt, wanted, progress)
+    except psycopg.Error as exc:
+        raise SnapshotError(
+            redact_text(
+                f"snapshot of {', '.join(wanted)} failed: {' '.join(str(exc).split())}",
+                _secrets(cfg),
+            )
+        ) from None
+    return prep
+
+
+def due(
+    cfg: Config, lake: Lake, last: CommitRecord, conn: psycopg.Connection[Any]
+) -> dict[str, str]:
+    """The tables the batch after ``last`` would copy, as the source is now (name →
+    reason): the checks of :func:`prepare`, without the copies.
+
+    A run reads its published set before its target, and its copies can take minutes:
+    a table added to a publication, renamed, created again or rewritten, a partition
+    attached or gone between that read and the target, is in no copy of the batch and
+    has rows from before in no change of it. The run asks this once its batch committed,
+    and takes one more batch when it names any (``lake.copy_wanted_in_same_run``)."""
+    return _read(cfg, lake, last, conn)[1]
+
+
+def _secrets(cfg: Config) -> list[str]:
+    return [p for p in (dsn_password(cfg.source.dsn),) if p]
+
+
+def _read(
+    cfg: Config, lake: Lake, last: CommitRecord | None, conn: psycopg.Connection[Any]
+) -> tuple[Prepared, dict[str, str]]:
+    """The published set as the plan records it (with the snapshot requests honoured) and
+    the tables it needs copied (name → reason)."""
     try:
         published, xmins, joins = published_catalog(conn, cfg.source.publications)
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
     except psycopg.Error as exc:
         raise SnapshotError(
-            redact_text(f"cannot read the published tables: {' '.join(str(exc).split())}", secrets)
+            redact_text(
+                f"cannot read the published tables: {' '.join(str(exc).split())}", _secrets(cfg)
+            )
         ) from None
     prep = Prepared(
         published={k: v[0] for k, v in published.items()},
@@ -676,20 +715,8 @@ def prepare(
         leaf_xmins=leaf_xmins_of(trees),
         partition_joins=joins_of(trees),
     )
-    wanted, ids = _wanted(lake, last, published, moved, joins)
-    if not wanted:
-        return prep
-    prep.requests = ids
-    progress(f"batch {batch}: snapshot of {', '.join(f'{n} ({r})' for n, r in wanted.items())}")
-    try:
-        prep.tables = _copy(cfg, lake, last, batch, attempt, wanted, progress)
-    except psycopg.Error as exc:
-        raise SnapshotError(
-            redact_text(
-                f"snapshot of {', '.join(wanted)} failed: {' '.join(str(exc).split())}", secrets
-            )
-        ) from None
-    return prep
+    wanted, prep.requests = _wanted(lake, last, published, moved, joins)
+    return prep, wanted
 
 
 def _copy(
@@ -869,15 +896,20 @@ def _ddl_contents(messages: list[tuple[Any, ...]]) -> list[tuple[int | None, dic
 
 
 def leaves_in_ddl(
-    messages: list[tuple[Any, ...]], roots: Mapping[str, int]
+    messages: list[tuple[Any, ...]],
+    roots: Mapping[str, int],
+    copied_at: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, list[str]]]:
     """The leaves the DDL capture trigger's messages showed below each of ``roots`` (name
     → oid): root name → leaf oid → the ``pg_inherits`` xmins on its path up to the root
     (leaf's first), as the batch's last message showing it had them. A partition created
     or attached and then removed between two runs is in no run's reading of the leaves,
-    only here (:func:`partitions_left`)."""
+    only here (:func:`partitions_left`). ``copied_at``: roots the batch copied → the
+    copy's consistent point (signed): a message committed before it is in the copy, and
+    shows nothing the copy lacks."""
     out: dict[int, dict[str, list[str]]] = {}
-    for _, content in _ddl_contents(messages):
+    before_copy = {roots[name]: cp for name, cp in (copied_at or {}).items() if name in roots}
+    for commit_lsn, content in _ddl_contents(messages):
         for entry in content.get("partitions") or []:
             try:
                 leaf = str(int(entry["leaf"]))
@@ -887,6 +919,9 @@ def leaves_in_ddl(
                 log.warning("ignoring a malformed partitions entry in a %s message", DDL_PREFIX)
                 continue
             for i, ancestor in enumerate(ancestors):
+                cp = before_copy.get(ancestor)
+                if cp is not None and commit_lsn is not None and commit_lsn < cp:
+                    continue
                 out.setdefault(ancestor, {})[leaf] = joined[: i + 1]
     return {
         name: dict(sorted(out[oid].items())) for name, oid in sorted(roots.items()) if oid in out
@@ -913,7 +948,6 @@ def for_record(
     last: CommitRecord | None,
     raw_rel: str,
     changed: Mapping[str, RelationChange] | None = None,
-    published_at_target: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The commit record's ``snapshot`` entry: the plan's, plus the tables the next run must
     snapshot (``wanted``). Derived from the plan, the raw batch and the previous record
@@ -923,12 +957,7 @@ def for_record(
     (:func:`slotlake.catalog.relation_changes`): wanted unless this batch copied that
     relation. The next run's own check (a published oid against the one this batch
     recorded) misses what happened inside a batch that recorded the new oids: a lake's
-    first batch, or a table renamed away and back.
-
-    ``published_at_target``: the tables the batch's target catalog lists. One the plan's
-    read of the publications lacked was added to a publication, renamed or created after
-    that read, which is what copies a table new in the publication: its rows from before
-    are in no change of the batch."""
+    first batch, or a table renamed away and back."""
     out = dict(plan_snapshot)
     taken = table_snapshots(plan_snapshot)
     messages = _raw_messages(spark, lake, raw_rel)
@@ -937,10 +966,6 @@ def for_record(
         snap = taken.get(name)
         if snap is None or snap.oid != change.oid:
             wanted[name] = change.reason
-    read = plan_snapshot.get("published")
-    if last is not None and read is not None:  # (a lake's first batch copies nothing)
-        for name in sorted(set(published_at_target or ()) - set(read) - set(taken)):
-            wanted.setdefault(name, "new in the publication after the run read it")
     for name, commit_lsn in rewritten_by_ddl(messages).items():
         snap = taken.get(name)
         if snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed:
@@ -1020,7 +1045,9 @@ def for_record(
         wanted[name] = f"partitions detached or rewritten ({', '.join(gone + rewritten)})"
     out["wanted"] = wanted
     roots = {name: oids[name] for name in plan_snapshot.get("leaves", {}) if name in oids}
-    out["leaves_seen"] = leaves_in_ddl(messages, roots)
+    out["leaves_seen"] = leaves_in_ddl(
+        messages, roots, {name: snap.cp_signed for name, snap in taken.items()}
+    )
     out["truncated_oids"] = sorted(truncated_now)
     out["truncation_xids"] = {str(k): sorted(v) for k, v in sorted(truncations.items())}
     return out

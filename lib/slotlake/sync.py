@@ -256,7 +256,7 @@ def _run(
                     if following.status == "committed":
                         following.resumed = result.resumed
                         result = following
-                if _copies_wanted(cfg, lake, result, target_lsn, progress):
+                if _copies_wanted(cfg, source, lake, result, target_lsn, progress):
                     repair = after(result, None)
                     if repair.status == "committed":
                         repair.resumed = result.resumed
@@ -274,30 +274,37 @@ def _run(
 
 def _copies_wanted(
     cfg: Config,
+    source: SlotSource,
     lake: Lake,
     result: SyncResult,
     target_lsn: Lsn | None,
     progress: Callable[[str], None],
 ) -> bool:
-    """Whether the batch just committed named tables for a copy and the run takes them now.
+    """Whether the next batch would copy tables, and the run takes that batch now.
 
-    Such a table is off until its copy (its changes went to another name, a rewrite
-    changed its rows unseen, Spark merged it across a replica identity change); the next
-    batch copies it, and taking that batch at once shrinks the window from the schedule's
-    interval to the length of one batch. Not in a --target-lsn run: it must not end past
-    that target, and a copy now is newer."""
+    Such a table is off until its copy: the batch named it (its changes went to another
+    name, a rewrite changed its rows unseen, Spark merged it across a replica identity
+    change), or it changed between the run's read of its published set and the target
+    (:func:`slotlake.snapshot.due`). The next batch copies it, and taking that batch at
+    once shrinks the window from the schedule's interval to the length of one batch. Not
+    in a --target-lsn run: it must not end past that target, and a copy now is newer."""
     if result.status != "committed":
         return False
-    # What status reports as waiting: the batch's record names them, and any request left
-    # came meanwhile (the batch's own honoured ones are gone): a replica identity changed
-    # in a state Spark merged, or `slotlake resnapshot` during the run.
-    wanted = snapshot.waiting(lake, None)
+    if target_lsn is not None or not cfg.lake.copy_wanted_in_same_run:
+        # What status reports as waiting: the batch's record names them, and any request
+        # left came meanwhile (the batch's own honoured ones are gone).
+        wanted = snapshot.waiting(lake, None)
+        if wanted:
+            names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
+            progress(f"batch {result.batch}: the next run copies {names}")
+        return False
+    last = lake.last_commit()
+    assert last is not None
+    with source.lock_waits_reported(f"batch {result.batch}: reading the published tables again"):
+        wanted = snapshot.due(cfg, lake, last, source.connection)
     if not wanted:
         return False
     names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
-    if target_lsn is not None or not cfg.lake.copy_wanted_in_same_run:
-        progress(f"batch {result.batch}: the next run copies {names}")
-        return False
     progress(f"batch {result.batch}: copying {names} in one more batch now")
     return True
 
@@ -466,13 +473,7 @@ def _run_batch(
         timings["files_synced"] = durability.last_sync_seconds()
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
     snap_record = snapshot.for_record(
-        lazy.started,
-        lake,
-        plan.snapshot,
-        last,
-        raw_rel,
-        out.relation_changes,
-        out.published_at_target,
+        lazy.started, lake, plan.snapshot, last, raw_rel, out.relation_changes
     )
     mark_gone(out.tables, plan.snapshot.get("published"), batch)
     fault_point("before_commit")

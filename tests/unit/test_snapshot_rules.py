@@ -89,6 +89,13 @@ def test_leaves_seen_in_ddl_messages_by_published_root() -> None:
         "public.p": {"11": ["9"], "21": ["7", "6"]},
         "public.q": {"21": ["7"]},
     }
+    # A root the batch copied: the messages committed before the copy's consistent point
+    # are in the copy (a leaf they showed gone since is not gone from it).
+    assert leaves_in_ddl(msgs, roots, {"public.p": 650}) == {"public.q": {"21": ["7"]}}
+    assert leaves_in_ddl(msgs, roots, {"public.p": 550, "public.x": 1}) == {
+        "public.p": {"11": ["9"]},
+        "public.q": {"21": ["7"]},
+    }
 
 
 def _node(parent: int, joined: str = "5", leaf: bool = True) -> PartitionNode:
