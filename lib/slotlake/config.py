@@ -87,9 +87,10 @@ class LakeConfig:
     # writer shares (a database's dirty pages would be flushed with the lake's).
     fsync_files_max: int = 64
     # A batch whose commit names tables for a copy it could not take itself (their
-    # relation changed inside it, or a rewrite it found: `snapshot.wanted`) is followed,
-    # in the same run, by one more batch that takes them, so the run ends with those
-    # tables equal to the source instead of leaving them to the next run. Not with
+    # relation changed inside it, or a rewrite it found: `snapshot.wanted`), or after
+    # which the source needs one (changed while the run read it: `snapshot.due`), is
+    # followed, in the same run, by one more batch that takes them, so the run ends with
+    # those tables equal to the source instead of leaving them to the next run. Not with
     # --target-lsn (the copy would be newer than the target).
     copy_wanted_in_same_run: bool = True
 
