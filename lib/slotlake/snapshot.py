@@ -680,10 +680,12 @@ def due(
     reason): the checks of :func:`prepare`, without the copies.
 
     A run reads its published set before its target, and its copies can take minutes:
-    a table added to a publication, renamed, created again or rewritten, a partition
-    attached or gone between that read and the target, is in no copy of the batch and
-    has rows from before in no change of it. The run asks this once its batch committed,
-    and takes one more batch when it names any (``lake.copy_wanted_in_same_run``)."""
+    a table added to a publication, renamed or created again, a partition attached or
+    gone between that read and the target, is in no copy of the batch and has rows from
+    before in no change of it. The run asks this once its batch committed, and takes one
+    more batch when it names any (``lake.copy_wanted_in_same_run``). A rewrite there is
+    not among these checks: the DDL capture trigger's message names it in the batch's
+    record, else the next run's relfilenodes do (README, "Known limits")."""
     return _read(cfg, lake, last, conn)[1]
 
 

@@ -378,6 +378,53 @@ def test_a_table_changed_while_the_run_reads_the_source_is_copied_by_the_same_ru
         assert_mirror(c, lake, [table, "public.u"])
 
 
+def test_a_failed_second_read_leaves_the_copy_to_the_next_run(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The run's read of its published set after the batch fails (the source went away,
+    say): the batch stays committed and the run ends as it would have; the next run
+    copies what the source changed meanwhile (here ``t`` renamed while the run read it)."""
+    import logging
+
+    import psycopg
+
+    from slotlake import snapshot
+    from slotlake.source import SlotSource
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror, make_config
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _setup(c, slot, trigger=True)
+        run_sync(cfg)
+        read_catalog, read_published = SlotSource.flush_lsn_and_catalog, snapshot.published_catalog
+        reads: list[int] = []
+
+        def meanwhile(source: SlotSource) -> Any:
+            c.execute("ALTER TABLE t RENAME TO t2")
+            return read_catalog(source)
+
+        def published_once(conn: Any, publications: list[str]) -> Any:
+            reads.append(1)
+            if len(reads) > 1:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return read_published(conn, publications)
+
+        monkeypatch.setattr(SlotSource, "flush_lsn_and_catalog", meanwhile)
+        monkeypatch.setattr(snapshot, "published_catalog", published_once)
+        with caplog.at_level(logging.WARNING, logger="slotlake.sync"):
+            result = run_sync(cfg)
+        assert result.status == "committed" and result.followed is None, result
+        assert "the next run copies what it needs" in caplog.text
+        monkeypatch.undo()
+        said: list[str] = []
+        run_sync(cfg, progress=said.append)
+        assert any("snapshot of public.t2 (new in the publication)" in line for line in said), said
+        assert_mirror(c, lake, ["public.t2", "public.u"])
+
+
 GONE = {
     # case: (statements that take t from the source, those that bring it back, the names
     # the lake lists while it is gone)
