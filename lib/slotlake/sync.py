@@ -290,31 +290,32 @@ def _copies_wanted(
     in a --target-lsn run: it must not end past that target, and a copy now is newer."""
     if result.status != "committed":
         return False
-    if target_lsn is not None or not cfg.lake.copy_wanted_in_same_run:
+    now = target_lsn is None and cfg.lake.copy_wanted_in_same_run
+    if not now:
         # What status reports as waiting: the batch's record names them, and any request
         # left came meanwhile (the batch's own honoured ones are gone).
         wanted = snapshot.waiting(lake, None)
-        if wanted:
-            names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
-            progress(f"batch {result.batch}: the next run copies {names}")
-        return False
-    last = lake.last_commit()
-    assert last is not None
-    try:
-        with source.lock_waits_reported(
-            f"batch {result.batch}: reading the published tables again"
-        ):
-            wanted = snapshot.due(cfg, lake, last, source.connection)
-    except snapshot.SnapshotError as exc:
-        # The batch is committed and the slot advanced: the run did its work, and the
-        # next one makes the same checks.
-        log.warning("batch %s: %s; the next run copies what it needs", result.batch, exc)
-        return False
+    else:
+        last = lake.last_commit()
+        assert last is not None
+        try:
+            with source.lock_waits_reported(
+                f"batch {result.batch}: reading the published tables again"
+            ):
+                wanted = snapshot.due(cfg, lake, last, source.connection)
+        except snapshot.SnapshotError as exc:
+            # The batch is committed and the slot advanced: the run did its work, and the
+            # next one makes the same checks.
+            log.warning("batch %s: %s; the next run copies what it needs", result.batch, exc)
+            return False
     if not wanted:
         return False
     names = ", ".join(f"{n} ({r})" for n, r in sorted(wanted.items()))
-    progress(f"batch {result.batch}: copying {names} in one more batch now")
-    return True
+    if now:
+        progress(f"batch {result.batch}: copying {names} in one more batch now")
+    else:
+        progress(f"batch {result.batch}: the next run copies {names}")
+    return now
 
 
 def _run_batch(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import psycopg
 
 from slotlake.config import Config, LakeConfig, SourceConfig
 from slotlake.lake import read_changes
+from slotlake.source import SlotSource
 from slotlake.verify import compare_table
 
 # Every published table gets BEFORE triggers that log (table, op, key) into an unpublished
@@ -116,3 +120,18 @@ def slot_confirmed(conn: psycopg.Connection, slot: str) -> str:
     ).fetchone()
     assert row is not None
     return row[0]
+
+
+@contextlib.contextmanager
+def before_the_target(ops: list[Callable[[], None]]) -> Iterator[None]:
+    """Within it, a sync runs (and takes out of ``ops``) what ``ops`` holds when it reads
+    its target, after it read its published set (a run's copies come between the two)."""
+    read_target = SlotSource.flush_lsn_and_catalog
+
+    def at_the_target(source: SlotSource) -> Any:
+        while ops:
+            ops.pop(0)()
+        return read_target(source)
+
+    with mock.patch.object(SlotSource, "flush_lsn_and_catalog", at_the_target):
+        yield

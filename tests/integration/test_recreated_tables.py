@@ -335,10 +335,9 @@ def test_a_table_changed_while_the_run_reads_the_source_is_copied_by_the_same_ru
 
     from slotlake.lake import Lake, table_names
     from slotlake.snapshot import waiting
-    from slotlake.source import SlotSource
     from slotlake.sync import run_sync
 
-    from .sync_helpers import assert_mirror, make_config
+    from .sync_helpers import assert_mirror, before_the_target, make_config
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
@@ -350,21 +349,12 @@ def test_a_table_changed_while_the_run_reads_the_source_is_copied_by_the_same_ru
         _setup(c, slot, trigger=True, publication="FOR TABLE t, u" if added else "FOR ALL TABLES")
         run_sync(cfg)
         assert_mirror(c, lake, ["public.t", "public.u"])
-        read_catalog = SlotSource.flush_lsn_and_catalog
-        ran: list[int] = []
-
-        def meanwhile(source: SlotSource) -> Any:
-            if not ran:
-                for statement in statements:
-                    c.execute(statement)
-                ran.append(1)
-            return read_catalog(source)
-
-        monkeypatch.setattr(SlotSource, "flush_lsn_and_catalog", meanwhile)
+        ops = [lambda: [c.execute(statement) for statement in statements]]
         c.execute("INSERT INTO u VALUES (10, 'u10')")
         said: list[str] = []
-        result = run_sync(cfg, progress=said.append)
-        assert ran and result.followed == 2, result
+        with before_the_target(ops):
+            result = run_sync(cfg, progress=said.append)
+        assert not ops and result.followed == 2, result
         assert table not in Lake(lake).read_commit(2).snapshot.get("tables", {}), said
         assert any(line.startswith(f"batch 2: copying {table} ({why}") for line in said), said
         assert table in Lake(lake).read_commit(3).snapshot["tables"]
@@ -389,22 +379,17 @@ def test_a_failed_second_read_leaves_the_copy_to_the_next_run(
     import psycopg
 
     from slotlake import snapshot
-    from slotlake.source import SlotSource
     from slotlake.sync import run_sync
 
-    from .sync_helpers import assert_mirror, make_config
+    from .sync_helpers import assert_mirror, before_the_target, make_config
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _setup(c, slot, trigger=True)
         run_sync(cfg)
-        read_catalog, read_published = SlotSource.flush_lsn_and_catalog, snapshot.published_catalog
+        read_published = snapshot.published_catalog
         reads: list[int] = []
-
-        def meanwhile(source: SlotSource) -> Any:
-            c.execute("ALTER TABLE t RENAME TO t2")
-            return read_catalog(source)
 
         def published_once(conn: Any, publications: list[str]) -> Any:
             reads.append(1)
@@ -412,9 +397,9 @@ def test_a_failed_second_read_leaves_the_copy_to_the_next_run(
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
             return read_published(conn, publications)
 
-        monkeypatch.setattr(SlotSource, "flush_lsn_and_catalog", meanwhile)
         monkeypatch.setattr(snapshot, "published_catalog", published_once)
-        with caplog.at_level(logging.WARNING, logger="slotlake.sync"):
+        ops = [lambda: c.execute("ALTER TABLE t RENAME TO t2")]
+        with caplog.at_level(logging.WARNING, logger="slotlake.sync"), before_the_target(ops):
             result = run_sync(cfg)
         assert result.status == "committed" and result.followed is None, result
         assert "the next run copies what it needs" in caplog.text

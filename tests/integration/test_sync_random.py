@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import psycopg
 import pytest
@@ -37,7 +36,6 @@ from psycopg import sql
 from slotlake import ddl
 from slotlake.lake import Lake, read_changes
 from slotlake.reprocess import run_reprocess
-from slotlake.source import SlotSource
 from slotlake.sync import run_sync
 
 from .sync_helpers import (
@@ -45,6 +43,7 @@ from .sync_helpers import (
     assert_mirror,
     audit,
     audited_schema,
+    before_the_target,
     make_config,
     slot_confirmed,
 )
@@ -518,12 +517,6 @@ def play(
     work = Workload(rng, c, widen_any=capture_ddl)
     present: list[str] = []
     deferred: list[Callable[[], None]] = []
-    read_target = SlotSource.flush_lsn_and_catalog
-
-    def at_the_target(source: SlotSource) -> Any:
-        while deferred:
-            deferred.pop(0)()
-        return read_target(source)
 
     def now_or_during_the_sync(op: Callable[[], None], round_no: int) -> None:
         if meanwhile is not None and round_no > 1 and meanwhile.random() < 0.3:
@@ -532,7 +525,7 @@ def play(
         else:
             op()
 
-    with mock.patch.object(SlotSource, "flush_lsn_and_catalog", at_the_target):
+    with before_the_target(deferred):
         for round_no in range(1, rounds + 1):
             for _ in range(rng.randint(1, 6)):
                 now_or_during_the_sync(work.transaction, round_no)
