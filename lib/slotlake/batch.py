@@ -767,6 +767,7 @@ def process_table(
             _finish(commit, c, s, prior)
             if snap is not None:
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
+            commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)
             return commit
     steps("txn versions read")
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
@@ -784,7 +785,7 @@ def process_table(
         # A state Spark MERGEs waits on its jobs, not the GIL: it takes no lane.
         lane = _DRIVER_LANE if state_merge != "spark" else contextlib.nullcontext()
         with lane:
-            c, s = _process_local(
+            c, s, commit.missing_toast = _process_local(
                 lazy,
                 lake,
                 cat,
@@ -901,6 +902,7 @@ def process_table(
             steps("state re-based on the snapshot")
         c = append(conform(changes, target), changes_path, app_id, batch)
         steps("change log appended")
+        commit.missing_toast = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
         s = _write_state(session, lake, cat, state_rel, state_source, truncated, app_id, batch)
         steps("state written")
     finally:
@@ -910,6 +912,30 @@ def process_table(
     if snap is not None:
         commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
     return commit
+
+
+def _missing_toast_logged(
+    session: SparkSession | None,
+    lake: Lake,
+    cat: TableCatalog,
+    version: int | None,
+    batch: int,
+    snap: TableSnapshot | None,
+) -> int:
+    """:attr:`TableCommit.missing_toast` of a batch whose change log Spark (``session``)
+    or an earlier attempt (None: a lake on local disk, read by deltalake) wrote: counted
+    in the rows of ``batch`` in the log as of ``version``, whose statistics on ``_batch``
+    skip the other files."""
+    if cat.is_multiset or version is None:
+        return 0
+    since = "" if snap is None else f" AND _commit_lsn >= {snap.cp_signed}"
+    rel = Lake.table_path(CHANGES, cat.name)
+    if session is None:
+        sql = f"SELECT count(*) FROM t WHERE _batch = {batch}{since} AND "
+        found = read_delta(lake.uri, rel, version, sql + "cardinality(_missing_toast) > 0")
+        return int(found.column(0)[0].as_py())
+    log_rows = session.read.format("delta").option("versionAsOf", version).load(lake.path(rel))
+    return log_rows.where(f"_batch = {batch}{since} AND size(_missing_toast) > 0").count()
 
 
 def _resnapshot_after_identity_change(lake: Lake, cat: TableCatalog, batch: int) -> None:
@@ -989,8 +1015,9 @@ def _process_local(
     state_merge: StateMerge = "driver",
     snap: TableSnapshot | None = None,
     defaults: tuple[list[Any], Callable[[str], None]] = ([], _no_fault),
-) -> tuple[WriteResult, WriteResult]:
-    """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`);
+) -> tuple[WriteResult, WriteResult, int]:
+    """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`),
+    and its :attr:`TableCommit.missing_toast`;
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
     final rows. A multiset's state (small, or it would not be here) is rebuilt whole.
     ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`) and the fault
@@ -1073,6 +1100,9 @@ def _process_local(
         )
     changes = changes.drop_columns([n for n, _ in WORK_COLUMNS if n in changes.column_names])
     changes = local_table.in_commit_order(changes)
+    missing = 0
+    if not cat.is_multiset:  # a multiset's change rows list what its images left out
+        missing = local_table.missing_toast_rows(changes, None if snap is None else snap.cp_signed)
     # A new table is created by the driver, DDL at the source evolved by it (Spark only
     # for a changed type: slotlake.delta.ensure_local).
     changes_renames, state_renames = renames_to_make(lake, cat, prior)
@@ -1128,7 +1158,7 @@ def _process_local(
         source = session.createDataFrame(rows)
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
 
-    return local_table.write_local(
+    c, s = local_table.write_local(
         cat,
         changes,
         finals,
@@ -1143,6 +1173,7 @@ def _process_local(
         concurrent=state_merge != "driver",
         whole=switched,
     )
+    return c, s, missing
 
 
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:
@@ -1655,7 +1686,7 @@ def process_batch(
     for name, t in prior_tables.items():
         if name not in tables:
             kept = TableCommit(**{**t.__dict__})
-            kept.change_rows, kept.written, kept.renames = 0, False, {}
+            kept.change_rows, kept.written, kept.renames, kept.missing_toast = 0, False, {}, 0
             tables[name] = kept
     t2 = time.monotonic()
     tx_path = lake.path(TRANSACTIONS)

@@ -101,6 +101,10 @@ class TableCommit:
     # removed from the publication): set on a table a batch carries forward unwritten
     # while its published set lacks the name (:func:`mark_gone`); None while it is one.
     gone_since: int | None = None
+    # Change rows this batch wrote with an unchanged TOAST value it could not fill from
+    # anything the lake had (a keyed table; those of a copied table's rows from its copy's
+    # consistent point on): rows the lake never had (slotlake.snapshot.unseen_rows).
+    missing_toast: int = 0
 
     @property
     def multiset(self) -> bool:

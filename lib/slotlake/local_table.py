@@ -241,6 +241,20 @@ def decode_local(
     return pa.Table.from_batches(batches, schema=schema), schema
 
 
+def missing_toast_rows(changes: pa.Table, since: int | None = None) -> int:
+    """Change rows whose ``_missing_toast`` names a column (``since``: those at or after
+    that signed commit LSN only)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if changes.num_rows == 0:
+        return 0
+    missing = pc.greater(pc.list_value_length(changes.column("_missing_toast")), 0)
+    if since is not None:
+        missing = pc.and_(missing, pc.greater_equal(changes.column("_commit_lsn"), since))
+    return int(pc.sum(missing.cast(pa.int64())).as_py() or 0)
+
+
 def in_commit_order(table: pa.Table) -> pa.Table:
     """The change rows by commit LSN, then ordinal in the transaction (a stable sort).
 

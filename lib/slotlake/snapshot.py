@@ -950,10 +950,16 @@ def for_record(
     last: CommitRecord | None,
     raw_rel: str,
     changed: Mapping[str, RelationChange] | None = None,
+    missing_toast: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The commit record's ``snapshot`` entry: the plan's, plus the tables the next run must
-    snapshot (``wanted``). Derived from the plan, the raw batch and the previous record
-    alone, so a rerun of the batch records the same.
+    snapshot (``wanted``). Derived from the plan, the raw batch, the tables' change logs
+    and the previous record alone, so a rerun of the batch records the same.
+
+    ``missing_toast``: per table, the change rows of the batch with an unchanged TOAST
+    value nothing in the lake had (:attr:`TableCommit.missing_toast`); in a lake whose
+    tables were all copied (:func:`began_with_copies`) those are rows the lake never had,
+    and the table is wanted.
 
     ``changed``: the tables whose relation changed in the batch
     (:func:`slotlake.catalog.relation_changes`): wanted unless this batch copied that
@@ -1045,6 +1051,9 @@ def for_record(
             ", ".join(gone + rewritten),
         )
         wanted[name] = f"partitions detached or rewritten ({', '.join(gone + rewritten)})"
+    out["complete"] = began_with_copies(lake, last)
+    if out["complete"]:
+        wanted.update(unseen_rows(missing_toast or {}, wanted))
     out["wanted"] = wanted
     roots = {name: oids[name] for name in plan_snapshot.get("leaves", {}) if name in oids}
     out["leaves_seen"] = leaves_in_ddl(
@@ -1053,6 +1062,43 @@ def for_record(
     out["truncated_oids"] = sorted(truncated_now)
     out["truncation_xids"] = {str(k): sorted(v) for k, v in sorted(truncations.items())}
     return out
+
+
+def began_with_copies(lake: Lake, last: CommitRecord | None) -> bool:
+    """Whether the lake holds every row of each table it has: it began with ``slotlake
+    bootstrap``, which copied them (each later table is copied when it joins). A lake
+    begun by a plain sync keeps what it had: the rows from before its slot are not in it.
+    Each sync's record says so (``snapshot.complete``); a lake of records from before that
+    is judged once by its first record."""
+    if last is None:
+        return False
+    if last.kind == "bootstrap":
+        return True
+    said = last.snapshot.get("complete")
+    if said is not None:
+        return bool(said)
+    batches = lake.commit_batches()
+    return bool(batches) and lake.read_commit(batches[0]).kind == "bootstrap"
+
+
+def unseen_rows(missing_toast: Mapping[str, int], wanted: Mapping[str, str]) -> dict[str, str]:
+    """The tables of a lake that holds every row whose batch still found an unchanged
+    TOAST value nowhere (name → reason): an UPDATE of a row the lake never had. That is
+    how rows that reached a table without a change in the stream, which no check of the
+    published set told, show themselves: the partitioned table's partition every row of
+    which was changed through it between its attach and the run's read (README,
+    "Snapshots"). A copy gives the mirror those rows whole."""
+    found = {}
+    for name, rows in sorted(missing_toast.items()):
+        if rows and name not in wanted:
+            log.warning(
+                "table %s: %d changes of the batch left out an unchanged TOAST value the lake "
+                "does not have: rows reached the table unseen; it is named for a copy",
+                name,
+                rows,
+            )
+            found[name] = f"unchanged TOAST values of rows the lake never had ({rows} changes)"
+    return found
 
 
 # -- housekeeping ----------------------------------------------------------------------------

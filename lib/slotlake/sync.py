@@ -482,7 +482,13 @@ def _run_batch(
         timings["files_synced"] = durability.last_sync_seconds()
     timings.update({f"batch.{k}": v for k, v in out.timings.items()})
     snap_record = snapshot.for_record(
-        lazy.started, lake, plan.snapshot, last, raw_rel, out.relation_changes
+        lazy.started,
+        lake,
+        plan.snapshot,
+        last,
+        raw_rel,
+        out.relation_changes,
+        {n: t.missing_toast for n, t in out.tables.items() if t.written},
     )
     mark_gone(out.tables, plan.snapshot.get("published"), batch)
     fault_point("before_commit")

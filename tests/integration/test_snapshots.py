@@ -701,6 +701,106 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
                 assert_mirror(c, lake, ["public.p"])
 
 
+@pytest.mark.parametrize(
+    ("begun_by", "path"),
+    [
+        ("bootstrap", "driver"),
+        ("bootstrap", "rerun"),
+        pytest.param("bootstrap", "spark", marks=pytest.mark.one_pg_version),
+        ("sync", "driver"),
+    ],
+)
+def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    begun_by: str,
+    path: str,
+) -> None:
+    """A partition attached with rows every one of which was changed through the root
+    before the run read the leaves holds no row older than its attach: no check of the
+    published set tells it from one filled through the root. The UPDATEs carry those rows,
+    but not the out-of-line values they left unchanged, which the lake never had. In a
+    lake begun by ``slotlake bootstrap`` (every row copied) such a value is a sign of rows
+    that arrived unseen: the batch names the table, and one more batch of the run copies
+    it (also when the batch is finished by a rerun, whose tables were written already, or
+    written by Spark). A lake begun by a plain sync keeps what it had: the values stay
+    listed in ``_missing_toast``. An UPDATE of a row the lake has fills them and costs
+    nothing."""
+    from slotlake.bootstrap import run_bootstrap
+    from slotlake.lake import read_state
+    from slotlake.sync import FAULT_ENV, InjectedFault
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    if path == "spark":
+        cfg.lake.driver_write_rows = 0
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE p (id int, k int, v text, big text, PRIMARY KEY (id, k)) "
+            "PARTITION BY RANGE (k)"
+        )
+        c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (10)")
+        c.execute("ALTER TABLE p1 ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute("CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root = true)")
+        if begun_by == "bootstrap":
+            c.execute("INSERT INTO p VALUES (1, 1, 'a', %s)", (big(1),))
+            run_bootstrap(cfg, spark=spark)
+        else:
+            c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            c.execute("INSERT INTO p VALUES (1, 1, 'a', %s)", (big(1),))
+            run_sync(cfg, spark=spark)
+        c.execute("UPDATE p SET v = 'known' WHERE id = 1")
+        assert run_sync(cfg, spark=spark).followed is None
+        last = Lake(lake).last_commit()
+        assert last is not None
+        assert last.snapshot["complete"] is (begun_by == "bootstrap")
+        assert not last.snapshot["wanted"] and last.tables["public.p"].missing_toast == 0
+
+        c.execute("CREATE TABLE staged (id int, k int, v text, big text, PRIMARY KEY (id, k))")
+        c.execute("ALTER TABLE staged ALTER COLUMN big SET STORAGE EXTERNAL")
+        for i in range(2, 6):
+            c.execute("INSERT INTO staged VALUES (%s, %s, 'staged', %s)", (i, 20 + i, big(i)))
+        c.execute("ALTER TABLE p ATTACH PARTITION staged FOR VALUES FROM (20) TO (30)")
+        c.execute("UPDATE p SET v = 'through the root' WHERE k >= 20")
+        c.execute("UPDATE p SET v = 'known again' WHERE id = 1")
+        if path == "rerun":
+            monkeypatch.setenv(FAULT_ENV, "before_commit")
+            with pytest.raises(InjectedFault):
+                run_sync(cfg, spark=spark)
+            monkeypatch.delenv(FAULT_ENV)
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed"
+        # A rerun finishes the batch, then takes what arrived since: that batch copies.
+        named = Lake(lake).read_commit(result.followed or result.resumed or result.batch or 0)
+        assert named.tables["public.p"].missing_toast == 4
+        changes = read_changes(lake, "public.p").to_pylist()
+        assert sorted(r["id"] for r in changes if r["_missing_toast"]) == [2, 3, 4, 5]
+        if begun_by == "sync":
+            assert result.followed is None and not named.snapshot["wanted"]
+            state = read_state(lake, "public.p").to_pylist()
+            assert sorted((r["id"], r["big"], r["_missing_toast"]) for r in state) == [
+                (1, big(1), []),
+                *[(i, None, ["big"]) for i in range(2, 6)],
+            ]
+            return
+        reason = "unchanged TOAST values of rows the lake never had (4 changes)"
+        assert named.snapshot["wanted"] == {"public.p": reason}
+        assert result.followed == (None if path == "rerun" else named.batch)
+        copied = Lake(lake).last_commit()
+        assert copied is not None and copied.batch == named.batch + 1
+        assert copied.snapshot["tables"]["public.p"]["reason"] == reason
+        assert_mirror(c, lake, ["public.p"])
+        assert not any(read_state(lake, "public.p").column("_missing_toast").to_pylist())
+        c.execute("UPDATE p SET v = 'after the copy' WHERE k >= 20")
+        assert run_sync(cfg, spark=spark).followed is None
+        assert_mirror(c, lake, ["public.p"])
+        last = Lake(lake).last_commit()
+        assert last is not None and not last.snapshot["wanted"]
+
+
 def test_partitions_created_and_removed_between_two_runs_are_seen_by_the_ddl_trigger(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:

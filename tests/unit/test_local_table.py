@@ -17,6 +17,7 @@ from slotlake.local_table import (
     DECODER_COLUMNS,
     align_prior_arrow,
     conform_arrow,
+    missing_toast_rows,
     prior_reader,
     read_raw_dml,
 )
@@ -272,3 +273,19 @@ def test_in_commit_order_sorts_only_when_needed() -> None:
     assert in_commit_order(nulls).column("v").to_pylist() == [1, 3, 0]  # nulls last
     empty = ordered.slice(0, 0)
     assert in_commit_order(empty) is empty
+
+
+def test_missing_toast_rows_counts_changes_naming_a_column_from_a_commit_on() -> None:
+    changes = pa.table(
+        {
+            "_commit_lsn": pa.array([10, 20, 20, 30, 40], pa.int64()),
+            "_missing_toast": pa.array(
+                [["big"], [], None, ["big", "doc"], ["doc"]], pa.list_(pa.string())
+            ),
+        }
+    )
+    assert missing_toast_rows(changes) == 3
+    # From a copy's consistent point on: the rows before it were filled from before.
+    assert missing_toast_rows(changes, since=30) == 2
+    assert missing_toast_rows(changes, since=41) == 0
+    assert missing_toast_rows(changes.slice(0, 0)) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from slotlake.lake import CommitRecord, TableCommit
 from slotlake.lsn import Lsn
@@ -12,9 +13,11 @@ from slotlake.snapshot import (
     PartitionNode,
     TableSnapshot,
     _baseline,
+    began_with_copies,
     leaves_in_ddl,
     partitions_left,
     rewritten_by_ddl,
+    unseen_rows,
 )
 
 
@@ -142,3 +145,27 @@ def test_partitions_that_left_since_the_last_commit() -> None:
         "partitions detached and attached again (51)"
     )
     assert partitions_left(trees, None) == {}
+
+
+def test_a_lake_holds_every_row_when_it_began_with_a_bootstrap(tmp_path: Path) -> None:
+    from slotlake.lake import Lake
+
+    lake = Lake(str(tmp_path / "lake"))
+    assert not began_with_copies(lake, None)  # a lake's first sync: no copy
+    assert began_with_copies(lake, _record(kind="bootstrap"))
+    assert began_with_copies(lake, _record(snapshot={"complete": True}))
+    assert not began_with_copies(lake, _record(snapshot={"complete": False}))
+    # A record from before the flag: the lake's first record says.
+    lake.write_commit(_record(batch=1, kind="bootstrap"))
+    assert began_with_copies(lake, _record(batch=2))
+    plain = Lake(str(tmp_path / "plain"))
+    plain.write_commit(_record(batch=1))
+    assert not began_with_copies(plain, _record(batch=2))
+
+
+def test_unseen_rows_want_the_tables_not_wanted_already() -> None:
+    missing = {"public.a": 3, "public.b": 0, "public.c": 1}
+    assert unseen_rows(missing, {"public.c": "renamed"}) == {
+        "public.a": "unchanged TOAST values of rows the lake never had (3 changes)"
+    }
+    assert unseen_rows({}, {}) == {}
