@@ -277,6 +277,7 @@ def _table_status(t: TableCommit) -> dict[str, object]:
     return {
         "state_rows": t.state_rows,
         "changes_in_last_batch": t.change_rows,
+        "missing_toast_in_last_batch": t.missing_toast,
         "state_version": t.state_version,
         "changes_version": t.changes_version,
         "state": t.state,
@@ -395,8 +396,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 if t.gone_since is None
                 else f"gone from the source since batch {t.gone_since}, last "
             )
+            # Rows the lake never had (a lake begun by a plain sync keeps them so).
+            missing = (
+                f", {t.missing_toast} without an unchanged TOAST value" if t.missing_toast else ""
+            )
             print(
-                f"  {name}: {gone}{rows} ({t.change_rows} changes in the last batch); "
+                f"  {name}: {gone}{rows} ({t.change_rows} changes in the last batch{missing}); "
                 f"Delta state v{_version(t.state_version)}, changes v{_version(t.changes_version)}"
             )
     return EXIT_OK

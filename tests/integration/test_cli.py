@@ -121,6 +121,7 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
         "public.t": {
             "state_rows": 1,
             "changes_in_last_batch": 4,
+            "missing_toast_in_last_batch": 0,
             "state_version": t.state_version,
             "changes_version": t.changes_version,
             "state": "state/public.t",

@@ -716,6 +716,7 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
     spark: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     begun_by: str,
     path: str,
 ) -> None:
@@ -785,6 +786,14 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
                 (1, big(1), []),
                 *[(i, None, ["big"]) for i in range(2, 6)],
             ]
+            # `slotlake status` tells them.
+            config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+            capsys.readouterr()
+            assert cli_main(["status", "--config", str(config), "--json"]) == 0
+            status = json.loads(capsys.readouterr().out)
+            assert status["tables"]["public.p"]["missing_toast_in_last_batch"] == 4
+            assert cli_main(["status", "--config", str(config)]) == 0
+            assert "without an unchanged TOAST value" in capsys.readouterr().out
             return
         reason = "unchanged TOAST values of rows the lake never had (4 changes)"
         assert named.snapshot["wanted"] == {"public.p": reason}
