@@ -900,9 +900,13 @@ def process_table(
 
             write_base(session, lake, cat, rebased.base, app_id, batch)
             steps("state re-based on the snapshot")
-        c = append(conform(changes, target), changes_path, app_id, batch)
+        logged, observed = _observe_missing_toast(conform(changes, target), cat, snap)
+        c = append(logged, changes_path, app_id, batch)
         steps("change log appended")
-        commit.missing_toast = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
+        counted = _observed_rows(observed)
+        if counted is None:  # no job ran: the change log held the batch already
+            counted = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
+        commit.missing_toast = counted
         s = _write_state(session, lake, cat, state_rel, state_source, truncated, app_id, batch)
         steps("state written")
     finally:
@@ -914,6 +918,39 @@ def process_table(
     return commit
 
 
+def _observe_missing_toast(
+    rows: DataFrame, cat: TableCatalog, snap: TableSnapshot | None
+) -> tuple[DataFrame, Any]:
+    """``rows`` (change rows Spark is about to append) counting
+    :attr:`TableCommit.missing_toast` in the write's own job (an observed metric), and
+    the observation (None: a multiset, which counts nothing)."""
+    if cat.is_multiset:
+        return rows, None
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    missing = F.size("_missing_toast") > 0
+    if snap is not None:
+        missing = missing & (F.col("_commit_lsn") >= snap.cp_signed)
+    observed = Observation()
+    return rows.observe(observed, F.sum(missing.cast("long")).alias("rows")), observed
+
+
+def _observed_rows(observed: Any) -> int | None:
+    """What an observed append counted; None when it ran no job (Delta skipped a write
+    whose batch the table held: its metric never comes, and waiting for it would hang) or
+    the session cannot tell. The metric is set before the write returns."""
+    if observed is None:
+        return None
+    try:
+        if not observed._jo.future().isCompleted():
+            return None
+        return int(observed.get["rows"] or 0)
+    except Exception:  # another Spark's Observation: the log is read instead
+        log.debug("the observed count of missing TOAST values is unreadable", exc_info=True)
+        return None
+
+
 def _missing_toast_logged(
     session: SparkSession | None,
     lake: Lake,
@@ -922,10 +959,11 @@ def _missing_toast_logged(
     batch: int,
     snap: TableSnapshot | None,
 ) -> int:
-    """:attr:`TableCommit.missing_toast` of a batch whose change log Spark (``session``)
-    or an earlier attempt (None: a lake on local disk, read by deltalake) wrote: counted
-    in the rows of ``batch`` in the log as of ``version``, whose statistics on ``_batch``
-    skip the other files."""
+    """:attr:`TableCommit.missing_toast` of a batch whose change log an earlier attempt
+    wrote: counted in the rows of ``batch`` in the log as of ``version``, by Spark
+    (``session``) or deltalake (None: a lake on local disk). Only a rerun reads it; the
+    statistics on ``_batch`` skip the other files while the table has few enough columns
+    for Delta to keep them (32 with the log's own)."""
     if cat.is_multiset or version is None:
         return 0
     since = "" if snap is None else f" AND _commit_lsn >= {snap.cp_signed}"

@@ -707,6 +707,7 @@ def test_a_partition_attached_with_rows_is_copied_by_the_same_run(
         ("bootstrap", "driver"),
         ("bootstrap", "rerun"),
         pytest.param("bootstrap", "spark", marks=pytest.mark.one_pg_version),
+        pytest.param("bootstrap", "spark rerun", marks=pytest.mark.one_pg_version),
         ("sync", "driver"),
     ],
 )
@@ -727,7 +728,8 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
     lake begun by ``slotlake bootstrap`` (every row copied) such a value is a sign of rows
     that arrived unseen: the batch names the table, and one more batch of the run copies
     it (also when the batch is finished by a rerun, whose tables were written already, or
-    written by Spark). A lake begun by a plain sync keeps what it had: the values stay
+    written by Spark, or by Spark's rerun of a batch whose change log was written). A lake
+    begun by a plain sync keeps what it had: the values stay
     listed in ``_missing_toast``. An UPDATE of a row the lake has fills them and costs
     nothing."""
     from slotlake.bootstrap import run_bootstrap
@@ -736,7 +738,7 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
-    if path == "spark":
+    if path.startswith("spark"):
         cfg.lake.driver_write_rows = 0
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(
@@ -767,12 +769,36 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
         c.execute("ALTER TABLE p ATTACH PARTITION staged FOR VALUES FROM (20) TO (30)")
         c.execute("UPDATE p SET v = 'through the root' WHERE k >= 20")
         c.execute("UPDATE p SET v = 'known again' WHERE id = 1")
+        from slotlake import batch as batch_module
+
+        # The writers count as they write; a rerun counts what an earlier attempt wrote.
+        logged: list[int] = []
+        count_logged = batch_module._missing_toast_logged
+
+        def counting(*args: Any, **kwargs: Any) -> int:
+            logged.append(count_logged(*args, **kwargs))
+            return logged[-1]
+
+        monkeypatch.setattr(batch_module, "_missing_toast_logged", counting)
+        if path == "spark rerun":
+            # The state's write fails once, after the change log took the batch: the
+            # rerun's append is skipped (no job, no observed count).
+            write_state = batch_module._write_state
+
+            def failing(*args: Any, **kwargs: Any) -> Any:
+                monkeypatch.setattr(batch_module, "_write_state", write_state)
+                raise RuntimeError("the state's MERGE failed")
+
+            monkeypatch.setattr(batch_module, "_write_state", failing)
+            with pytest.raises(RuntimeError, match="MERGE failed"):
+                run_sync(cfg, spark=spark)
         if path == "rerun":
             monkeypatch.setenv(FAULT_ENV, "before_commit")
             with pytest.raises(InjectedFault):
                 run_sync(cfg, spark=spark)
             monkeypatch.delenv(FAULT_ENV)
         result = run_sync(cfg, spark=spark)
+        assert logged[:1] == ([4] if "rerun" in path else []), logged
         assert result.status == "committed"
         # A rerun finishes the batch, then takes what arrived since: that batch copies.
         named = Lake(lake).read_commit(result.followed or result.resumed or result.batch or 0)
@@ -797,17 +823,41 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
             return
         reason = "unchanged TOAST values of rows the lake never had (4 changes)"
         assert named.snapshot["wanted"] == {"public.p": reason}
-        assert result.followed == (None if path == "rerun" else named.batch)
+        assert result.followed == (None if "rerun" in path else named.batch)
         copied = Lake(lake).last_commit()
         assert copied is not None and copied.batch == named.batch + 1
         assert copied.snapshot["tables"]["public.p"]["reason"] == reason
         assert_mirror(c, lake, ["public.p"])
         assert not any(read_state(lake, "public.p").column("_missing_toast").to_pylist())
+        assert not copied.snapshot["wanted"] and copied.tables["public.p"].missing_toast == 0
         c.execute("UPDATE p SET v = 'after the copy' WHERE k >= 20")
         assert run_sync(cfg, spark=spark).followed is None
         assert_mirror(c, lake, ["public.p"])
         last = Lake(lake).last_commit()
         assert last is not None and not last.snapshot["wanted"]
+
+        # Left to the next run: its batch's UPDATEs of those rows from before its copy
+        # miss their values too, and name nothing (the copy's rows from its CP on count).
+        cfg.lake.copy_wanted_in_same_run = False
+        c.execute("CREATE TABLE later (id int, k int, v text, big text, PRIMARY KEY (id, k))")
+        c.execute("ALTER TABLE later ALTER COLUMN big SET STORAGE EXTERNAL")
+        c.execute("INSERT INTO later VALUES (6, 36, 'later', %s)", (big(6),))
+        c.execute("ALTER TABLE p ATTACH PARTITION later FOR VALUES FROM (30) TO (40)")
+        c.execute("UPDATE p SET v = 'through the root' WHERE k >= 30")
+        assert run_sync(cfg, spark=spark).followed is None
+        c.execute("UPDATE p SET v = 'before the copy' WHERE k >= 30")
+        assert run_sync(cfg, spark=spark).followed is None
+        last = Lake(lake).last_commit()
+        assert last is not None and last.snapshot["tables"]["public.p"]["reason"] == (
+            "unchanged TOAST values of rows the lake never had (1 changes)"
+        )
+        assert not last.snapshot["wanted"] and last.tables["public.p"].missing_toast == 0
+        changes = read_changes(lake, "public.p").to_pylist()
+        assert [(r["v"], r["_missing_toast"]) for r in changes if r["id"] == 6] == [
+            ("through the root", ["big"]),
+            ("before the copy", ["big"]),
+        ]
+        assert_mirror(c, lake, ["public.p"])
 
 
 def test_partitions_created_and_removed_between_two_runs_are_seen_by_the_ddl_trigger(
