@@ -108,7 +108,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from slotlake.local_table import RawRows
@@ -929,11 +929,21 @@ def _observe_missing_toast(
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    observed = Observation()
+    counted = F.sum(_missing_toast_row(snap).cast("long")).alias("rows")
+    return rows.observe(observed, counted), observed
+
+
+def _missing_toast_row(snap: TableSnapshot | None) -> Column:
+    """A change row that counts for :attr:`TableCommit.missing_toast`: its
+    ``_missing_toast`` names a column (a copied table's from the copy's consistent point
+    on, the rows before it filled from the state before the copy)."""
+    from pyspark.sql import functions as F
+
     missing = F.size("_missing_toast") > 0
     if snap is not None:
         missing = missing & (F.col("_commit_lsn") >= snap.cp_signed)
-    observed = Observation()
-    return rows.observe(observed, F.sum(missing.cast("long")).alias("rows")), observed
+    return missing
 
 
 def _observed_rows(observed: Any) -> int | None:
@@ -966,14 +976,16 @@ def _missing_toast_logged(
     for Delta to keep them (32 with the log's own)."""
     if cat.is_multiset or version is None:
         return 0
-    since = "" if snap is None else f" AND _commit_lsn >= {snap.cp_signed}"
     rel = Lake.table_path(CHANGES, cat.name)
-    if session is None:
+    if session is None:  # _missing_toast_row in deltalake's SQL
+        since = "" if snap is None else f" AND _commit_lsn >= {snap.cp_signed}"
         sql = f"SELECT count(*) FROM t WHERE _batch = {batch}{since} AND "
         found = read_delta(lake.uri, rel, version, sql + "cardinality(_missing_toast) > 0")
         return int(found.column(0)[0].as_py())
+    from pyspark.sql import functions as F
+
     log_rows = session.read.format("delta").option("versionAsOf", version).load(lake.path(rel))
-    return log_rows.where(f"_batch = {batch}{since} AND size(_missing_toast) > 0").count()
+    return log_rows.where((F.col("_batch") == batch) & _missing_toast_row(snap)).count()
 
 
 def _resnapshot_after_identity_change(lake: Lake, cat: TableCatalog, batch: int) -> None:
