@@ -762,12 +762,21 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
         assert last.snapshot["complete"] is (begun_by == "bootstrap")
         assert not last.snapshot["wanted"] and last.tables["public.p"].missing_toast == 0
 
-        c.execute("CREATE TABLE staged (id int, k int, v text, big text, PRIMARY KEY (id, k))")
-        c.execute("ALTER TABLE staged ALTER COLUMN big SET STORAGE EXTERNAL")
-        for i in range(2, 6):
-            c.execute("INSERT INTO staged VALUES (%s, %s, 'staged', %s)", (i, 20 + i, big(i)))
-        c.execute("ALTER TABLE p ATTACH PARTITION staged FOR VALUES FROM (20) TO (30)")
-        c.execute("UPDATE p SET v = 'through the root' WHERE k >= 20")
+        def attach_then_change(name: str, lower: int, ids: range) -> None:
+            """A table with rows (``ids``, out-of-line values) attached as the partition
+            from ``lower``, then every row of it changed through the root."""
+            c.execute(f"CREATE TABLE {name} (id int, k int, v text, big text, PRIMARY KEY (id, k))")
+            c.execute(f"ALTER TABLE {name} ALTER COLUMN big SET STORAGE EXTERNAL")
+            for i in ids:
+                c.execute(
+                    f"INSERT INTO {name} VALUES (%s, %s, %s, %s)", (i, lower + i, name, big(i))
+                )
+            c.execute(
+                f"ALTER TABLE p ATTACH PARTITION {name} FOR VALUES FROM ({lower}) TO ({lower + 10})"
+            )
+            c.execute("UPDATE p SET v = 'through the root' WHERE k >= %s", (lower,))
+
+        attach_then_change("staged", 20, range(2, 6))
         c.execute("UPDATE p SET v = 'known again' WHERE id = 1")
         from slotlake import batch as batch_module
 
@@ -839,11 +848,7 @@ def test_rows_a_partition_brought_that_changed_through_the_root_since_are_copied
         # Left to the next run: its batch's UPDATEs of those rows from before its copy
         # miss their values too, and name nothing (the copy's rows from its CP on count).
         cfg.lake.copy_wanted_in_same_run = False
-        c.execute("CREATE TABLE later (id int, k int, v text, big text, PRIMARY KEY (id, k))")
-        c.execute("ALTER TABLE later ALTER COLUMN big SET STORAGE EXTERNAL")
-        c.execute("INSERT INTO later VALUES (6, 36, 'later', %s)", (big(6),))
-        c.execute("ALTER TABLE p ATTACH PARTITION later FOR VALUES FROM (30) TO (40)")
-        c.execute("UPDATE p SET v = 'through the root' WHERE k >= 30")
+        attach_then_change("later", 30, range(6, 7))
         assert run_sync(cfg, spark=spark).followed is None
         c.execute("UPDATE p SET v = 'before the copy' WHERE k >= 30")
         assert run_sync(cfg, spark=spark).followed is None
