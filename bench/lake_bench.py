@@ -13,6 +13,11 @@ SparkSession (the issue's targets in brackets):
           table                                                          [≤ 2×]
           and the many tables once more written by the driver's threads only
           (``lake.table_processes = 0``: no forked workers)
+  floor   the spread's tables written one after another at the least any Delta writer
+          must do (per table: a Parquet file and a log entry for its change rows, its
+          state's file read, written again without the changed keys and a log entry; no
+          decode, fill, checks or fsync), in this Python: what a table costs at best here,
+          and the spread's ratio if its many-table batch's tables took that on every core
   series  the spread's ``--tables`` tables over ``--series-batches`` batches in one process:
           every batch's time (min, median, mean, max), to show the batches between and
           at the tables' checkpoints (each table checkpoints once in 30 of its versions)
@@ -52,7 +57,8 @@ blocks of every file before the journal commit an fsync waits for: ~0.1 s more o
 system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
-                               [--tables 100] [--steps size,spread,series,quiet,process,multiset,mid,ddl,rollback]
+                               [--tables 100]
+                               [--steps size,spread,floor,series,quiet,process,multiset,mid,ddl,rollback]
                                [--quiet-tables 300] [--series-batches 32]
                                [--source-dir /dev/shm] [--json PATH]
 """
@@ -163,11 +169,84 @@ def check_mirror(c: psycopg.Connection[Any], cfg: Config, name: str) -> None:
     )
 
 
+# Each timed batch's (seconds, run_sync's timings), newest last: the spread's floor step
+# reads the parts of the fastest many-table batch that are not its tables.
+BATCHES: list[tuple[float, dict[str, float]]] = []
+
+
 def timed_sync(cfg: Config, spark: Any) -> float:
     t0 = time.monotonic()
     result = run_sync(cfg, spark=spark)
     assert result.status == "committed", result
-    return time.monotonic() - t0
+    BATCHES.append((time.monotonic() - t0, dict(result.timings)))
+    return BATCHES[-1][0]
+
+
+def floor_per_table(tables: int, per: int, rows: int) -> float:
+    """Seconds a small table's batch takes in this Python at the least any Delta writer
+    must do, one table after another: its change rows appended as one Parquet file and
+    one log entry, and its state's file read and written again without the changed keys
+    plus one log entry. No decode, no TOAST fill, no statistics beyond the key's min and
+    max, no schema or transaction checks, nothing made durable: slotlake's tables all do
+    more."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    def frame(n: int, first: int) -> pa.Table:
+        ids = np.arange(first, first + n, dtype=np.int64)
+        return pa.table(
+            {
+                "id": ids,
+                "v": pa.array([f"{i:032x}" for i in ids]),
+                "n": pa.array(ids // 7, pa.int64())
+                .cast(pa.decimal128(19, 0))
+                .cast(pa.decimal128(12, 2)),
+                "ts": pa.array(ids).cast(pa.timestamp("us", "UTC")),
+            }
+        )
+
+    def add(directory: str, data: pa.Table) -> dict[str, Any]:
+        name = f"part-{os.urandom(16).hex()}.parquet"
+        pq.write_table(data, os.path.join(directory, name))
+        low, high = pc.min_max(data.column("id")).values()
+        stats = {"numRecords": data.num_rows, "minValues": {"id": low.as_py()}}
+        stats["maxValues"] = {"id": high.as_py()}
+        return {"add": {"path": name, "size": 0, "stats": json.dumps(stats)}}
+
+    def commit(directory: str, version: int, actions: list[dict[str, Any]]) -> None:
+        entry = os.path.join(directory, "_delta_log", f"{version:020d}.json")
+        with open(entry, "x") as f:
+            f.write("\n".join(json.dumps(a) for a in [{"txn": {"version": 1}}, *actions]))
+
+    root = tempfile.mkdtemp(prefix="lake-floor-")
+    try:
+        states = []
+        for i in range(tables):
+            for kind in ("c", "s"):
+                os.makedirs(os.path.join(root, f"{kind}{i}", "_delta_log"))
+            states.append(add(os.path.join(root, f"s{i}"), frame(rows, 1))["add"]["path"])
+        meta = {
+            "_lsn": pa.array(np.arange(per, dtype=np.int64)),
+            "_op": pa.array(["u"] * per),
+            "_batch": pa.array(np.ones(per, dtype=np.int64)),
+        }
+        t0 = time.perf_counter()
+        for i in range(tables):
+            changed = frame(per, rows - per // 2)
+            log_dir, state_dir = os.path.join(root, f"c{i}"), os.path.join(root, f"s{i}")
+            logged = changed
+            for name, values in meta.items():
+                logged = logged.append_column(name, values)
+            commit(log_dir, 1, [add(log_dir, logged)])
+            old = pq.ParquetFile(os.path.join(state_dir, states[i])).read()
+            kept = old.filter(pc.invert(pc.is_in(old.column("id"), value_set=changed["id"])))
+            gone = {"remove": {"path": states[i]}}
+            commit(state_dir, 1, [gone, add(state_dir, pa.concat_tables([kept, changed]))])
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def timed_process(cfg: Config, spark: Any) -> float:
@@ -270,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--process-changes", type=int, default=400)
     p.add_argument("--quiet-tables", type=int, default=300)
     p.add_argument("--series-batches", type=int, default=32)
-    p.add_argument("--steps", default="size,spread,series,quiet,process,multiset,mid,ddl,rollback")
+    p.add_argument(
+        "--steps", default="size,spread,floor,series,quiet,process,multiset,mid,ddl,rollback"
+    )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
         "--source-dir",
@@ -317,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
             tables, per = spread_tables(args, "t")
             whole = {"t_one": sum(tables.values())}
             one = scenario(pg, spark, "one", whole, per * args.tables)
+            mark = len(BATCHES)
             many = scenario(pg, spark, "many", tables, per)
+            many_batches = BATCHES[mark:]
             # The same tables written by the driver's threads only (no forked workers).
             threads = scenario(pg, spark, "many_threads", tables, per, processes=0)
             # Each batch a `slotlake sync` of its own, as Airflow runs it: process start
@@ -340,6 +423,32 @@ def main(argv: list[str] | None = None) -> int:
                 f"= {threads / one:.2f}×; a process each batch {many_p:.2f}s vs "
                 f"{one_p:.2f}s = {many_p / one_p:.2f}×"
             )
+        if "floor" in steps:
+            tables, per = spread_tables(args, "f")
+            rows = next(iter(tables.values()))
+            # The least of three passes: the first warms the allocator and the page cache.
+            floor = min(floor_per_table(args.tables, per, rows) for _ in range(3))
+            n_cores = len(os.sched_getaffinity(0))
+            out["floor"] = {"per_table_ms": 1000 * floor / args.tables, "cores": n_cores}
+            line = (
+                f"floor: a table's batch at the least a Delta writer does "
+                f"{1000 * floor / args.tables:.2f} ms; {args.tables} tables on {n_cores} cores "
+                f"{floor / n_cores:.3f}s"
+            )
+            if "spread" in out:
+                # The fastest many-table batch with its tables' phase at the floor, all cores
+                # busy and no cost of spreading them over the cores.
+                many_s, timings = min(many_batches, key=lambda b: b[0])
+                rest = many_s - timings.get("batch.tables", 0.0)
+                best = rest + floor / n_cores
+                out["floor"].update(
+                    spread_rest_s=rest, spread_best_ratio=best / out["spread"]["one_s"]
+                )
+                line += (
+                    f"; the spread's other steps {rest:.3f}s: at best "
+                    f"{best / out['spread']['one_s']:.2f}× (target ≤ 2×)"
+                )
+            log(line)
         if "series" in steps:
             tables, per = spread_tables(args, "s")
             series: list[float] = []
