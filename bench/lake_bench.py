@@ -86,6 +86,7 @@ from slotlake.config import Config, LakeConfig, SourceConfig
 from slotlake.localpg import LocalPostgres
 from slotlake.spark import build_session
 from slotlake.sync import run_sync
+from slotlake.table_processes import cores
 
 DDL = "CREATE TABLE {name} (id int8 PRIMARY KEY, v text, n numeric(12,2), ts timestamptz)"
 
@@ -448,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             tables, per = spread_tables(args, "f")
             rows = next(iter(tables.values()))
             floor = floor_per_table(args.tables, per, rows)
-            n_cores = len(os.sched_getaffinity(0))
+            n_cores = cores()
             out["floor"] = {"per_table_ms": 1000 * floor / args.tables, "cores": n_cores}
             line = (
                 f"floor: a table's batch at the least a Delta writer does "
