@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from slotlake import delta_log, durability, fastdefault, table_processes
+from slotlake import delta_log, durability, fastdefault, schema_memo, table_processes
 from slotlake.catalog import (
     TARGET_SEQ,
     ColumnIds,
@@ -1459,8 +1459,11 @@ _DRIVER_LANE = threading.BoundedSemaphore(2)
 
 
 # A worker's answer for a table: (name, commit, seconds), the checkpoints it left to the
-# parent and the snapshots its commits made (slotlake.delta.handing_back).
-_WorkerDone = tuple[tuple[str, "TableCommit", float], list[tuple[str, int]], list[Kept]]
+# parent, the snapshots its commits made (slotlake.delta.handing_back) and the schemas it
+# derived (slotlake.schema_memo).
+_WorkerDone = tuple[
+    tuple[str, "TableCommit", float], list[tuple[str, int]], list[Kept], schema_memo.Learned
+]
 
 
 def _spark_in_worker() -> SparkSession:
@@ -1650,11 +1653,11 @@ def process_batch(
 
     def in_worker(name: str) -> _WorkerDone:
         """In a forked worker: the table's result, the checkpoints it could not write,
-        which the parent does, and the snapshots its commits made, which the parent keeps
-        for the next batch."""
-        with handing_back() as made:
+        which the parent does, and the snapshots its commits made and the schemas it
+        derived, which the parent keeps for the next batch."""
+        with handing_back() as made, schema_memo.learning() as learned:
             done = core(cats[name], LazySession(_spark_in_worker))
-        return done, table_processes.checkpoints_due(), made
+        return done, table_processes.checkpoints_due(), made, learned
 
     t_tables = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -1711,9 +1714,10 @@ def process_batch(
                         threaded[watched(pool.submit(one, cat))] = cat
                         out_threaded += 1
                         continue
-                    (name, out, seconds), checkpoints, made = answer
+                    (name, out, seconds), checkpoints, made, learned = answer
                     due += checkpoints
                     adopt_snapshots(made)
+                    schema_memo.adopt(learned)
                     fault("table_written")
                 else:
                     out_threaded -= 1

@@ -13,6 +13,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from slotlake import schema_memo
+
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
@@ -167,4 +169,5 @@ def parse_struct(ddl: str) -> StructType:
     p = _Parser(ddl)
     out = p.fields(None)
     p.end()
+    schema_memo.name(out, "ddl", ddl)
     return out

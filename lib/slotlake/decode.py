@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from slotlake import schema_memo
 from slotlake.catalog import ColumnIds, RelationVersion, TableCatalog, build_catalogs
 from slotlake.ddltypes import parse_struct
 from slotlake.lsn import Lsn
@@ -797,22 +798,17 @@ def make_decoder(
     return run
 
 
-# id(schema) → (schema, its Arrow schema): the schema is kept, so its id is not reused.
-_ARROW_SCHEMAS: dict[int, tuple[Any, pa.Schema]] = {}
-
-
 def arrow_schema_for(spark_schema) -> pa.Schema:  # type: ignore[no-untyped-def]
-    """The Arrow schema of a Spark schema, remembered per schema object (the cached ones of
-    :func:`slotlake.ddltypes.parse_struct` and :func:`slotlake.delta.delta_schema`)."""
-    hit = _ARROW_SCHEMAS.get(id(spark_schema))
-    if hit is not None and hit[0] is spark_schema:
-        return hit[1]
+    """The Arrow schema of a Spark schema, remembered (:mod:`slotlake.schema_memo`: by the
+    text of the shared ones of :func:`slotlake.ddltypes.parse_struct` and
+    :func:`slotlake.delta.delta_schema`)."""
+    hit = schema_memo.get("arrow", spark_schema)
+    if hit is not None:
+        return hit
     from pyspark.sql.pandas.types import to_arrow_schema
 
     out = to_arrow_schema(spark_schema, timezone="UTC", prefers_large_types=False)
-    if len(_ARROW_SCHEMAS) >= 4096:
-        _ARROW_SCHEMAS.clear()
-    _ARROW_SCHEMAS[id(spark_schema)] = (spark_schema, out)
+    schema_memo.put("arrow", spark_schema, out)
     return out
 
 

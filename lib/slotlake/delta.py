@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from slotlake import durability
+from slotlake import durability, schema_memo
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -517,7 +517,9 @@ def _struct_from_json(text: str) -> StructType:
     """Shared, never to be mutated: the same schema is read for each batch of a table."""
     from pyspark.sql.types import StructType
 
-    return StructType.fromJson(json.loads(text))
+    out = StructType.fromJson(json.loads(text))
+    schema_memo.name(out, "delta", text)
+    return out
 
 
 def _old_image_type(have: Any, want: Any) -> Any:

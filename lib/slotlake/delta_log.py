@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from slotlake import durability, table_processes
+from slotlake import durability, schema_memo, table_processes
 from slotlake.delta import DRIVER_ENGINE, _commit_on_driver, _struct_from_json, open_local
 
 if TYPE_CHECKING:
@@ -624,24 +624,19 @@ def _physical_fields(arrow: Any, delta: StructType) -> list[pa.Field]:
     return out
 
 
-# id(schema) → (schema, its data files' Arrow schema), as decode.arrow_schema_for.
-_PHYSICAL: dict[int, tuple[Any, pa.Schema]] = {}
-
-
 def physical_schema(schema: StructType) -> pa.Schema:
-    """The Arrow schema of the table's data files (physical names, field ids)."""
-    hit = _PHYSICAL.get(id(schema))
-    if hit is not None and hit[0] is schema:
-        return hit[1]
+    """The Arrow schema of the table's data files (physical names, field ids), remembered
+    as :func:`slotlake.decode.arrow_schema_for`."""
+    hit = schema_memo.get("physical", schema)
+    if hit is not None:
+        return hit
     import pyarrow as pa
 
     from slotlake.decode import arrow_schema_for
 
     logical = arrow_schema_for(schema)
     out = pa.schema(_physical_fields(pa.struct(list(logical)), schema))
-    if len(_PHYSICAL) >= 4096:
-        _PHYSICAL.clear()
-    _PHYSICAL[id(schema)] = (schema, out)
+    schema_memo.put("physical", schema, out)
     return out
 
 

@@ -21,8 +21,9 @@ import pytest
 from deltalake import DeltaTable
 
 from slotlake import batch as batch_module
-from slotlake import durability, table_processes
+from slotlake import durability, schema_memo, table_processes
 from slotlake.config import Config
+from slotlake.delta import local_snapshot
 from slotlake.lake import CHANGES, STATE, Lake, LocalFS
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
 
@@ -120,6 +121,14 @@ def test_many_tables_are_written_by_forked_workers(
             if round_ > 0:  # check() below started deltalake's runtime in this process
                 assert again and all("deltalake" in m for m in again), again
                 assert any("public.m9" in m for m in again), again
+            if round_ == 0:
+                # The data files' schemas the workers derived came back: the next
+                # batch's workers find them (slotlake.schema_memo).
+                for qualified in TABLES[:-1]:
+                    for kind in (CHANGES, STATE):
+                        path = str(Path(cfg.lake.path) / Lake.table_path(kind, qualified))
+                        schema = local_snapshot(path).schema
+                        assert schema_memo.get("physical", schema) is not None, path
             check(pg_dsn, cfg.lake.path)
     lake = Path(cfg.lake.path)
     for qualified in TABLES:

@@ -45,3 +45,20 @@ def test_memory_limit_is_the_cgroups_when_lower(monkeypatch, tmp_path) -> None: 
     assert memory.memory_limit() == 3 << 30
     v2.write_text(str(2 << 30))
     assert memory.memory_limit() == 2 << 30
+
+
+FREEZE_PROBE = (
+    "import gc; from slotlake.memory import freeze_heap; "
+    "before = gc.get_freeze_count(); freeze_heap(); frozen = gc.get_freeze_count(); "
+    "made = [[i] for i in range(1000)]; freeze_heap(); "
+    "print(before, frozen > 0, gc.get_freeze_count() == frozen)"
+)
+
+
+def test_the_heap_is_frozen_once_a_process() -> None:
+    """What the process holds at its first sync leaves the collector's reach; what it
+    makes later stays collectable (a second call freezes nothing more)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FREEZE_PROBE], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["0", "True", "True"]
