@@ -288,11 +288,14 @@ def conform_arrow(table: pa.Table, target: pa.Schema) -> pa.Table:
         if f.name not in have:
             columns.append(pa.nulls(n, f.type))
             continue
-        col = table.column(f.name).combine_chunks()
+        col = table.column(f.name)
         if col.type != f.type:
+            col = col.combine_chunks()
             if pa.types.is_struct(f.type):
                 col = _conform_struct(col, f.type)
             col = col.cast(f.type)
+        # A column of the target's type is taken as it is: the usual difference is a
+        # field's nullability (each table's batch paid a copy of every column for it).
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=target)
 

@@ -593,3 +593,22 @@ def test_rows_of_later_batches_go_by_whole_files(tmp_path: Path) -> None:
     emptied = delta_log.empty(path)
     assert query_delta(path, emptied.version, "SELECT * FROM t").num_rows == 0
     assert DeltaTable(path).version() == emptied.version
+
+
+def test_string_statistics_are_kept_when_their_bounds_are_short() -> None:
+    """Only the bounds are written: a long string between them does not matter, a long
+    bound drops the column's min/max (its null count stays)."""
+    long = "m" + "x" * 40
+    data = pa.table(
+        {
+            "inside": ["a", long, "z"],
+            "bound": ["a", "b", "z" * 33],
+            "n": [3, None, 1],
+            "d": pa.array([None, None, None], pa.string()),
+        }
+    )
+    stats = delta_log.file_stats(data)
+    assert stats["numRecords"] == 3
+    assert stats["minValues"] == {"inside": "a", "n": 1}
+    assert stats["maxValues"] == {"inside": "z", "n": 3}
+    assert stats["nullCount"] == {"inside": 0, "bound": 0, "n": 1, "d": 3}
