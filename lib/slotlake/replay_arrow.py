@@ -170,9 +170,7 @@ def finals_without_toast(
         if texts:
             key_columns[f"t{i}"] = gather([new_texts[i], old_texts[i]], image)
     code = np.concatenate([rank[:n] * 2, rank[arrivals] * 2 + 1])  # max code = last record
-    records = pa.table({**key_columns, "c": pa.array(code)})
-    last = records.group_by(list(key_columns), use_threads=False).aggregate([("c", "max")])
-    code_last = last.column("c_max").to_numpy()
+    code_last = _last_codes(key_columns, code)
     is_arrival = (code_last & 1).astype(bool)
     i = order[code_last >> 1]
 
@@ -218,6 +216,26 @@ def finals_without_toast(
         }
     )
     return changes, finals
+
+
+def _last_codes(keys: dict[str, pa.Array], code: np.ndarray) -> np.ndarray:
+    """The greatest ``code`` of each distinct key (the values of ``keys`` at once)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(keys) == 1:
+        (column,) = keys.values()
+        if pa.types.is_integer(column.type) and not column.null_count:
+            # The usual key, one integer column: sorted in NumPy, a fifth of the cost of
+            # Acero's grouping for a small table's hundred records (~25 vs ~120 us).
+            values = column.to_numpy()
+            order = np.lexsort((code, values))
+            ordered = values[order]
+            last = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True])
+            return code[order[last]]
+    records = pa.table({**keys, "c": pa.array(code)})
+    last_of = records.group_by(list(keys), use_threads=False).aggregate([("c", "max")])
+    return last_of.column("c_max").to_numpy()
 
 
 def gather(values: Sequence[pa.Array | pa.ChunkedArray], indices: pa.Array) -> pa.Array:
