@@ -189,3 +189,22 @@ def test_open_toast_goes_to_duckdb() -> None:
     case = HAND_BUILT["update_fills_from_prior_row"]()
     table = arrow_rows([keyed(e) for e in case.events], arrow_event_schema(CAT))
     assert not no_toast_open(table)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 300, 1024, 1025, 5000])
+def test_each_keys_last_code_by_either_way(n: int) -> None:
+    """replay_arrow._last_codes: NumPy's sort up to NUMPY_LAST_MAX records of an integer
+    key, Acero's grouping past it or for other keys; the same answer."""
+    import numpy as np
+
+    from slotlake.replay_arrow import _last_codes
+
+    rng = np.random.default_rng(n)
+    values = rng.integers(-50, n // 3 + 2, n)
+    code = rng.permutation(n).astype(np.int64) * 2 + rng.integers(0, 2, n)
+    want: dict[Any, int] = {}
+    for v, c in zip(values.tolist(), code.tolist(), strict=True):
+        want[v] = max(want.get(v, -1), c)
+    for column in (pa.array(values, pa.int64()), pa.array(values, pa.int16()).cast(pa.string())):
+        got = _last_codes({"k0": column}, code)
+        assert sorted(got.tolist()) == sorted(want.values())
