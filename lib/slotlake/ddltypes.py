@@ -10,7 +10,6 @@ grammar here is the part of Spark's DDL that slotlake writes: the primitive name
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from slotlake import schema_memo
@@ -159,15 +158,18 @@ def parse_type(ddl: str) -> DataType:
     return out
 
 
-@lru_cache(maxsize=4096)
 def parse_struct(ddl: str) -> StructType:
     """A column list, e.g. ``a bigint, `b c` array<string>`` — what ``StructType.fromDDL``
     takes.
 
-    Cached (a batch asks for each table's schemas several times, and a hundred tables'
-    parses cost more than their writes): the result is shared, never to be mutated."""
+    Kept (:mod:`slotlake.schema_memo`; a batch asks for each table's schemas several
+    times, a hundred tables' parses cost more than their writes, and forked workers hand
+    theirs back): the result is shared, never to be mutated."""
+    hit = schema_memo.parsed("ddl", ddl)
+    if hit is not None:
+        return hit
     p = _Parser(ddl)
     out = p.fields(None)
     p.end()
-    schema_memo.name(out, "ddl", ddl)
+    schema_memo.keep_parsed("ddl", ddl, out)
     return out

@@ -1,15 +1,18 @@
-"""Schemas derived from a table's schemas, remembered across batches and forks.
+"""A table's schemas parsed, and what is derived from them, remembered across batches and
+forks.
 
 A table's Spark schemas are shared objects: the same DDL text gives the same object
-(:func:`slotlake.ddltypes.parse_struct`), and so does the same schema string of a Delta
-log (:func:`slotlake.delta._struct_from_json`). What is derived from one (its Arrow
-schema, its data files' physical schema) is remembered by the text it was made from.
+(:func:`slotlake.ddltypes.parse_struct`, kept here: :func:`parsed`), and so does the same
+schema string of a Delta log (:func:`slotlake.delta._struct_from_json`). What is derived
+from one (its Arrow schema, its data files' physical schema) is remembered by the text
+it was made from.
 
 A batch's small tables run in forked workers (:mod:`slotlake.table_processes`), whose
-memory goes with them: what they derived, the next batch's workers derived again (7 % of
-their time in the spread benchmark, 100 tables). A worker hands back what it learned
-(:func:`learning`), named by text, and the parent keeps it (:func:`adopt`) for the
-forks of the next batch.
+memory goes with them: what they parsed and derived, the next batch's workers did again
+(the derivations 7 % of their time in the spread benchmark, 100 tables; a table's two
+DDL texts take ~0.4 ms each to parse, which that benchmark's tables, all of one shape,
+hid). A worker hands back what it learned (:func:`learning`), named by text, and the
+parent keeps it (:func:`adopt`) for the forks of the next batch.
 
 A schema built otherwise (no text names it) is remembered by its object only, in the
 process that made it.
@@ -33,6 +36,8 @@ _NAMED: dict[int, tuple[Any, Name]] = {}
 _BY_NAME: dict[str, dict[Name, Any]] = {}
 # kind → id(schema) → (schema, derived value), for schemas no text names
 _BY_OBJECT: dict[str, dict[int, tuple[Any, Any]]] = {}
+# Schemas parsed from their text: the kind of the entries a worker hands back for them.
+PARSED = "parsed"
 # In a forked worker (inside learning()): what it derived, for its parent.
 _LEARNED: Learned | None = None
 
@@ -42,6 +47,20 @@ def name(schema: Any, source: str, text: str) -> None:
     if len(_NAMED) >= MAX_ENTRIES:
         _NAMED.clear()
     _NAMED[id(schema)] = (schema, (source, text))
+
+
+def parsed(source: str, text: str) -> Any | None:
+    """The schema parsed from ``text`` of ``source`` (:func:`keep_parsed`), or None."""
+    return _BY_NAME.get(PARSED, {}).get((source, text))
+
+
+def keep_parsed(source: str, text: str, schema: Any) -> None:
+    """``schema`` is what ``text`` of ``source`` parses to: named so, and kept (a worker
+    hands it back)."""
+    name(schema, source, text)
+    _store(PARSED, (source, text), schema)
+    if _LEARNED is not None:
+        _LEARNED.append((PARSED, (source, text), schema))
 
 
 def _name_of(schema: Any) -> Name | None:
@@ -93,9 +112,23 @@ def learning() -> Iterator[Learned]:
 
 
 def adopt(learned: Learned) -> None:
-    """Keep what a worker derived (:func:`learning`)."""
+    """Keep what a worker parsed and derived (:func:`learning`)."""
     for kind, key, value in learned:
+        if kind == PARSED:
+            if parsed(*key) is not None:
+                continue  # the parent's own (another worker's), already named
+            name(value, *key)
         _store(kind, key, value)
 
 
-__all__ = ["MAX_ENTRIES", "adopt", "get", "learning", "name", "put"]
+__all__ = [
+    "MAX_ENTRIES",
+    "PARSED",
+    "adopt",
+    "get",
+    "keep_parsed",
+    "learning",
+    "name",
+    "parsed",
+    "put",
+]

@@ -100,3 +100,42 @@ def test_a_forked_workers_arrow_and_physical_schemas_reach_the_parent() -> None:
     assert schema_memo.get("physical", logged).names == ["id", "v"]
     # The parent's own calls now find them: no conversion of its own.
     assert arrow_schema_for(logical) is got
+
+
+def _parse_in_child(ddl: str) -> schema_memo.Learned:
+    with schema_memo.learning() as learned:
+        arrow_schema_for(parse_struct(ddl))
+    return learned
+
+
+def test_a_schema_a_forked_worker_parsed_is_the_parents_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DDL text parsed first in a worker comes back parsed: the parent, and the workers
+    it forks next, do not parse it again, and find what was derived from it."""
+    from slotlake import ddltypes
+
+    ddl = "k bigint, `odd name` decimal(12,2), m map<string,string>"
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        learned = pool.apply(_parse_in_child, (ddl,))
+    assert [kind for kind, _, _ in learned] == [schema_memo.PARSED, "arrow"]
+    assert schema_memo.parsed("ddl", ddl) is None
+    schema_memo.adopt(learned)
+
+    def no_parse(_: str) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(ddltypes, "_Parser", no_parse)
+    schema = parse_struct(ddl)
+    assert schema is learned[0][2]
+    assert schema.fieldNames() == ["k", "odd name", "m"]
+    assert arrow_schema_for(schema) == learned[1][2]
+    # Adopted again (another worker's copy): the parent keeps the one it has.
+    schema_memo.adopt(_parse_in_child_copy(learned))
+    assert parse_struct(ddl) is schema
+
+
+def _parse_in_child_copy(learned: schema_memo.Learned) -> schema_memo.Learned:
+    import pickle
+
+    return pickle.loads(pickle.dumps(learned))
