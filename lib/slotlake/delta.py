@@ -22,7 +22,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from slotlake import durability, schema_memo
@@ -512,13 +511,16 @@ def delta_schema(path: str, version: int | None = None) -> StructType | None:
         return _struct_from_json(table.schema().to_json())
 
 
-@lru_cache(maxsize=4096)
 def _struct_from_json(text: str) -> StructType:
-    """Shared, never to be mutated: the same schema is read for each batch of a table."""
+    """Shared, never to be mutated: the same schema is read for each batch of a table
+    (kept as :func:`slotlake.ddltypes.parse_struct` keeps its own)."""
+    hit = schema_memo.parsed("delta", text)
+    if hit is not None:
+        return hit
     from pyspark.sql.types import StructType
 
     out = StructType.fromJson(json.loads(text))
-    schema_memo.name(out, "delta", text)
+    schema_memo.keep_parsed("delta", text, out)
     return out
 
 

@@ -2,8 +2,9 @@
 forks.
 
 A table's Spark schemas are shared objects: the same DDL text gives the same object
-(:func:`slotlake.ddltypes.parse_struct`, kept here: :func:`parsed`), and so does the same
-schema string of a Delta log (:func:`slotlake.delta._struct_from_json`). What is derived
+(:func:`slotlake.ddltypes.parse_struct`), and so does the same schema string of a Delta
+log (:func:`slotlake.delta._struct_from_json`); both keep what they parse here
+(:func:`parsed`). What is derived
 from one (its Arrow schema, its data files' physical schema) is remembered by the text
 it was made from.
 
@@ -58,9 +59,7 @@ def keep_parsed(source: str, text: str, schema: Any) -> None:
     """``schema`` is what ``text`` of ``source`` parses to: named so, and kept (a worker
     hands it back)."""
     name(schema, source, text)
-    _store(PARSED, (source, text), schema)
-    if _LEARNED is not None:
-        _LEARNED.append((PARSED, (source, text), schema))
+    _learn(PARSED, (source, text), schema)
 
 
 def _name_of(schema: Any) -> Name | None:
@@ -86,6 +85,11 @@ def put(kind: str, schema: Any, value: Any) -> None:
             objects.clear()
         objects[id(schema)] = (schema, value)
         return
+    _learn(kind, key, value)
+
+
+def _learn(kind: str, key: Name, value: Any) -> None:
+    """Keep ``value``, and in a worker list it for the parent."""
     _store(kind, key, value)
     if _LEARNED is not None:
         _LEARNED.append((kind, key, value))

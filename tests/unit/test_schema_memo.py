@@ -131,11 +131,11 @@ def test_a_schema_a_forked_worker_parsed_is_the_parents_next(
     assert schema.fieldNames() == ["k", "odd name", "m"]
     assert arrow_schema_for(schema) == learned[1][2]
     # Adopted again (another worker's copy): the parent keeps the one it has.
-    schema_memo.adopt(_parse_in_child_copy(learned))
+    schema_memo.adopt(_pickled(learned))
     assert parse_struct(ddl) is schema
 
 
-def _parse_in_child_copy(learned: schema_memo.Learned) -> schema_memo.Learned:
+def _pickled(learned: schema_memo.Learned) -> schema_memo.Learned:
     import pickle
 
     return pickle.loads(pickle.dumps(learned))
