@@ -323,4 +323,6 @@ def test_random_partition_changes_mirror_equals_source(
         work = play(c, cfg, seed, ROUNDS, spark)
         assert ddl.installed(c) == trigger
     covered = COVERED | ({"detach unseen"} if trigger else set())
-    assert set(work.done) >= covered, f"seed {seed}: {dict(work.done)}"
+    # The pinned seeds must cover every case; a seed given by hand is run for its checks.
+    if "SLOTLAKE_RANDOM_SEED" not in os.environ:
+        assert set(work.done) >= covered, f"seed {seed}: {dict(work.done)}"

@@ -619,10 +619,15 @@ def test_random_workload_mirror_equals_source(
     }
     if mode == "plain":
         covered.add("during the sync")
-    assert covered <= set(work.done), f"seed {seed}: {dict(work.done)}"
-    assert work.done["recreate"] + work.done["recreate rebuilt"], f"seed {seed}: {dict(work.done)}"
-    ops = {t: set(read_changes(lake, t).column("_op").to_pylist()) for t in present}
-    assert {"I", "U", "D"} <= ops["public.k1"] and {"I", "U", "D"} <= set().union(*ops.values())
+    # The pinned seeds must cover every case; a seed given by hand is run for its checks.
+    if "SLOTLAKE_RANDOM_SEED" not in os.environ:
+        assert covered <= set(work.done), f"seed {seed}: {dict(work.done)}"
+        assert work.done["recreate"] + work.done["recreate rebuilt"], (
+            f"seed {seed}: {dict(work.done)}"
+        )
+        ops = {t: set(read_changes(lake, t).column("_op").to_pylist()) for t in present}
+        assert {"I", "U", "D"} <= ops["public.k1"]
+        assert {"I", "U", "D"} <= set().union(*ops.values())
     # The prior state always had the TOAST values an update left unchanged.
     for t in present:
         assert not any(read_changes(lake, t).column("_missing_toast").to_pylist()), t
