@@ -1083,3 +1083,35 @@ def test_a_rewrite_after_a_truncate_is_copied_by_the_same_run(
                 last = Lake(lake).read_commit(result.batch)
                 assert list(last.snapshot.get("tables", {})) == [name]
             assert_mirror(c, lake, [name])
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["truncated and filled", "rewritten"])
+def test_rows_written_before_a_new_relfilenode_are_found_in_its_first_blocks(
+    pg_dsn: str, rewrite: bool
+) -> None:
+    """A transaction that truncates a table and fills it with rows leaves a relfilenode
+    its TRUNCATE explains; one that rewrites the table after those rows does not. Told
+    apart from the first blocks alone, whatever the table weighs (100k rows here)."""
+    from slotlake.snapshot import REWRITE_BLOCKS, _written_before_its_node
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 10) g")
+        with c.transaction():
+            c.execute("TRUNCATE t")
+            c.execute("INSERT INTO t SELECT g, 'w' FROM generate_series(1, 100000) g")
+            if rewrite:
+                c.execute("ALTER TABLE t ALTER COLUMN v TYPE text USING v || 'x'")
+        oid, xmin, blocks = c.execute(
+            "SELECT oid::int, xmin::text, pg_relation_size(oid) / 8192 FROM pg_class "
+            "WHERE relname = 't'"
+        ).fetchone()
+        assert blocks > REWRITE_BLOCKS
+        assert _written_before_its_node(c, oid, xmin) == rewrite
+        # Another transaction's pg_class row by now: counted.
+        c.execute("ALTER TABLE t ADD COLUMN w int")
+        assert _written_before_its_node(c, oid, xmin)
+        plan = "\n".join(
+            r[0] for r in c.execute("EXPLAIN SELECT 1 FROM ONLY t WHERE ctid < '(32,0)'::tid")
+        )
+        assert "Tid Range Scan" in plan, plan
