@@ -411,17 +411,28 @@ def _rows_before(
     query = sql.SQL("SELECT EXISTS (SELECT 1 FROM ONLY {t} WHERE " + where + ")").format(
         t=sql.Identifier(*name), x=sql.Literal(xid), c=sql.Literal(cid)
     )
+    row = _row_or_warn(
+        conn, query, f"partition {'.'.join(name)} to see whether it brought rows when attached"
+    )
+    return row is _UNREAD or bool(row and row[0])
+
+
+# A probe of the source that could not be read: its caller copies (the safe side).
+_UNREAD: Any = object()
+
+
+def _row_or_warn(conn: psycopg.Connection[Any], query: Any, what: str) -> Any:
+    """The query's first row (None: no row), or :data:`_UNREAD`, logged as a warning
+    that names ``what`` could not be read."""
     try:
-        row = conn.execute(query).fetchone()
+        return conn.execute(query).fetchone()
     except psycopg.Error as exc:
         log.warning(
-            "cannot read partition %s to see whether it brought rows when attached (%s): "
-            "copying its root",
-            ".".join(name),
+            "cannot read %s (%s): taken as yes, a copy is the safe side",
+            what,
             " ".join(str(exc).split()),
         )
-        return True
-    return bool(row and row[0])
+        return _UNREAD
 
 
 # The blocks of a table whose relfilenode a TRUNCATE in the stream may explain that are
@@ -496,17 +507,9 @@ def _written_before_its_node(conn: psycopg.Connection[Any], oid: int, xid: str) 
         x=sql.Literal(xid),
         o=sql.Literal(oid),
     )
-    try:
-        row = conn.execute(query).fetchone()
-    except psycopg.Error as exc:
-        log.warning(
-            "cannot read table %s to see whether it was rewritten after rows were written "
-            "(%s): copying it",
-            ".".join(found),
-            " ".join(str(exc).split()),
-        )
-        return True
-    return row is not None and (not row[0] or bool(row[1]))
+    what = f"table {'.'.join(found)} to see whether it was rewritten after rows were written"
+    row = _row_or_warn(conn, query, what)
+    return row is _UNREAD or (row is not None and (not row[0] or bool(row[1])))
 
 
 def _baseline(last: CommitRecord | None) -> dict[str, int | None] | None:

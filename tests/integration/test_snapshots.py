@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import threading
@@ -1087,7 +1088,7 @@ def test_a_rewrite_after_a_truncate_is_copied_by_the_same_run(
 
 @pytest.mark.parametrize("rewrite", [False, True], ids=["truncated and filled", "rewritten"])
 def test_rows_written_before_a_new_relfilenode_are_found_in_its_first_blocks(
-    pg_dsn: str, rewrite: bool
+    pg_dsn: str, rewrite: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A transaction that truncates a table and fills it with rows leaves a relfilenode
     its TRUNCATE explains; one that rewrites the table after those rows does not. Told
@@ -1115,6 +1116,15 @@ def test_rows_written_before_a_new_relfilenode_are_found_in_its_first_blocks(
         with c.transaction():
             c.execute("SELECT * FROM t WHERE id > 100 AND id <= 200 FOR KEY SHARE")
         assert _written_before_its_node(c, oid, xmin) == rewrite
+        # A table it cannot read: counted, and said.
+        role = psycopg.sql.Identifier(f"r_{c.info.dbname}")  # roles are the cluster's
+        c.execute(psycopg.sql.SQL("CREATE ROLE {}").format(role))
+        c.execute(psycopg.sql.SQL("SET ROLE {}").format(role))
+        with caplog.at_level(logging.WARNING, logger="slotlake.snapshot"):
+            assert _written_before_its_node(c, oid, xmin)
+        assert "cannot read table public.t" in caplog.text
+        c.execute("RESET ROLE")
+        c.execute(psycopg.sql.SQL("DROP ROLE {}").format(role))
         # Another transaction's pg_class row by now: counted.
         c.execute("ALTER TABLE t ADD COLUMN w int")
         assert _written_before_its_node(c, oid, xmin)
