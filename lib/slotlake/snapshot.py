@@ -440,11 +440,20 @@ def _row_or_warn(conn: psycopg.Connection[Any], query: Any, what: str) -> Any:
 REWRITE_BLOCKS = 32
 
 
+def renewed_leaves(had: Mapping[str, Any], leaves: Mapping[str, Any]) -> list[str]:
+    """The leaves (oid → relfilenode) whose relfilenode is another than the one ``had``
+    records. A partition created since (CREATE TABLE … PARTITION OF) starts empty: not
+    told, unless it was rewritten since (truncated alone, say, after rows were routed
+    into it): a table starts with its oid for relfilenode."""
+    return sorted(k for k in leaves if int(had.get(k, k)) != int(leaves[k]))
+
+
 def rewritten_after_writes(
     conn: psycopg.Connection[Any],
     published: Mapping[str, tuple[int, int]],
     xmins: Mapping[str, str],
-    trees: Mapping[str, Mapping[int, PartitionNode]],
+    leaves: Mapping[str, Mapping[str, int]],
+    leaf_xmins: Mapping[str, Mapping[str, str]],
     last: CommitRecord | None,
 ) -> list[int]:
     """The oids of the published tables and leaves whose relfilenode changed since the
@@ -463,13 +472,10 @@ def rewritten_after_writes(
         old = before.get(name)
         if old is not None and int(old) != node and name in xmins:
             changed.append((oid, xmins[name]))
-    for root, nodes in trees.items():
+    for root, now in leaves.items():
         had = leaves_before.get(root)
-        if had is None:
-            continue
-        for oid, n in nodes.items():
-            if n.leaf and int(had.get(str(oid), oid)) != n.relfilenode:
-                changed.append((oid, n.xmin))
+        if had is not None:
+            changed.extend((int(k), leaf_xmins[root][k]) for k in renewed_leaves(had, now))
     return sorted(oid for oid, xid in changed if _written_before_its_node(conn, oid, xid))
 
 
@@ -794,7 +800,8 @@ def _read(
         published, xmins, joins = published_catalog(conn, cfg.source.publications)
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
-        rewritten = rewritten_after_writes(conn, published, xmins, trees, last)
+        leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
+        rewritten = rewritten_after_writes(conn, published, xmins, leaves, leaf_xmins, last)
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(
@@ -806,8 +813,8 @@ def _read(
         relfilenodes={k: v[1] for k, v in published.items()},
         xmins=xmins,
         joins=joins,
-        leaves=leaves_of(trees),
-        leaf_xmins=leaf_xmins_of(trees),
+        leaves=leaves,
+        leaf_xmins=leaf_xmins,
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
     )
@@ -1118,14 +1125,9 @@ def for_record(
             continue
         # A leaf gone is found, and its root copied, by prepare (partitions_left) for a
         # plan this code made; ``gone`` here serves a plan an earlier release made.
-        # A partition created since (CREATE TABLE … PARTITION OF) starts empty: not told,
-        # unless it was rewritten since (truncated alone, say, after rows were routed into
-        # it): a table starts with its oid for relfilenode. (One attached since, truncated
-        # before, costs a needless copy.)
+        # (A partition attached since, truncated before, costs a needless copy.)
         gone = sorted(set(had) - set(leaves))
-        rewritten = sorted(
-            k for k in leaves if (int(had[k]) if k in had else int(k)) != int(leaves[k])
-        )
+        rewritten = renewed_leaves(had, leaves)
         if not gone and not rewritten:
             continue
         root = oids.get(name)
