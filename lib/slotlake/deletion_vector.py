@@ -44,6 +44,37 @@ _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?
 _Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
 
 
+def unique_positions(positions: Any) -> np.ndarray:
+    """Row positions sorted, each once, in their integer type. Positions mostly come
+    sorted (a vector read back, the ones a MERGE found, a union of those): then this is
+    one pass. ``np.unique`` hashes every value whatever their order (numpy 2.4: 0.81 ms
+    for 10k sorted positions, this 0.011 ms; a 5M-row table's batch took 35 ms of it)."""
+    rows = np.asarray(positions)
+    if len(rows) < 2:
+        return rows
+    if not (rows[1:] >= rows[:-1]).all():
+        rows = np.sort(rows)
+    fresh = np.empty(len(rows), dtype=bool)
+    fresh[0] = True
+    np.not_equal(rows[1:], rows[:-1], out=fresh[1:])
+    return rows if fresh.all() else rows[fresh]
+
+
+def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The positions in either (sorted, each once, as int64)."""
+    return unique_positions(np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)]))
+
+
+def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``sorted_set`` (ascending): a binary search each,
+    where ``np.isin`` sorts or hashes both."""
+    if len(sorted_set) == 0:
+        return np.zeros(len(values), dtype=bool)
+    at = np.searchsorted(sorted_set, values)
+    np.minimum(at, len(sorted_set) - 1, out=at)
+    return sorted_set[at] == values
+
+
 def _roaring32(low: np.ndarray) -> bytes:
     """Sorted unique uint32 ``low`` as a portable 32-bit Roaring bitmap (no runs)."""
     highs = (low >> 16).astype(np.uint16)
@@ -73,7 +104,7 @@ def _roaring32(low: np.ndarray) -> bytes:
 def serialize(positions: np.ndarray) -> bytes:
     """Row positions (any integer array; duplicates allowed) as a deletion vector's bytes:
     the magic number and the portable ``RoaringBitmapArray``."""
-    rows = np.unique(np.asarray(positions, dtype=np.uint64))
+    rows = unique_positions(np.asarray(positions, dtype=np.uint64))
     highs = (rows >> np.uint64(32)).astype(np.uint32)
     keys, starts = np.unique(highs, return_index=True)
     bounds = [*starts.tolist(), len(rows)]
@@ -267,7 +298,7 @@ class DeletionVectorFile:
 
     def add(self, positions: np.ndarray) -> dict[str, Any]:
         """Append the vector of ``positions``; returns its descriptor for an ``add`` action."""
-        rows = np.unique(np.asarray(positions, dtype=np.uint64))
+        rows = unique_positions(np.asarray(positions, dtype=np.uint64))
         data = serialize(rows)
         offset = len(self.body)
         self.body += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))

@@ -122,7 +122,7 @@ def merge_keyed(
     hit = np.zeros(rows.num_rows, dtype=bool)
     for file, (positions, sources) in matches.items():
         old = old_dvs.get(file, np.empty(0, dtype=np.int64))
-        live = ~np.isin(positions, old)
+        live = ~deletion_vector.isin_sorted(positions, old)
         if live.any():
             hit[sources[live]] = True
             touched[file] = (old, positions[live])
@@ -142,7 +142,9 @@ def merge_keyed(
     try:
         if rewrite:
             kept = [
-                _survivors(path, snap.files[f], np.union1d(old, new), new_rows.schema, opened)
+                _survivors(
+                    path, snap.files[f], deletion_vector.union(old, new), new_rows.schema, opened
+                )
                 for f, (old, new) in touched.items()
             ]
             actions += [delta_log.removal(snap.files[f], now) for f in touched]
@@ -150,7 +152,9 @@ def merge_keyed(
         elif touched:
             dv_file = DeletionVectorFile.new()
             for file, (old, new) in touched.items():
-                actions += _regrown(snap.files[file], dv_file.add(np.union1d(old, new)), now)
+                actions += _regrown(
+                    snap.files[file], dv_file.add(deletion_vector.union(old, new)), now
+                )
             target = os.path.join(path, dv_file.name)
             with open(target, "xb") as out:
                 out.write(dv_file.body)

@@ -15,8 +15,11 @@ from slotlake.deletion_vector import (
     DeletionVectorFile,
     descriptor_file,
     deserialize,
+    isin_sorted,
     read,
     serialize,
+    union,
+    unique_positions,
     z85_decode,
     z85_encode,
 )
@@ -160,3 +163,30 @@ def test_inline_and_file_vectors_are_checked(tmp_path) -> None:
         deserialize(b"\0" * 12)
     with pytest.raises(DeletionVectorError, match="truncated"):
         deserialize(data[:-1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_position_sets_agree_with_numpys(seed: int) -> None:
+    """The MERGE's set operations on positions (sorted, unsorted, repeated, empty) give
+    what numpy's general ones give, in the input's integer type."""
+    rng = np.random.default_rng(seed)
+    size = [0, 1, 2, 50, 3000, 20000][seed]
+    base = rng.integers(0, 4 * size + 2, size, dtype=np.int64)
+    for a in (base, np.sort(base), np.unique(base)):
+        got = unique_positions(a)
+        assert got.dtype == a.dtype and got.tolist() == np.unique(a).tolist()
+    assert unique_positions(base.astype(np.uint64)).dtype == np.uint64
+    other = rng.integers(0, 4 * size + 2, size // 2 + 1, dtype=np.int64)
+    assert union(base, other).tolist() == np.union1d(base, other).tolist()
+    assert union(base, other).dtype == np.int64
+    ordered = np.unique(base)
+    probe = np.concatenate([other, [-1, 4 * size + 5]])
+    assert isin_sorted(probe, ordered).tolist() == np.isin(probe, ordered).tolist()
+
+
+def test_sorted_positions_are_kept_as_they_are() -> None:
+    """Sorted positions without repeats come back as the same array (nothing copied)."""
+    rows = np.arange(0, 10_000, 3, dtype=np.uint64)
+    assert unique_positions(rows) is rows
+    assert unique_positions(np.array([7, 7, 7])).tolist() == [7]
+    assert isin_sorted(np.array([1, 2]), np.empty(0, dtype=np.int64)).tolist() == [False, False]
