@@ -18,6 +18,11 @@ SparkSession (the issue's targets in brackets):
           state's file read, written again without the changed keys and a log entry; no
           decode, fill, checks or fsync), in this Python: what a table costs at best here,
           and the spread's ratio if its many-table batch's tables took that on every core
+  steady  the size's and the spread's sides again, ``--steady-batches`` batches each in one
+          process, the median of all batches after the second: both ratios once every
+          side is warm (``size`` and ``spread`` take the faster of each side's first two,
+          and the first scenario after the JVM's start still warms up), and what a writer
+          at the floor would reach in the spread (after ``floor``)  [≤ 1.25×, ≤ 2×]
   series  the spread's ``--tables`` tables over ``--series-batches`` batches in one process:
           every batch's time (min, median, mean, max), to show the batches between and
           at the tables' checkpoints (each table checkpoints once in 30 of its versions)
@@ -58,8 +63,9 @@ system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
                                [--tables 100]
-                               [--steps size,spread,floor,series,quiet,process,multiset,mid,ddl,rollback]
+                               [--steps size,spread,floor,steady,series,quiet,process,multiset,mid,ddl,rollback]
                                [--quiet-tables 300] [--series-batches 32]
+                               [--steady-batches 8]
                                [--source-dir /dev/shm] [--json PATH]
 """
 
@@ -362,6 +368,78 @@ def spread_tables(args: argparse.Namespace, prefix: str) -> tuple[dict[str, int]
     return {f"{prefix}_{i:03d}": rows for i in range(args.tables)}, per
 
 
+def steady_sides(
+    pg: LocalPostgres,
+    spark: Any,
+    batches: int,
+    sides: dict[str, tuple[dict[str, int], int]],
+) -> dict[str, list[tuple[float, dict[str, float]]]]:
+    """Each side (tag → its tables and the changes each gets) over ``batches`` batches in
+    this process: the batches after the first two (the JVM's, the workers' and the
+    caches' warm-up), with run_sync's timings."""
+    if batches < 3:
+        raise SystemExit("--steady-batches must be at least 3 (the first two are warm-up)")
+    out = {}
+    for tag, (tables, changed) in sides.items():
+        mark = len(BATCHES)
+        scenario(pg, spark, tag, dict(tables), changed, repeat=batches)
+        out[tag] = BATCHES[mark + 2 :]
+    return out
+
+
+def median_s(batches: list[tuple[float, dict[str, float]]]) -> float:
+    return statistics.median(t for t, _ in batches)
+
+
+def steady_ratios(
+    pg: LocalPostgres, spark: Any, args: argparse.Namespace, floor: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The size and spread comparisons once every side is warm: their medians and ratios;
+    for the spread also the many-table batch's steps outside its tables and, with the
+    floor step's figure, the ratio if its tables' phase took only the floor on every
+    core."""
+    tables, per = spread_tables(args, "d")
+    sides = steady_sides(
+        pg,
+        spark,
+        args.steady_batches,
+        {
+            "steady_small": ({"d_small": args.small}, args.changes),
+            "steady_big": ({"d_big": args.big}, args.changes),
+            "steady_one": ({"d_one": sum(tables.values())}, per * args.tables),
+            "steady_many": (tables, per),
+        },
+    )
+    small, big = median_s(sides["steady_small"]), median_s(sides["steady_big"])
+    one, many = median_s(sides["steady_one"]), median_s(sides["steady_many"])
+    rest = statistics.median(t - tm.get("batch.tables", 0.0) for t, tm in sides["steady_many"])
+    result: dict[str, Any] = {
+        "small_s": small,
+        "big_s": big,
+        "size_ratio": big / small,
+        "one_s": one,
+        "many_s": many,
+        "spread_ratio": many / one,
+        "many_rest_s": rest,
+        "batches_s": {tag: [t for t, _ in b] for tag, b in sides.items()},
+    }
+    log(
+        f"steady size: batches 3-{args.steady_batches}, median: {args.big:,} rows {big:.2f}s "
+        f"vs {args.small:,} rows {small:.2f}s = {big / small:.2f}× (target ≤ 1.25×)"
+    )
+    line = (
+        f"steady spread: batches 3-{args.steady_batches}, median: {args.tables} tables "
+        f"{many:.2f}s vs one table {one:.2f}s = {many / one:.2f}× (target ≤ 2×); the many "
+        f"tables' other steps {rest:.3f}s"
+    )
+    if floor is not None:
+        best = rest + floor["per_table_ms"] * args.tables / 1000 / floor["cores"]
+        result["spread_best_ratio"] = best / one
+        line += f"; their tables at the floor: {best / one:.2f}×"
+    log(line)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--changes", type=int, default=10_000)
@@ -371,8 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--process-changes", type=int, default=400)
     p.add_argument("--quiet-tables", type=int, default=300)
     p.add_argument("--series-batches", type=int, default=32)
+    p.add_argument("--steady-batches", type=int, default=8)
     p.add_argument(
-        "--steps", default="size,spread,floor,series,quiet,process,multiset,mid,ddl,rollback"
+        "--steps",
+        default="size,spread,floor,steady,series,quiet,process,multiset,mid,ddl,rollback",
     )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
@@ -470,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{best / out['spread']['one_s']:.2f}× (target ≤ 2×)"
                 )
             log(line)
+        if "steady" in steps:
+            out["steady"] = steady_ratios(pg, spark, args, out.get("floor"))
         if "series" in steps:
             tables, per = spread_tables(args, "s")
             series: list[float] = []
