@@ -65,14 +65,16 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return unique_positions(np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)]))
 
 
-def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """Whether each of ``values`` is in ``sorted_set`` (ascending): a binary search each,
-    where ``np.isin`` sorts or hashes both."""
-    if len(sorted_set) == 0:
+def isin_positions(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``positions``: a binary search each in the
+    positions (sorted first unless they are, as a vector read back is), where
+    ``np.isin`` sorts or hashes both."""
+    ordered = unique_positions(positions)
+    if len(ordered) == 0:
         return np.zeros(len(values), dtype=bool)
-    at = np.searchsorted(sorted_set, values)
-    np.minimum(at, len(sorted_set) - 1, out=at)
-    return sorted_set[at] == values
+    at = np.searchsorted(ordered, values)
+    np.minimum(at, len(ordered) - 1, out=at)
+    return ordered[at] == values
 
 
 def _roaring32(low: np.ndarray) -> bytes:

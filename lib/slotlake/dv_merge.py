@@ -122,7 +122,7 @@ def merge_keyed(
     hit = np.zeros(rows.num_rows, dtype=bool)
     for file, (positions, sources) in matches.items():
         old = old_dvs.get(file, np.empty(0, dtype=np.int64))
-        live = ~deletion_vector.isin_sorted(positions, old)
+        live = ~deletion_vector.isin_positions(positions, old)
         if live.any():
             hit[sources[live]] = True
             touched[file] = (old, positions[live])

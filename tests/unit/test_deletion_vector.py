@@ -15,7 +15,7 @@ from slotlake.deletion_vector import (
     DeletionVectorFile,
     descriptor_file,
     deserialize,
-    isin_sorted,
+    isin_positions,
     read,
     serialize,
     union,
@@ -181,7 +181,8 @@ def test_position_sets_agree_with_numpys(seed: int) -> None:
     assert union(base, other).dtype == np.int64
     ordered = np.unique(base)
     probe = np.concatenate([other, [-1, 4 * size + 5]])
-    assert isin_sorted(probe, ordered).tolist() == np.isin(probe, ordered).tolist()
+    assert isin_positions(probe, ordered).tolist() == np.isin(probe, ordered).tolist()
+    assert isin_positions(probe, base).tolist() == np.isin(probe, base).tolist()
 
 
 def test_sorted_positions_are_kept_as_they_are() -> None:
@@ -189,4 +190,4 @@ def test_sorted_positions_are_kept_as_they_are() -> None:
     rows = np.arange(0, 10_000, 3, dtype=np.uint64)
     assert unique_positions(rows) is rows
     assert unique_positions(np.array([7, 7, 7])).tolist() == [7]
-    assert isin_sorted(np.array([1, 2]), np.empty(0, dtype=np.int64)).tolist() == [False, False]
+    assert isin_positions(np.array([1, 2]), np.empty(0, dtype=np.int64)).tolist() == [False, False]
