@@ -280,6 +280,11 @@ def _find(
         )
         if found_in_arrow is not None:
             return found_in_arrow
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if one_plain_key and opened is None:
+        files, out = _find_in_indexes(path, snap, files, physical[cat.key_columns[0]], source["k0"])
+        if not files:
+            return out
     by_abs = {os.path.join(path, unquote(f)): f for f in files}
     con = _duckdb().cursor()
     try:
@@ -291,7 +296,6 @@ def _find(
         ).fetch_arrow_table()
     finally:
         con.close()
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if found.num_rows == 0:
         return out
     found = found.sort_by("filename")
@@ -303,6 +307,34 @@ def _find(
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         out[by_abs[names[a]]] = (positions[a:b], sources[a:b])
     return out
+
+
+def _find_in_indexes(
+    path: str, snap: Snapshot, files: list[str], column: str, values: pa.Array
+) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """:func:`_find` in the big files of a one-column integer key through their key
+    indexes (:mod:`slotlake.key_index`): the files left to DuckDB, and what was found."""
+    import pyarrow as pa
+
+    from slotlake import key_index
+
+    t = values.type
+    if not pa.types.is_integer(t) or pa.types.is_uint64(t) or values.null_count:
+        return files, {}
+    assert snap.files is not None
+    keys = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    rest: list[str] = []
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for f in files:
+        add = snap.files[f]
+        index = key_index.load(path, add, column) if key_index.wanted(add) else None
+        if index is None:
+            rest.append(f)
+            continue
+        positions, which = key_index.find(index, keys)
+        if len(positions):
+            out[f] = (positions, which)
+    return rest, out
 
 
 def _arrow_key(t: pa.DataType) -> bool:

@@ -81,7 +81,7 @@ from slotlake.delta_checkpoint import (
     TOMBSTONE_RETENTION,
     interval_hours,
 )
-from slotlake.lake import CommitRecord, Lake, is_local
+from slotlake.lake import CommitRecord, Lake, is_local, local_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -308,6 +308,10 @@ def maintain_table(
             bound_listing(session)
             t1 = time.monotonic()
             out.files_deleted, applied = _vacuum(session, path, retention.hours)
+            if is_local(path):  # the MERGE's key indexes of files VACUUM deleted
+                from slotlake import key_index
+
+                key_index.prune(str(local_path(path)))
             out.vacuum_seconds = time.monotonic() - t1
             out.vacuumed = True
             if applied != retention.hours:

@@ -23,8 +23,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from slotlake import delta, delta_log, dv_merge
-from slotlake.catalog import TableCatalog
+from slotlake import delta, delta_log, dv_merge, key_index
+from slotlake.catalog import ColumnSpec, RelationVersion, TableCatalog
 from slotlake.decode import arrow_schema_for
 from slotlake.delta import DRIVER_ENGINE, _struct_from_json, create_on_driver
 from slotlake.lake import query_delta
@@ -40,6 +40,24 @@ CAT = TableCatalog(
     columns=[("id", "bigint"), ("v", "string")],
     state_columns=["id", "v"],
     key_columns=["id"],
+)
+# The same table as its Relation message gives it: a bigint key no value of which can have
+# fallen back to text, so its MERGE compares the key alone (and may use key indexes).
+PLAIN_CAT = TableCatalog(
+    name="public.t",
+    columns=[("id", "bigint"), ("v", "string")],
+    state_columns=["id", "v"],
+    key_columns=["id"],
+    versions=[
+        RelationVersion(
+            seq=0,
+            oid=1,
+            replica_identity="d",
+            columns=(ColumnSpec("id", 20, -1, "bigint"), ColumnSpec("v", 25, -1, "string")),
+            key_columns=("id",),
+            type_names=(),
+        )
+    ],
 )
 Model = dict[Any, tuple[str | None, dict[str, str]]]
 # merge_keyed's rewrite_up_to: 0 gives every touched file a deletion vector; the default
@@ -131,6 +149,12 @@ def vacuum(spark: Any, path: str, hours: int) -> None:
             spark.conf.unset(k) if v is None else spark.conf.set(k, v)
 
 
+def physical_id(path: str) -> str:
+    """The key column's physical name (column mapping)."""
+    fields = delta_log.snapshot(path).schema.fields
+    return next(f.metadata[delta_log.PHYSICAL] for f in fields if f.name == "id")
+
+
 def _last_commit(path: str) -> list[dict[str, Any]]:
     version = DeltaTable(path).version()
     with open(Path(path) / "_delta_log" / f"{version:020d}.json") as f:
@@ -217,12 +241,19 @@ def test_sparks_vectors_read_as_deltalake_reads_them(spark: Any, tmp_path: Path)
         assert deletion_vector.read(path, add["deletionVector"]).tolist() == by_deltalake[file]
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [*MODES, "indexed"])
 def test_many_merges_across_a_checkpoint(
     spark: Any, tmp_path: Path, monkeypatch, mode: str
 ) -> None:
+    """``indexed``: deletion vectors, a key no value of which fell back to text, and every
+    file big enough for a key index (:mod:`slotlake.key_index`)."""
     import random
 
+    cat = CAT
+    if mode == "indexed":
+        monkeypatch.setattr(key_index, "MIN_ROWS", 1)
+        cat = PLAIN_CAT
+    up_to = MODES.get(mode, 0)
     path = str(tmp_path / "state")
     model = _seed(spark, path, 2000, 4)
     from_checkpoint = []
@@ -248,10 +279,15 @@ def test_many_merges_across_a_checkpoint(
             changes.append((next_id, f"new{batch}", {}, False))
             next_id += 1
         rows = _rows(LONG_KEY, changes)
-        assert dv_merge.merge_keyed(path, rows, CAT, "app", batch, rewrite_up_to=MODES[mode])
+        assert dv_merge.merge_keyed(path, rows, cat, "app", batch, rewrite_up_to=up_to)
         _apply(model, changes)
         if batch % 4 == 0:
             assert _read_deltalake(path, "id") == model, batch
+    indexes = Path(path) / key_index.DIRECTORY
+    if mode == "indexed":  # every data file a MERGE looked into has one
+        assert len(list(indexes.iterdir())) >= 4
+    else:
+        assert not indexes.exists()
     assert (Path(path) / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
     assert from_checkpoint, "no live file's add action was read from the checkpoint"
     live = delta_log.snapshot(path, files=True).files
@@ -268,13 +304,26 @@ def test_many_merges_across_a_checkpoint(
     spark.sql(f"OPTIMIZE delta.`{path}`")
     vacuum(spark, path, 0)
     assert not list(Path(path).glob("deletion_vector_*.bin"))
+    if mode == "indexed":
+        # Spark's VACUUM leaves the index directory alone; maintain's prune then removes
+        # the indexes of the files it deleted, and only those.
+        before = {p.name for p in indexes.iterdir()}
+        assert key_index.prune(path) == len(before) > 0
+        assert not list(indexes.iterdir())
     changes = [(key, "after upkeep", {}, False) for key in sorted(model)[:50]]
     changes += [(key, None, {}, True) for key in sorted(model)[50:60]]
     rows = _rows(LONG_KEY, changes)
-    assert dv_merge.merge_keyed(path, rows, CAT, "app", 13, rewrite_up_to=MODES[mode])
+    assert dv_merge.merge_keyed(path, rows, cat, "app", 13, rewrite_up_to=up_to)
     _apply(model, changes)
     by_spark, by_deltalake = _read_both(spark, path, "id")
     assert by_spark == by_deltalake == model
+    if mode == "indexed":  # the compacted file's index, made by that MERGE, is kept
+        live = delta_log.snapshot(path, files=True).files or {}
+        assert key_index.prune(path) == 0
+        assert {p.name for p in indexes.iterdir()} <= {
+            Path(key_index.index_path(path, a, physical_id(path))).name for a in live.values()
+        }
+        assert list(indexes.iterdir())
 
 
 def test_keys_kept_as_text_match_through_fallback(spark: Any, tmp_path: Path) -> None:
@@ -505,6 +554,48 @@ def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
     want = {f"k{i}": f"v{i}" for i in range(50)} | {"k1": "x", "new": "n"}
     del want["k2"]
     assert {r["name"]: r["v"] for r in got} == want and len(got) == len(want)
+
+
+def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
+    spark: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """A one-column integer key in files past ``key_index.MIN_ROWS``: the rows found
+    through the files' key indexes are the ones DuckDB's join finds, deleted or not; a
+    file whose keys repeat gets no index and goes to DuckDB; an index that does not fit
+    its file is made again."""
+    path = str(tmp_path / "state")
+    _seed(spark, path, 3000, 3)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")  # Spark's vectors
+    # A file of its own whose key repeats (no state file has that; an index must not
+    # pick one of the two rows).
+    spark.createDataFrame([(9000, "a", {}, []), (9000, "b", {}, [])], LONG_KEY).coalesce(
+        1
+    ).write.format("delta").mode("append").save(path)
+    changes = [(k, "x", {}, False) for k in (1, 2, 10, 2999, 9000, 5000)]
+    changes += [(k, None, {}, True) for k in (3, 20, 7000)]
+    rows = _rows(LONG_KEY, changes)
+    snap = delta_log.snapshot(path, files=True)
+    physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
+
+    def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
+        return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
+
+    by_duckdb = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    indexes = Path(path) / key_index.DIRECTORY
+    assert not indexes.exists()
+    monkeypatch.setattr(key_index, "MIN_ROWS", 1)
+    by_index = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    assert by_index == by_duckdb
+    # 1, 2, 10, 2999, 3, 20 once each (10 and 20 behind Spark's vectors), 9000 twice.
+    assert sum(len(v) for v in by_index.values()) == 8
+    assert len(list(indexes.iterdir())) == 3  # not the file whose key repeats
+
+    spoiled = next(indexes.iterdir())
+    import numpy as np
+
+    np.save(spoiled, np.zeros((2, 5), dtype=np.int64))  # another file's row count
+    assert pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
+    assert np.load(spoiled).shape[1] > 5  # made again
 
 
 def test_the_drivers_restore_is_sparks_restore(spark: Any, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from slotlake import dv_merge
+from slotlake import dv_merge, key_index
 from slotlake.batch import DriverWrites
 from slotlake.cli import main as cli_main
 from slotlake.lake import BatchPlan, Lake, read_state
@@ -117,6 +117,14 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
             p.write_bytes(b"not committed")
             stamp = time.time() - hours * 3600
             os.utime(p, (stamp, stamp))
+        # Key indexes beside the state (slotlake.key_index): of a file VACUUM keeps (every
+        # removed file is younger than the minimum age) and of a file gone.
+        first = {"path": sorted(files_before[kv_rel])[0], "size": 1}
+        kept_index = Path(key_index.index_path(kv_state, first, "c"))
+        gone_index = Path(key_index.index_path(kv_state, {"path": "gone.parquet", "size": 1}, "c"))
+        kept_index.parent.mkdir()
+        kept_index.write_bytes(b"")
+        gone_index.write_bytes(b"")
 
         mcfg = make_config(pg_dsn, root, slot)
         mcfg.lake.state_versions = 2
@@ -160,6 +168,7 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
         # VACUUM ran, removed the old orphan and kept the young one (minimum age).
         assert all(t.vacuumed for t in result.tables)
         assert not old.exists() and young.exists()
+        assert kept_index.exists() and not gone_index.exists()
         assert result.files_deleted >= 1
 
         # The retained batches still read exactly as they did, by time travel to versions
