@@ -703,3 +703,67 @@ def test_clone_owns_a_versions_files_and_vectors(
     )
     _apply(expected, changes)
     assert _read_both(spark, target, "id") == (expected, expected)
+
+
+@pytest.mark.one_pg_version  # the lake's MERGE is under test, not the source
+def test_syncs_through_key_indexes_keep_the_mirror_exact(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """Batches of random inserts, updates (of the key too), deletes and keys deleted and
+    inserted again, on an ``int`` and a ``bigint`` key, every state file past the key
+    index's size and MERGEd with deletion vectors: after each sync the mirror equals the
+    source, and the MERGEs found their rows through key indexes."""
+    import random
+
+    import psycopg
+
+    from slotlake.batch import DriverWrites
+    from slotlake.bootstrap import run_bootstrap
+    from slotlake.lake import Lake
+    from slotlake.sync import run_sync
+
+    from .sync_helpers import assert_mirror, make_config
+
+    monkeypatch.setattr(key_index, "MIN_ROWS", 1)
+    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    used: list[int] = []
+    real_find = key_index.find
+    monkeypatch.setattr(key_index, "find", lambda *a: used.append(1) or real_find(*a))
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    tables = {"public.k4": "int", "public.k8": "bigint"}
+    rng = random.Random(11)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for name, kind in tables.items():
+            c.execute(f"CREATE TABLE {name} (id {kind} PRIMARY KEY, v text)")
+            c.execute(f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 300) g")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)  # the slot, and the 300 rows a table copied
+        for batch in range(1, 6):
+            for name in tables:
+                ids = [r[0] for r in c.execute(f"SELECT id FROM {name}").fetchall()]
+                picked = rng.sample(ids, 40)
+                with c.transaction():
+                    for i in picked[:20]:
+                        c.execute(f"UPDATE {name} SET v = %s WHERE id = %s", (f"b{batch}", i))
+                    for i in picked[20:28]:
+                        c.execute(f"DELETE FROM {name} WHERE id = %s", (i,))
+                    for i in picked[28:32]:  # the key itself moves
+                        c.execute(f"UPDATE {name} SET id = id + 100000 WHERE id = %s", (i,))
+                    for i in picked[32:36]:  # deleted and inserted again in the batch
+                        c.execute(f"DELETE FROM {name} WHERE id = %s", (i,))
+                        c.execute(f"INSERT INTO {name} VALUES (%s, 'again')", (i,))
+                    c.execute(
+                        f"INSERT INTO {name} SELECT g, 'new' FROM generate_series(%s::int, %s::int) g",
+                        (1000 * batch, 1000 * batch + 9),
+                    )
+            result = run_sync(cfg, spark=spark)
+            assert result.status == "committed", result
+            assert_mirror(c, root, list(tables))
+    assert used, "no MERGE looked into a key index"
+    lake = Lake(root)
+    last = lake.read_commit(result.batch or 0)
+    for name in tables:
+        state = lake.path(last.tables[name].state or "")
+        assert list((Path(state) / key_index.DIRECTORY).iterdir()), name
