@@ -7,7 +7,8 @@ never runs beside a batch of the same slot; a run that finds it taken does nothi
    few per batch) are compacted, and files whose rows are mostly deleted (deletion
    vectors left by MERGE) are rewritten. OPTIMIZE changes no row: it is a commit that
    removes the old files and adds the compacted ones (``dataChange = false``).
-2. ``VACUUM`` every such table with a retention that keeps what readers may still use.
+2. ``VACUUM`` every such table with a retention that keeps what readers may still use;
+   on a local lake, the key indexes of the files it deleted go too (:mod:`slotlake.key_index`).
 3. Raw batches beyond ``lake.raw_retention_batches`` are deleted (:meth:`Lake.expire_raw`),
    and so are leftovers of attempts that never committed and checkpoint scratch files of
    a killed writer (:meth:`Lake.remove_uncommitted`).
