@@ -326,8 +326,7 @@ def _find_in_indexes(
     rest: list[str] = []
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
-        add = snap.files[f]
-        index = key_index.load(path, add, column) if key_index.wanted(add) else None
+        index = key_index.load(path, snap.files[f], column)
         if index is None:
             rest.append(f)
             continue

@@ -21,6 +21,7 @@ DuckDB's join). ``slotlake maintain`` removes the indexes of files VACUUM delete
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import uuid
@@ -47,14 +48,15 @@ def index_path(table_path: str, add: dict[str, Any], column: str) -> str:
     return os.path.join(table_path, DIRECTORY, f"{name}.{int(add['size'])}.{by}{_SUFFIX}")
 
 
+def _records(add: dict[str, Any]) -> int:
+    """A file's row count from its statistics (0 when it has none)."""
+    stats = add.get("stats")
+    return int(json.loads(stats).get("numRecords") or 0) if stats else 0
+
+
 def wanted(add: dict[str, Any]) -> bool:
     """Whether a file is big enough for an index (its statistics' row count)."""
-    import json
-
-    stats = add.get("stats")
-    if not stats:
-        return False
-    return int(json.loads(stats).get("numRecords") or 0) >= MIN_ROWS
+    return _records(add) >= MIN_ROWS
 
 
 def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.ndarray | None:
@@ -90,17 +92,15 @@ def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.
 
 def load(table_path: str, add: dict[str, Any], column: str) -> np.ndarray | None:
     """The index of ``add``'s file (2 × rows: sorted keys, their row positions), made if
-    missing; None when the file cannot have one."""
+    missing; None when the file cannot have one (too small: :func:`wanted`)."""
+    rows = _records(add)
+    if rows < MIN_ROWS:
+        return None
     target = index_path(table_path, add, column)
-    rows = None
-    if add.get("stats"):
-        import json
-
-        rows = json.loads(add["stats"]).get("numRecords")
     try:
         index = np.load(target, mmap_mode="r", allow_pickle=False)
         fits = index.ndim == 2 and index.shape[0] == 2 and index.dtype == np.int64
-        if fits and (rows is None or index.shape[1] == rows):
+        if fits and index.shape[1] == rows:
             return index
         log.warning("key index %s does not fit its file: made again", target)
     except FileNotFoundError:

@@ -15,6 +15,12 @@ import pytest
 from slotlake import key_index
 
 
+@pytest.fixture
+def every_file_indexed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files written here are small: every one is big enough for an index."""
+    monkeypatch.setattr(key_index, "MIN_ROWS", 1)
+
+
 def _file(table: Path, name: str, keys: list[int | None]) -> dict[str, object]:
     """A data file of ``keys`` (and a value column) and its ``add`` action."""
     target = table / name
@@ -24,6 +30,7 @@ def _file(table: Path, name: str, keys: list[int | None]) -> dict[str, object]:
     return {"path": name, "size": os.path.getsize(target), "stats": json.dumps(stats)}
 
 
+@pytest.mark.usefixtures("every_file_indexed")
 def test_positions_of_the_keys_asked_for(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     keys = rng.permutation(50_000).tolist()
@@ -48,6 +55,7 @@ def test_positions_of_the_keys_asked_for(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("keys", [[1, 2, 2, 3], [1, None, 3]], ids=["a key twice", "a NULL key"])
+@pytest.mark.usefixtures("every_file_indexed")
 def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None]) -> None:
     add = _file(tmp_path, "part-0.parquet", keys)
     assert key_index.load(str(tmp_path), add, "k") is None
@@ -57,6 +65,7 @@ def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None]) ->
     )
 
 
+@pytest.mark.usefixtures("every_file_indexed")
 def test_an_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
     add = _file(tmp_path, "part-0.parquet", [5, 3, 9])
     kept = Path(key_index.index_path(str(tmp_path), add, "k"))
@@ -70,14 +79,18 @@ def test_an_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> Non
     assert "does not fit" in caplog.text
 
 
-def test_only_big_files_are_wanted(monkeypatch) -> None:
+def test_only_big_files_are_wanted(tmp_path: Path, monkeypatch) -> None:
     add = {"path": "p", "size": 1, "stats": json.dumps({"numRecords": 100})}
     assert not key_index.wanted(add)
     assert not key_index.wanted({"path": "p", "size": 1})
     monkeypatch.setattr(key_index, "MIN_ROWS", 100)
     assert key_index.wanted(add)
+    small = _file(tmp_path, "part-0.parquet", list(range(99)))
+    assert key_index.load(str(tmp_path), small, "k") is None  # no index made
+    assert not (tmp_path / key_index.DIRECTORY).exists()
 
 
+@pytest.mark.usefixtures("every_file_indexed")
 def test_prune_removes_the_indexes_of_deleted_files_and_leftovers(tmp_path: Path) -> None:
     kept = _file(tmp_path, "sub/keep.parquet", [1, 2])
     gone = _file(tmp_path, "gone.parquet", [3, 4])
