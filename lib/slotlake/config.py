@@ -45,6 +45,10 @@ class SourceConfig:
     # A pull over less WAL than this many MiB reads on the session's own connection, not
     # ADBC's (whose connection loads the database's type catalog first). 0: always ADBC.
     adbc_min_mb: float = 32.0
+    # Before reading each batch's target, have the server log its running transactions
+    # (pg_log_standby_snapshot(), PostgreSQL 16 on a primary, when the role may execute
+    # it) so the slot's restart point follows the batches: see SlotSource.log_restart_point.
+    log_snapshots: bool = True
 
 
 @dataclass

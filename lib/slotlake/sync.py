@@ -130,6 +130,7 @@ def open_source(cfg: Config) -> SlotSource:
         session_settings=src.settings,
         split_bytes=int(src.split_peek_mb * 1024 * 1024) if src.split_peek_mb > 0 else None,
         adbc_min_bytes=int(src.adbc_min_mb * 1024 * 1024) if src.adbc_min_mb > 0 else None,
+        log_snapshots=src.log_snapshots,
     )
 
 
@@ -374,6 +375,8 @@ def _run_batch(
             prepared = snapshot.prepare(
                 cfg, lake, last, batch, attempt, source.connection, progress
             )
+            # So that the slot's restart point moves to this batch's end once it is advanced.
+            source.log_restart_point(after=start)
             # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
             flush, catalog = source.flush_lsn_and_catalog()
         target = target_lsn if target_lsn is not None else flush

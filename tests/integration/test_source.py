@@ -600,3 +600,37 @@ def test_the_adbc_peek_takes_the_password_the_libpq_ways(
         hba.write_text(original)
         with connect(pg_dsn) as c:
             c.execute("SELECT pg_reload_conf()")
+
+
+def test_the_running_transactions_are_logged_where_the_role_may(
+    pg_cluster: Any, pg_dsn: str, slot: str
+) -> None:
+    """``log_restart_point`` logs a record of the running transactions on PostgreSQL 16
+    for a role that may execute ``pg_log_standby_snapshot()`` (a superuser, or by GRANT),
+    and only past enough WAL; a replication role without the grant, and PostgreSQL 15,
+    go without (the restart point then follows the server's own records)."""
+    setup_source(pg_dsn)
+    pg16 = pg_cluster.version >= 16
+    with SlotSource(pg_dsn, slot, [PUB]) as src:
+        now = src.current_flush_lsn()
+        assert src.log_restart_point(after=now) is None  # no WAL past it yet
+        logged = src.log_restart_point(after=Lsn(0))
+        assert (logged is not None) == pg16
+        if pg16:
+            assert logged > now
+            assert src.log_snapshots is True
+        else:
+            assert src.log_snapshots is False
+    role = f"rx_{slot}"[:63]
+    with connect(pg_dsn) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+    dsn = pg_dsn.replace(f"user={pg_cluster.superuser}", f"user={role}")
+    assert f"user={role}" in dsn
+    with SlotSource(dsn, slot, [PUB]) as src:
+        assert src.log_restart_point(after=Lsn(0)) is None
+        assert src.log_snapshots is False
+    if pg16:
+        with connect(pg_dsn) as c:
+            c.execute(f"GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO {role}")
+        with SlotSource(dsn, slot, [PUB]) as src:
+            assert src.log_restart_point(after=Lsn(0)) is not None

@@ -17,7 +17,7 @@ from slotlake.batch import DriverWrites
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import Lake, read_changes, read_state
 from slotlake.lsn import Lsn
-from slotlake.sync import run_sync
+from slotlake.sync import open_source, run_sync
 
 from .sync_helpers import (
     AUDIT_SQL,
@@ -419,3 +419,60 @@ def test_driver_gives_a_table_past_its_byte_bound_to_spark(
             assert_log_matches_audit(c, lake, names)
     assert _writers(lake, "public.wide", "changes") == {"spark"}
     assert _writers(lake, "public.narrow", "changes") == {"slotlake"}
+
+
+def _restart_lsn(c: psycopg.Connection, slot: str) -> Lsn:
+    row = c.execute(
+        "SELECT restart_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def test_the_slot_restart_point_follows_the_batches(
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:
+    """Every peek and advance decodes from the slot's restart point. On PostgreSQL 16 a
+    batch over enough WAL logs the running transactions before reading its target, so
+    the next batch's advance moves the restart point to about this batch's end (the
+    server's own such records come every 15 s at most: back-to-back batches decoded
+    earlier ones again). An idle source still comes to rest: its runs end up to date.
+    PostgreSQL 15 has no such function: the batches are the same, nothing is logged."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE r (id int PRIMARY KEY, v text)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE r")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        created = _restart_lsn(c, slot)
+        pg16 = c.info.server_version >= 160000
+        targets = []
+        for n in range(3):
+            # ~300 KiB of WAL a batch: past source.LOG_SNAPSHOT_MIN_BYTES.
+            c.execute(
+                "INSERT INTO r SELECT g, repeat('x', 100) FROM generate_series(%s::int, %s::int) g",
+                (n * 2000 + 1, n * 2000 + 2000),
+            )
+            result = run_sync(cfg, spark=spark)
+            assert result.status == "committed"
+            targets.append(Lsn(result.target_lsn))
+        assert_mirror(c, lake, ["public.r"])
+        restart = _restart_lsn(c, slot)
+        if pg16:
+            # The first batch's record lies past its target; the second batch's advance
+            # passed it, the third's the second's.
+            assert restart > targets[0], (restart, targets)
+        else:
+            assert restart >= created
+        # The last batch's record lies past its target: one run more may take it as a batch
+        # of no change; then the source is at rest.
+        statuses = [run_sync(cfg, spark=spark).status for _ in range(3)]
+        assert statuses[1:] == ["up_to_date", "up_to_date"], statuses
+        assert statuses[0] in ("committed", "up_to_date")
+    # The setting reaches the source: off, nothing is logged, however much WAL there is.
+    cfg.source.log_snapshots = False
+    with open_source(cfg) as src:
+        assert src.log_restart_point(after=Lsn(0)) is None
+    cfg.source.log_snapshots = True
+    with open_source(cfg) as src:
+        assert (src.log_restart_point(after=Lsn(0)) is not None) == pg16
