@@ -55,6 +55,13 @@ log = logging.getLogger(__name__)
 # Touched files up to this many bytes are rewritten without the matched rows (copy on
 # write: a small state stays one file); bigger ones get deletion vectors instead.
 REWRITE_BYTES = 4 << 20
+# A MERGE by deletion vectors looks for a one-column key in at most this many files left
+# after the key indexes (a big table's newest, small files) with Arrow, reading their key
+# column, rather than with DuckDB's join. Measured (files of 9k rows, an integer key):
+# Arrow 0.8 ms a file; DuckDB 2.4 ms for one file, 2.9 for four, 4.4 for sixteen (its
+# scan runs on every core). A process that never needs DuckDB also never imports it
+# (~36 ms once: the import 29, the connection 7): a run a process, a scheduler's.
+ARROW_FIND_FILES = 3
 
 
 def unsupported(snap: Snapshot) -> str | None:
@@ -285,6 +292,12 @@ def _find(
         files, out = _find_in_indexes(path, snap, files, physical[cat.key_columns[0]], source["k0"])
         if not files:
             return out
+        if len(files) <= ARROW_FIND_FILES and _arrow_key(source["k0"].type):
+            found_in_arrow = _find_in_arrow(
+                path, files, physical[cat.key_columns[0]], source["k0"], None
+            )
+            if found_in_arrow is not None:
+                return {**out, **found_in_arrow}
     by_abs = {os.path.join(path, unquote(f)): f for f in files}
     con = _duckdb().cursor()
     try:
@@ -323,6 +336,10 @@ def _find_in_indexes(
         return files, {}
     assert snap.files is not None
     keys = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    # Looked up in key order, the binary searches walk each mapped index front to back:
+    # 9k random keys in a 2.5M-key index took 4.1 ms, sorted first 0.97 ms with the sort.
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
     rest: list[str] = []
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
@@ -332,7 +349,7 @@ def _find_in_indexes(
             continue
         positions, which = key_index.find(index, keys)
         if len(positions):
-            out[f] = (positions, which)
+            out[f] = (positions, order[which])
     return rest, out
 
 
@@ -350,16 +367,25 @@ def _arrow_key(t: pa.DataType) -> bool:
 
 
 def _find_in_arrow(
-    path: str, files: list[str], key: str, values: pa.Array, opened: dict[str, pa.Table]
+    path: str,
+    files: list[str],
+    key: str,
+    values: pa.Array,
+    opened: dict[str, pa.Table] | None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
-    """:func:`_find` for a one-column key in small files, read whole into ``opened``;
-    None when a file's key column does not cast to the rows' key type (DuckDB then)."""
+    """:func:`_find` for a one-column key in small files, read whole into ``opened`` (or,
+    without it, their key column only); None when a file's key column does not cast to
+    the rows' key type (DuckDB then)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
-        table = opened[f] = delta_log.read_data_file(os.path.join(path, unquote(f)))
+        file = os.path.join(path, unquote(f))
+        if opened is None:
+            table = delta_log.read_data_file(file, columns=[key])
+        else:
+            table = opened[f] = delta_log.read_data_file(file)
         try:
             column = table.column(key).cast(values.type)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):

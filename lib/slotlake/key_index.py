@@ -112,7 +112,8 @@ def load(table_path: str, add: dict[str, Any], column: str) -> np.ndarray | None
 
 def find(index: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The row positions of ``keys`` (int64) in an index's file, and which of ``keys``
-    each is."""
+    each is. Sorted keys search a mapped index several times faster (its pages are
+    read in order)."""
     ordered = index[0]
     if len(ordered) == 0 or len(keys) == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)

@@ -536,7 +536,9 @@ def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
     opened: dict[str, pa.Table] = {}
     in_arrow = dv_merge._find(path, snap, rows, cat, physical, opened)
     assert set(opened) == set(snap.files or {})
+    monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)  # DuckDB's join
     assert pairs(in_arrow) == pairs(dv_merge._find(path, snap, rows, cat, physical))
+    monkeypatch.undo()
     assert sum(len(p) for p in pairs(in_arrow).values()) == 2
 
     used = []
@@ -580,10 +582,13 @@ def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
     def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
         return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
 
+    monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
     by_duckdb = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    monkeypatch.undo()
     indexes = Path(path) / key_index.DIRECTORY
     assert not indexes.exists()
     monkeypatch.setattr(key_index, "MIN_ROWS", 1)
+    # The file whose key repeats is the one left: Arrow reads its key column.
     by_index = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
     assert by_index == by_duckdb
     # 1, 2, 10, 2999, 3, 20 once each (10 and 20 behind Spark's vectors), 9000 twice.
@@ -596,6 +601,45 @@ def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
     np.save(spoiled, np.zeros((2, 5), dtype=np.int64))  # another file's row count
     assert pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
     assert np.load(spoiled).shape[1] > 5  # made again
+
+
+def test_a_few_small_files_are_looked_up_in_arrow_as_duckdb_finds_them(
+    spark: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """A state MERGEd by deletion vectors whose candidate files (no key index) are at most
+    ``ARROW_FIND_FILES``: their key columns are read and looked up in Arrow, the rows
+    DuckDB's join finds (behind Spark's vectors or not, a repeated key twice), and
+    DuckDB is not asked; past that many files, DuckDB."""
+    path = str(tmp_path / "state")
+    _seed(spark, path, 300, 2)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")  # Spark's vectors
+    spark.createDataFrame([(900, "a", {}, []), (900, "b", {}, [])], LONG_KEY).coalesce(
+        1
+    ).write.format("delta").mode("append").save(path)
+    changes = [(k, "x", {}, False) for k in (1, 2, 10, 299, 900, 5000)]
+    changes += [(k, None, {}, True) for k in (3, 20, 700)]
+    rows = _rows(LONG_KEY, changes)
+    snap = delta_log.snapshot(path, files=True)
+    assert len(snap.files or {}) == 3
+    physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
+
+    def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
+        return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
+
+    monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
+    by_duckdb = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    # 1, 2, 10, 299, 3, 20 once each (10 and 20 behind Spark's vectors), 900 twice.
+    assert sum(len(v) for v in by_duckdb.values()) == 8
+    monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 3)
+
+    def no_duckdb() -> Any:
+        raise AssertionError("DuckDB was asked")
+
+    monkeypatch.setattr(dv_merge, "_duckdb", no_duckdb)
+    assert pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
+    monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 2)
+    with pytest.raises(AssertionError, match="DuckDB was asked"):
+        dv_merge._find(path, snap, rows, PLAIN_CAT, physical)
 
 
 def test_the_drivers_restore_is_sparks_restore(spark: Any, tmp_path: Path) -> None:
