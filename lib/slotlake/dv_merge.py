@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -320,6 +321,26 @@ def _find(
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         out[by_abs[names[a]]] = (positions[a:b], sources[a:b])
     return out
+
+
+def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
+    """Make the key indexes a MERGE here would make (:mod:`slotlake.key_index`) for every
+    big live file of the local state at ``path``; how many of its files have one. For
+    the bootstrap and ``slotlake maintain`` (whose OPTIMIZE writes new files): the next
+    batch then finds them made instead of paying ~0.1 s a million rows itself, once a
+    file (a table of 500M rows: about a minute). A state whose key is not one integer
+    column gets none."""
+    from slotlake import key_index
+
+    if len(key_columns) != 1:
+        return 0
+    snap = delta_log.snapshot(path, files=True)
+    field = next((f for f in snap.schema.fields if f.name == key_columns[0]), None)
+    if field is None or field.dataType.typeName() not in ("byte", "short", "integer", "long"):
+        return 0
+    physical = field.metadata.get(delta_log.PHYSICAL, field.name)
+    assert snap.files is not None
+    return sum(key_index.load(path, add, physical) is not None for add in snap.files.values())
 
 
 def _find_in_indexes(

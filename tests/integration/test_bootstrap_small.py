@@ -20,6 +20,8 @@ import pyarrow as pa
 import pytest
 
 from slotlake import bootstrap as bootstrap_module
+from slotlake import dv_merge, key_index
+from slotlake.batch import DriverWrites
 from slotlake.bootstrap import multiset_rows, run_bootstrap
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import COPIES, Lake, read_state
@@ -390,6 +392,8 @@ def test_big_table_streamed_on_the_driver(
         ).fetchone() == (0,)
 
         monkeypatch.setattr(bootstrap_module, "convert_csv", real)
+        # Files this big get key indexes (slotlake.key_index): made by the bootstrap.
+        monkeypatch.setattr(key_index, "MIN_ROWS", 1000)
         lines.clear()
         result = run_bootstrap(cfg, parallel=3, min_range_blocks=1, progress=lines.append)
         copied = result.tables["public.big"]
@@ -404,7 +408,23 @@ def test_big_table_streamed_on_the_driver(
         rows = {r["id"]: r for r in read_state(lake, "public.big").to_pylist()}
         assert dict(rows[7]["_fallback"]) == {"n": "NaN"} and rows[7]["n"] is None
 
+        (made,) = [x for x in lines if "key indexes" in x]
+        assert made.startswith(f"bootstrap: {t.state}: key indexes of ") and "small" not in made
+        indexed = len(list((Path(lake) / str(t.state) / key_index.DIRECTORY).glob("*.npy")))
+        assert indexed >= 1 and f"of {indexed} files made" in made
+
+        # The first sync's MERGE (by deletion vectors here) finds every index made.
+        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+        monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+        making: list[str] = []
+        real_make = key_index._make
+        monkeypatch.setattr(
+            key_index,
+            "_make",
+            lambda *a: making.append(a[3]) or real_make(*a),  # type: ignore[func-returns-value]
+        )
         c.execute("UPDATE big SET v = 'changed' WHERE id % 1000 = 0")
         c.execute("DELETE FROM big WHERE id BETWEEN 100 AND 110")
         assert run_sync(cfg, spark=spark).status == "committed"
+        assert not making, making
         assert_mirror(c, lake, ["public.big", "public.small"])

@@ -13,6 +13,7 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import psycopg
 import pyarrow as pa
@@ -150,6 +151,9 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
         took("refusals")
 
         lines: list[str] = []
+        # Every state file big enough for a key index: maintain makes the compacted
+        # file's, so the next batch's MERGE finds it made.
+        monkeypatch.setattr(key_index, "MIN_ROWS", 1)
         result = run_maintain(mcfg, spark=spark, progress=lines.append)
         took("maintain")
         print("\n".join(lines))
@@ -170,6 +174,12 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
         assert not old.exists() and young.exists()
         assert kept_index.exists() and not gone_index.exists()
         assert result.files_deleted >= 1
+        (kv_done,) = [t for t in result.tables if t.path == kv_rel]
+        assert kv_done.key_indexes == 1
+        assert [t.path for t in result.tables if t.key_indexes] == [kv_rel]  # keyed states only
+        compacted = quote(unquote(next(iter(_files(kv_state)))), safe="")
+        names = [p.name for p in kept_index.parent.glob("*.keys.npy")]
+        assert len(names) == 2 and sum(n.startswith(compacted + ".") for n in names) == 1, names
 
         # The retained batches still read exactly as they did, by time travel to versions
         # whose files are no longer in the tables' current versions.
@@ -183,9 +193,18 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
         assert [lake.exists(rec[b].raw or "-") for b in range(1, LAST + 1)] == [False, False, True]
         took("checks")
 
-        # The next batch after maintenance: idempotency markers and state intact.
+        # The next batch after maintenance: idempotency markers and state intact, and no
+        # key index left for its MERGE to make.
+        made: list[str] = []
+        real_make = key_index._make
+        monkeypatch.setattr(
+            key_index,
+            "_make",
+            lambda *a: made.append(a[3]) or real_make(*a),  # type: ignore[func-returns-value]
+        )
         _workload(c, LAST + 1)
         assert run_sync(cfg, spark=spark).batch == LAST + 1
+        assert not made, made
         assert_mirror(c, root, TABLES)
         assert _rows(read_state(root, "public.kv", batch=LAST)) == states[LAST]["public.kv"]
         took("sync after maintain")
