@@ -135,3 +135,19 @@ def before_the_target(ops: list[Callable[[], None]]) -> Iterator[None]:
 
     with mock.patch.object(SlotSource, "flush_lsn_and_catalog", at_the_target):
         yield
+
+
+def key_indexes_made(monkeypatch: Any) -> list[str]:
+    """The paths of the key indexes made from now on (:mod:`slotlake.key_index`), listed
+    as they are made."""
+    from slotlake import key_index
+
+    made: list[str] = []
+    real = key_index._make
+
+    def spy(table_path: str, add: dict[str, Any], column: str, target: str) -> Any:
+        made.append(target)
+        return real(table_path, add, column, target)
+
+    monkeypatch.setattr(key_index, "_make", spy)
+    return made

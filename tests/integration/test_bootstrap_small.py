@@ -28,7 +28,7 @@ from slotlake.lake import COPIES, Lake, read_state
 from slotlake.multiset_arrow import multiset_table
 from slotlake.sync import run_sync
 
-from .sync_helpers import assert_mirror, make_config
+from .sync_helpers import assert_mirror, key_indexes_made, make_config
 
 KEYED = [f"k_{i:02d}" for i in range(1, 27)]
 SCHEMA = (
@@ -416,13 +416,7 @@ def test_big_table_streamed_on_the_driver(
         # The first sync's MERGE (by deletion vectors here) finds every index made.
         monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
         monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
-        making: list[str] = []
-        real_make = key_index._make
-        monkeypatch.setattr(
-            key_index,
-            "_make",
-            lambda *a: making.append(a[3]) or real_make(*a),  # type: ignore[func-returns-value]
-        )
+        making = key_indexes_made(monkeypatch)
         c.execute("UPDATE big SET v = 'changed' WHERE id % 1000 = 0")
         c.execute("DELETE FROM big WHERE id BETWEEN 100 AND 110")
         assert run_sync(cfg, spark=spark).status == "committed"

@@ -506,6 +506,30 @@ def test_files_are_pruned_by_key_statistics_and_keys_match_whole(
         assert len(read) == len(model)
 
 
+def _pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
+    """What ``dv_merge._find`` found, comparable: per file, (position, row) pairs."""
+    return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
+
+
+def _seed_with_a_repeated_key(
+    spark: Any, path: str, n: int, files: int
+) -> tuple[pa.Table, Any, dict[str, str]]:
+    """A state of keys 0..n-1 in ``files`` files, every tenth deleted by Spark (its
+    vectors), and a file of its own whose key 3n repeats (no state file has that; an index
+    must not pick one of the two rows); the rows of a batch updating 1, 2, 10, n-1, 3n
+    and 5n and deleting 3, 20 and 7n, the table's snapshot and physical names."""
+    _seed(spark, path, n, files)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")
+    spark.createDataFrame([(3 * n, "a", {}, []), (3 * n, "b", {}, [])], LONG_KEY).coalesce(
+        1
+    ).write.format("delta").mode("append").save(path)
+    changes = [(k, "x", {}, False) for k in (1, 2, 10, n - 1, 3 * n, 5 * n)]
+    changes += [(k, None, {}, True) for k in (3, 20, 7 * n)]
+    snap = delta_log.snapshot(path, files=True)
+    physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
+    return _rows(LONG_KEY, changes), snap, physical
+
+
 def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -530,16 +554,13 @@ def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
     snap = delta_log.snapshot(path, files=True)
     physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
 
-    def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
-        return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
-
     opened: dict[str, pa.Table] = {}
     in_arrow = dv_merge._find(path, snap, rows, cat, physical, opened)
     assert set(opened) == set(snap.files or {})
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)  # DuckDB's join
-    assert pairs(in_arrow) == pairs(dv_merge._find(path, snap, rows, cat, physical))
+    assert _pairs(in_arrow) == _pairs(dv_merge._find(path, snap, rows, cat, physical))
     monkeypatch.undo()
-    assert sum(len(p) for p in pairs(in_arrow).values()) == 2
+    assert sum(len(p) for p in _pairs(in_arrow).values()) == 2
 
     used = []
     real = dv_merge._find_in_arrow
@@ -566,30 +587,16 @@ def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
     file whose keys repeat gets no index and goes to DuckDB; an index that does not fit
     its file is made again."""
     path = str(tmp_path / "state")
-    _seed(spark, path, 3000, 3)
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")  # Spark's vectors
-    # A file of its own whose key repeats (no state file has that; an index must not
-    # pick one of the two rows).
-    spark.createDataFrame([(9000, "a", {}, []), (9000, "b", {}, [])], LONG_KEY).coalesce(
-        1
-    ).write.format("delta").mode("append").save(path)
-    changes = [(k, "x", {}, False) for k in (1, 2, 10, 2999, 9000, 5000)]
-    changes += [(k, None, {}, True) for k in (3, 20, 7000)]
-    rows = _rows(LONG_KEY, changes)
-    snap = delta_log.snapshot(path, files=True)
-    physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
-
-    def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
-        return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
+    rows, snap, physical = _seed_with_a_repeated_key(spark, path, 3000, 3)
 
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
-    by_duckdb = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    by_duckdb = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
     monkeypatch.undo()
     indexes = Path(path) / key_index.DIRECTORY
     assert not indexes.exists()
     monkeypatch.setattr(key_index, "MIN_ROWS", 1)
     # The file whose key repeats is the one left: Arrow reads its key column.
-    by_index = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    by_index = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
     assert by_index == by_duckdb
     # 1, 2, 10, 2999, 3, 20 once each (10 and 20 behind Spark's vectors), 9000 twice.
     assert sum(len(v) for v in by_index.values()) == 8
@@ -599,7 +606,7 @@ def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
     import numpy as np
 
     np.save(spoiled, np.zeros((2, 5), dtype=np.int64))  # another file's row count
-    assert pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
+    assert _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
     assert np.load(spoiled).shape[1] > 5  # made again
 
 
@@ -611,23 +618,11 @@ def test_a_few_small_files_are_looked_up_in_arrow_as_duckdb_finds_them(
     DuckDB's join finds (behind Spark's vectors or not, a repeated key twice), and
     DuckDB is not asked; past that many files, DuckDB."""
     path = str(tmp_path / "state")
-    _seed(spark, path, 300, 2)
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")  # Spark's vectors
-    spark.createDataFrame([(900, "a", {}, []), (900, "b", {}, [])], LONG_KEY).coalesce(
-        1
-    ).write.format("delta").mode("append").save(path)
-    changes = [(k, "x", {}, False) for k in (1, 2, 10, 299, 900, 5000)]
-    changes += [(k, None, {}, True) for k in (3, 20, 700)]
-    rows = _rows(LONG_KEY, changes)
-    snap = delta_log.snapshot(path, files=True)
+    rows, snap, physical = _seed_with_a_repeated_key(spark, path, 300, 2)
     assert len(snap.files or {}) == 3
-    physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
-
-    def pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
-        return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
 
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
-    by_duckdb = pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    by_duckdb = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
     # 1, 2, 10, 299, 3, 20 once each (10 and 20 behind Spark's vectors), 900 twice.
     assert sum(len(v) for v in by_duckdb.values()) == 8
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 3)
@@ -636,7 +631,7 @@ def test_a_few_small_files_are_looked_up_in_arrow_as_duckdb_finds_them(
         raise AssertionError("DuckDB was asked")
 
     monkeypatch.setattr(dv_merge, "_duckdb", no_duckdb)
-    assert pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
+    assert _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 2)
     with pytest.raises(AssertionError, match="DuckDB was asked"):
         dv_merge._find(path, snap, rows, PLAIN_CAT, physical)

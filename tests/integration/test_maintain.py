@@ -36,7 +36,7 @@ from slotlake.maintain import (
 from slotlake.source import lock_key
 from slotlake.sync import run_sync
 
-from .sync_helpers import assert_mirror, make_config
+from .sync_helpers import assert_mirror, key_indexes_made, make_config
 
 SCHEMA = """
 CREATE TABLE kv (id int PRIMARY KEY, txt text, n int);
@@ -195,13 +195,7 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
 
         # The next batch after maintenance: idempotency markers and state intact, and no
         # key index left for its MERGE to make.
-        made: list[str] = []
-        real_make = key_index._make
-        monkeypatch.setattr(
-            key_index,
-            "_make",
-            lambda *a: made.append(a[3]) or real_make(*a),  # type: ignore[func-returns-value]
-        )
+        made = key_indexes_made(monkeypatch)
         _workload(c, LAST + 1)
         assert run_sync(cfg, spark=spark).batch == LAST + 1
         assert not made, made
