@@ -710,11 +710,17 @@ class SlotSource:
                 return None
             return Lsn.parse(row[0])
         except psycopg.Error as exc:
-            raise self._error(
-                f"logging the running transactions (pg_log_standby_snapshot) failed on "
-                f"{self.dsn_redacted}",
-                exc,
-            ) from None
+            # Only the restart point's pace depends on it: the batch goes on without (a
+            # broken connection fails the statements that follow, with their own errors).
+            self.log_snapshots = False
+            log.warning(
+                "slot %s: could not log the running transactions (pg_log_standby_snapshot) "
+                "on %s: %s",
+                self.slot,
+                self.dsn_redacted,
+                redact_text(str(exc).strip(), self._secrets),
+            )
+            return None
 
     def flush_lsn_and_catalog(self) -> tuple[Lsn, dict[str, Any]]:
         """The flush LSN and, in the same snapshot, the published tables' columns

@@ -634,3 +634,10 @@ def test_the_running_transactions_are_logged_where_the_role_may(
             c.execute(f"GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO {role}")
         with SlotSource(dsn, slot, [PUB]) as src:
             assert src.log_restart_point(after=Lsn(0)) is not None
+            # Refused in mid-run: only the restart point's pace depended on it, so the
+            # run goes on without (a warning), and asks no more.
+            with connect(pg_dsn) as c:
+                c.execute(f"REVOKE EXECUTE ON FUNCTION pg_log_standby_snapshot() FROM {role}")
+            assert src.log_restart_point(after=Lsn(0)) is None
+            assert src.log_snapshots is False
+            assert src.current_flush_lsn() > Lsn(0)  # the session is still usable
