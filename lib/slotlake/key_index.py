@@ -54,11 +54,6 @@ def _records(add: dict[str, Any]) -> int:
     return int(json.loads(stats).get("numRecords") or 0) if stats else 0
 
 
-def wanted(add: dict[str, Any]) -> bool:
-    """Whether a file is big enough for an index (its statistics' row count)."""
-    return _records(add) >= MIN_ROWS
-
-
 def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.ndarray | None:
     """The file's keys sorted over their row positions, saved at ``target``; None when
     the column cannot be indexed (NULLs, repeats, not integers)."""
@@ -92,7 +87,8 @@ def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.
 
 def load(table_path: str, add: dict[str, Any], column: str) -> np.ndarray | None:
     """The index of ``add``'s file (2 × rows: sorted keys, their row positions), made if
-    missing; None when the file cannot have one (too small: :func:`wanted`)."""
+    missing; None when the file cannot have one (fewer than :data:`MIN_ROWS` rows by
+    its statistics, or a column :func:`_make` refuses)."""
     rows = _records(add)
     if rows < MIN_ROWS:
         return None

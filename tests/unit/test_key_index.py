@@ -79,15 +79,16 @@ def test_an_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> Non
     assert "does not fit" in caplog.text
 
 
-def test_only_big_files_are_wanted(tmp_path: Path, monkeypatch) -> None:
-    add = {"path": "p", "size": 1, "stats": json.dumps({"numRecords": 100})}
-    assert not key_index.wanted(add)
-    assert not key_index.wanted({"path": "p", "size": 1})
+def test_only_big_files_are_indexed(tmp_path: Path, monkeypatch) -> None:
+    add = _file(tmp_path, "part-1.parquet", list(range(100)))
+    assert key_index.load(str(tmp_path), add, "k") is None  # below the default
+    no_stats = {k: v for k, v in add.items() if k != "stats"}
     monkeypatch.setattr(key_index, "MIN_ROWS", 100)
-    assert key_index.wanted(add)
+    assert key_index.load(str(tmp_path), no_stats, "k") is None  # no row count: too small
     small = _file(tmp_path, "part-0.parquet", list(range(99)))
     assert key_index.load(str(tmp_path), small, "k") is None  # no index made
     assert not (tmp_path / key_index.DIRECTORY).exists()
+    assert key_index.load(str(tmp_path), add, "k") is not None
 
 
 @pytest.mark.usefixtures("every_file_indexed")
