@@ -1633,16 +1633,10 @@ def _make_key_indexes(
     from slotlake import dv_merge, key_index
 
     for t in copied:
-        if t.state is None or t.multiset or len(t.key_columns) != 1:
-            continue
-        if t.state_rows < key_index.MIN_ROWS:
+        if t.state is None or t.multiset or t.state_rows < key_index.MIN_ROWS:
             continue
         t0 = time.monotonic()
-        try:
-            made = dv_merge.make_key_indexes(_local(lake, t.state), t.key_columns)
-        except Exception as exc:  # the first sync's MERGE makes them, or reads the files
-            log.warning("key indexes of %s not made: %s: %s", t.state, type(exc).__name__, exc)
-            continue
+        made = dv_merge.make_key_indexes(_local(lake, t.state), t.key_columns)
         if made:
             progress(
                 f"bootstrap: {t.state}: key indexes of {made} files made "

@@ -329,18 +329,23 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
     the bootstrap and ``slotlake maintain`` (whose OPTIMIZE writes new files): the next
     batch then finds them made instead of paying ~0.1 s a million rows itself, once a
     file (a table of 500M rows: about a minute). A state whose key is not one integer
-    column gets none."""
+    column gets none. The indexes are a cache: one not made is a warning (the next MERGE
+    makes it, or reads the file)."""
     from slotlake import key_index
 
     if len(key_columns) != 1:
         return 0
-    snap = delta_log.snapshot(path, files=True)
-    field = next((f for f in snap.schema.fields if f.name == key_columns[0]), None)
-    if field is None or field.dataType.typeName() not in ("byte", "short", "integer", "long"):
+    try:
+        snap = delta_log.snapshot(path, files=True)
+        field = next((f for f in snap.schema.fields if f.name == key_columns[0]), None)
+        if field is None or field.dataType.typeName() not in ("byte", "short", "integer", "long"):
+            return 0
+        physical = field.metadata.get(delta_log.PHYSICAL, field.name)
+        assert snap.files is not None
+        return sum(key_index.load(path, add, physical) is not None for add in snap.files.values())
+    except Exception as exc:
+        log.warning("key indexes of %s not made: %s: %s", path, type(exc).__name__, exc)
         return 0
-    physical = field.metadata.get(delta_log.PHYSICAL, field.name)
-    assert snap.files is not None
-    return sum(key_index.load(path, add, physical) is not None for add in snap.files.values())
 
 
 def _find_in_indexes(

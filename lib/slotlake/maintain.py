@@ -337,25 +337,16 @@ def maintain_table(
                     f"not {retention.hours} h"
                 )
         if key_columns and is_local(path):
-            _make_key_indexes(out, str(local_path(path)), key_columns)
+            from slotlake import dv_merge
+
+            t1 = time.monotonic()
+            out.key_indexes = dv_merge.make_key_indexes(str(local_path(path)), key_columns)
+            out.index_seconds = time.monotonic() - t1
     except Exception as exc:
         log.debug("maintaining %s failed", path, exc_info=True)
         out.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     out.seconds = time.monotonic() - t0
     return out
-
-
-def _make_key_indexes(out: TableMaintenance, path: str, key_columns: Sequence[str]) -> None:
-    """The key indexes of a state's big files, made now rather than by the next batch
-    (OPTIMIZE wrote new files). A cache: one not made is only a warning."""
-    from slotlake import dv_merge
-
-    t0 = time.monotonic()
-    try:
-        out.key_indexes = dv_merge.make_key_indexes(path, key_columns)
-    except Exception as exc:  # the next batch's MERGE makes them, or reads the files
-        log.warning("key indexes of %s not made: %s: %s", path, type(exc).__name__, exc)
-    out.index_seconds = time.monotonic() - t0
 
 
 def run_maintain(
@@ -415,9 +406,7 @@ def run_maintain(
             if spark is None:
                 spark = _session(cfg)
             keys = {
-                t.state: t.key_columns
-                for t in last.tables.values()
-                if t.state and not t.multiset and len(t.key_columns) == 1
+                t.state: t.key_columns for t in last.tables.values() if t.state and not t.multiset
             }
             workers = max(1, min(cfg.lake.table_workers, len(tables) or 1))
             with ThreadPoolExecutor(workers, thread_name_prefix="slotlake-maintain") as pool:
