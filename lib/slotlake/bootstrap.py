@@ -1633,7 +1633,7 @@ def _make_key_indexes(
     from slotlake import dv_merge, key_index
 
     for t in copied:
-        if t.state is None or t.multiset or t.state_rows < key_index.MIN_ROWS:
+        if t.state is None or t.multiset or t.state_rows < key_index.AHEAD_MIN_ROWS:
             continue
         t0 = time.monotonic()
         made = dv_merge.make_key_indexes(_local(lake, t.state), t.key_columns)

@@ -325,7 +325,8 @@ def _find(
 
 def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
     """Make the key indexes a MERGE here would make (:mod:`slotlake.key_index`) for every
-    big live file of the local state at ``path``; how many of its files have one. For
+    live file of at least ``key_index.AHEAD_MIN_ROWS`` rows of the local state at ``path``;
+    how many of its files have one. For
     the bootstrap and ``slotlake maintain`` (whose OPTIMIZE writes new files): the next
     batch then finds them made instead of paying ~0.1 s a million rows itself, once a
     file (a table of 500M rows: about a minute). A state whose key is not one integer
@@ -342,7 +343,10 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
             return 0
         physical = field.metadata.get(delta_log.PHYSICAL, field.name)
         assert snap.files is not None
-        return sum(key_index.load(path, add, physical) is not None for add in snap.files.values())
+        return sum(
+            key_index.load(path, add, physical, key_index.AHEAD_MIN_ROWS) is not None
+            for add in snap.files.values()
+        )
     except Exception as exc:
         log.warning("key indexes of %s not made: %s: %s", path, type(exc).__name__, exc)
         return 0

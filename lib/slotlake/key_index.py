@@ -1,5 +1,5 @@
-"""Sorted keys of a keyed state's big data files, so that a MERGE finds random keys
-without reading every key of the table.
+"""Sorted keys of the data files of a keyed state MERGEd with deletion vectors, so that
+a MERGE finds random keys without reading every key of the table.
 
 A batch of random updates touches every data file of a big state, and Delta's statistics
 (one minimum and maximum a file) prune none of them: the driver's MERGE read the whole key
@@ -9,14 +9,15 @@ written (a deletion vector hides rows, their positions stay), so the file's keys
 with each key's row position, stay true for as long as the file exists. They are kept
 beside the table, one NumPy file a data file, under ``_slotlake_keys/`` (a directory whose
 name starts with ``_``: Delta's readers and its VACUUM leave it alone), made the first time
-a MERGE looks into the file and then mapped, not read: a batch's keys are found by a
-binary search each (10k keys in a 2.5M-row file: well under a millisecond).
+a MERGE looks into the file (the small file each batch adds too: every later batch looks
+into it until OPTIMIZE) and then mapped, not read: a batch's keys are found by a binary
+search each (10k keys in a 2.5M-row file: well under a millisecond).
 
 An index is named by its data file, that file's size and the key column; it is written
 whole and synced before it takes its name, and one that does not fit its file (another
 row count, unreadable) is ignored and made again. Only one-column integer keys
-without NULLs and without repeats in the file are indexed (the MERGE's other keys keep
-DuckDB's join). ``slotlake maintain`` removes the indexes of files VACUUM deleted.
+without NULLs and without repeats in the file are indexed (the MERGE reads the other keys'
+columns). ``slotlake maintain`` removes the indexes of files VACUUM deleted.
 """
 
 from __future__ import annotations
@@ -33,9 +34,18 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 DIRECTORY = "_slotlake_keys"
-# Files with fewer rows are read whole as before: their key column costs less than an
-# index's making.
-MIN_ROWS = 1 << 18
+# A MERGE indexes every file it looks into with at least this many rows. A file of a
+# state MERGEd with deletion vectors is looked into again by each later batch whose keys
+# its statistics allow (random keys: every batch) until OPTIMIZE replaces it, so even a
+# batch's small file repays its index: made once in 1.6-3.4 ms (the fsync most of it),
+# then found in 0.12-0.25 ms where reading its key column took 0.24-0.57 ms (5 to 10k
+# rows), and DuckDB's join of four or more such files 2.4 ms and more (plus ~36 ms to
+# import it in a process that had no other use for it).
+MIN_ROWS = 1
+# The bootstrap and ``slotlake maintain`` make indexes ahead only for files this big: a
+# state they write with smaller files is small enough to be rewritten by a MERGE (no
+# lookup of its files) or pays little for the first MERGE making them.
+AHEAD_MIN_ROWS = 1 << 18
 _SUFFIX = ".keys.npy"
 
 
@@ -85,12 +95,15 @@ def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.
     return index
 
 
-def load(table_path: str, add: dict[str, Any], column: str) -> np.ndarray | None:
+def load(
+    table_path: str, add: dict[str, Any], column: str, min_rows: int | None = None
+) -> np.ndarray | None:
     """The index of ``add``'s file (2 × rows: sorted keys, their row positions), made if
-    missing; None when the file cannot have one (fewer than :data:`MIN_ROWS` rows by
-    its statistics, or a column :func:`_make` refuses)."""
+    missing; None when the file cannot have one (fewer than ``min_rows``, by default
+    :data:`MIN_ROWS`, rows by its statistics: none without them; or a column
+    :func:`_make` refuses)."""
     rows = _records(add)
-    if rows < MIN_ROWS:
+    if rows < max(1, MIN_ROWS if min_rows is None else min_rows):
         return None
     target = index_path(table_path, add, column)
     try:

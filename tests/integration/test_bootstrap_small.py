@@ -392,8 +392,8 @@ def test_big_table_streamed_on_the_driver(
         ).fetchone() == (0,)
 
         monkeypatch.setattr(bootstrap_module, "convert_csv", real)
-        # Files this big get key indexes (slotlake.key_index): made by the bootstrap.
-        monkeypatch.setattr(key_index, "MIN_ROWS", 1000)
+        # Files this big get key indexes ahead (slotlake.key_index): by the bootstrap.
+        monkeypatch.setattr(key_index, "AHEAD_MIN_ROWS", 1000)
         lines.clear()
         result = run_bootstrap(cfg, parallel=3, min_range_blocks=1, progress=lines.append)
         copied = result.tables["public.big"]

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pytest
@@ -245,13 +246,12 @@ def test_sparks_vectors_read_as_deltalake_reads_them(spark: Any, tmp_path: Path)
 def test_many_merges_across_a_checkpoint(
     spark: Any, tmp_path: Path, monkeypatch, mode: str
 ) -> None:
-    """``indexed``: deletion vectors, a key no value of which fell back to text, and every
-    file big enough for a key index (:mod:`slotlake.key_index`)."""
+    """``indexed``: deletion vectors and a key no value of which fell back to text, so that
+    every file a MERGE looks into gets a key index (:mod:`slotlake.key_index`)."""
     import random
 
     cat = CAT
     if mode == "indexed":
-        monkeypatch.setattr(key_index, "MIN_ROWS", 1)
         cat = PLAIN_CAT
     up_to = MODES.get(mode, 0)
     path = str(tmp_path / "state")
@@ -511,6 +511,11 @@ def _pairs(found: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
     return {f: sorted(zip(p.tolist(), s.tolist(), strict=True)) for f, (p, s) in found.items()}
 
 
+def _no_key_indexes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No file is big enough for a key index: ``dv_merge._find`` reads key columns."""
+    monkeypatch.setattr(key_index, "MIN_ROWS", 1 << 62)
+
+
 def _seed_with_a_repeated_key(
     spark: Any, path: str, n: int, files: int
 ) -> tuple[pa.Table, Any, dict[str, str]]:
@@ -582,19 +587,19 @@ def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
 def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
     spark: Any, tmp_path: Path, monkeypatch
 ) -> None:
-    """A one-column integer key in files past ``key_index.MIN_ROWS``: the rows found
-    through the files' key indexes are the ones DuckDB's join finds, deleted or not; a
-    file whose keys repeat gets no index and goes to DuckDB; an index that does not fit
-    its file is made again."""
+    """A one-column integer key (every file past ``key_index.MIN_ROWS`` by default): the
+    rows found through the files' key indexes are the ones DuckDB's join finds, deleted or
+    not; a file whose keys repeat gets no index and goes to DuckDB; an index that does not
+    fit its file is made again."""
     path = str(tmp_path / "state")
     rows, snap, physical = _seed_with_a_repeated_key(spark, path, 3000, 3)
 
+    _no_key_indexes(monkeypatch)
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
     by_duckdb = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
     monkeypatch.undo()
     indexes = Path(path) / key_index.DIRECTORY
     assert not indexes.exists()
-    monkeypatch.setattr(key_index, "MIN_ROWS", 1)
     # The file whose key repeats is the one left: Arrow reads its key column.
     by_index = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
     assert by_index == by_duckdb
@@ -620,6 +625,7 @@ def test_a_few_small_files_are_looked_up_in_arrow_as_duckdb_finds_them(
     path = str(tmp_path / "state")
     rows, snap, physical = _seed_with_a_repeated_key(spark, path, 300, 2)
     assert len(snap.files or {}) == 3
+    _no_key_indexes(monkeypatch)
 
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
     by_duckdb = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
@@ -749,9 +755,10 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch
 ) -> None:
     """Batches of random inserts, updates (of the key too), deletes and keys deleted and
-    inserted again, on an ``int`` and a ``bigint`` key, every state file past the key
-    index's size and MERGEd with deletion vectors: after each sync the mirror equals the
-    source, and the MERGEs found their rows through key indexes."""
+    inserted again, on an ``int`` and a ``bigint`` key, every state MERGEd with deletion
+    vectors: after each sync the mirror equals the source, and the MERGEs found their rows
+    through key indexes, made by default (the bootstrap's 300 rows are too few for one
+    ahead) for every file they looked into, the batches' own small files too."""
     import random
 
     import psycopg
@@ -763,7 +770,6 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
 
     from .sync_helpers import assert_mirror, make_config
 
-    monkeypatch.setattr(key_index, "MIN_ROWS", 1)
     monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
     monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
     used: list[int] = []
@@ -805,4 +811,10 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
     last = lake.read_commit(result.batch or 0)
     for name in tables:
         state = lake.path(last.tables[name].state or "")
-        assert list((Path(state) / key_index.DIRECTORY).iterdir()), name
+        live = delta_log.snapshot(state, files=True).files or {}
+        names = [p.name for p in (Path(state) / key_index.DIRECTORY).iterdir()]
+        indexed = [
+            f for f in live if any(n.startswith(quote(unquote(f), safe="") + ".") for n in names)
+        ]
+        # The bootstrap's file and each batch's but the last, which no MERGE looked into yet.
+        assert len(live) == 6 and len(indexed) == 5, (name, sorted(live), indexed)

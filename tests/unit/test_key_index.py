@@ -1,4 +1,4 @@
-"""Key indexes of big state files (:mod:`slotlake.key_index`), on Parquet files written
+"""Key indexes of state files (:mod:`slotlake.key_index`), on Parquet files written
 here: what they find, what they refuse, and what ``prune`` removes."""
 
 from __future__ import annotations
@@ -15,12 +15,6 @@ import pytest
 from slotlake import key_index
 
 
-@pytest.fixture
-def every_file_indexed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The files written here are small: every one is big enough for an index."""
-    monkeypatch.setattr(key_index, "MIN_ROWS", 1)
-
-
 def _file(table: Path, name: str, keys: list[int | None]) -> dict[str, object]:
     """A data file of ``keys`` (and a value column) and its ``add`` action."""
     target = table / name
@@ -30,7 +24,6 @@ def _file(table: Path, name: str, keys: list[int | None]) -> dict[str, object]:
     return {"path": name, "size": os.path.getsize(target), "stats": json.dumps(stats)}
 
 
-@pytest.mark.usefixtures("every_file_indexed")
 def test_positions_of_the_keys_asked_for(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     keys = rng.permutation(50_000).tolist()
@@ -55,7 +48,6 @@ def test_positions_of_the_keys_asked_for(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("keys", [[1, 2, 2, 3], [1, None, 3]], ids=["a key twice", "a NULL key"])
-@pytest.mark.usefixtures("every_file_indexed")
 def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None]) -> None:
     add = _file(tmp_path, "part-0.parquet", keys)
     assert key_index.load(str(tmp_path), add, "k") is None
@@ -65,7 +57,6 @@ def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None]) ->
     )
 
 
-@pytest.mark.usefixtures("every_file_indexed")
 def test_an_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
     add = _file(tmp_path, "part-0.parquet", [5, 3, 9])
     kept = Path(key_index.index_path(str(tmp_path), add, "k"))
@@ -79,19 +70,25 @@ def test_an_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> Non
     assert "does not fit" in caplog.text
 
 
-def test_only_big_files_are_indexed(tmp_path: Path, monkeypatch) -> None:
+def test_files_below_the_bound_are_not_indexed(tmp_path: Path, monkeypatch) -> None:
+    """A MERGE indexes a file of any size by default; the bootstrap and ``maintain`` ask
+    for big ones only (``AHEAD_MIN_ROWS``); a file without a row count gets none."""
     add = _file(tmp_path, "part-1.parquet", list(range(100)))
-    assert key_index.load(str(tmp_path), add, "k") is None  # below the default
     no_stats = {k: v for k, v in add.items() if k != "stats"}
+    assert key_index.load(str(tmp_path), no_stats, "k") is None  # no row count
+    assert key_index.load(str(tmp_path), add, "k", key_index.AHEAD_MIN_ROWS) is None
+    assert not (tmp_path / key_index.DIRECTORY).exists()
     monkeypatch.setattr(key_index, "MIN_ROWS", 100)
-    assert key_index.load(str(tmp_path), no_stats, "k") is None  # no row count: too small
     small = _file(tmp_path, "part-0.parquet", list(range(99)))
     assert key_index.load(str(tmp_path), small, "k") is None  # no index made
-    assert not (tmp_path / key_index.DIRECTORY).exists()
+    assert key_index.load(str(tmp_path), small, "k", 99) is not None  # asked for
+    monkeypatch.undo()
+    one = _file(tmp_path, "part-2.parquet", [7])
+    assert np.asarray(key_index.load(str(tmp_path), one, "k")).tolist() == [[7], [0]]
     assert key_index.load(str(tmp_path), add, "k") is not None
+    assert len(list((tmp_path / key_index.DIRECTORY).iterdir())) == 3
 
 
-@pytest.mark.usefixtures("every_file_indexed")
 def test_prune_removes_the_indexes_of_deleted_files_and_leftovers(tmp_path: Path) -> None:
     kept = _file(tmp_path, "sub/keep.parquet", [1, 2])
     gone = _file(tmp_path, "gone.parquet", [3, 4])
