@@ -325,11 +325,11 @@ def _find(
 
 def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
     """Make the key indexes a MERGE here would make (:mod:`slotlake.key_index`) for every
-    live file of at least ``key_index.AHEAD_MIN_ROWS`` rows of the local state at ``path``;
-    how many of its files have one. For
-    the bootstrap and ``slotlake maintain`` (whose OPTIMIZE writes new files): the next
-    batch then finds them made instead of paying ~0.1 s a million rows itself, once a
-    file (a table of 500M rows: about a minute). A state whose key is not one integer
+    live file of at least ``key_index.AHEAD_MIN_ROWS`` rows of the local state at
+    ``path``; how many of them have one. For the bootstrap and ``slotlake maintain``
+    (whose OPTIMIZE writes new files): the next batch then finds them made instead of
+    paying ~0.1 s a million rows itself, once a file (a table of 500M rows: about a
+    minute). A state whose key is not one integer
     column gets none. The indexes are a cache: one not made is a warning (the next MERGE
     makes it, or reads the file)."""
     from slotlake import key_index
