@@ -428,10 +428,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         lake = Lake(cfg.lake.path)
         lake.layout()  # OldLayoutError for a lake of the old layout
         if args.batch not in lake.commit_batches():
-            print(
-                f"slotlake inspect: batch {args.batch} is not committed in {cfg.lake.path}",
-                file=sys.stderr,
+            why = (
+                "had its record and raw payloads expired (lake.commit_retention_batches)"
+                if args.batch <= lake.commits_expired_upto()
+                else "is not committed"
             )
+            print(f"slotlake inspect: batch {args.batch} {why} in {cfg.lake.path}", file=sys.stderr)
             return EXIT_USAGE
         rec = lake.read_commit(args.batch)
         if not rec.raw:

@@ -56,6 +56,9 @@ class LakeConfig:
     path: str = "lake"
     # Raw batches kept for reprocessing: the newest N committed batches (-1 = all).
     raw_retention_batches: int = -1
+    # Commit records kept by `slotlake maintain`: the newest N (-1 = all), never those of
+    # batches still readable (state_versions) or with raw kept, nor the one before them.
+    commit_retention_batches: int = -1
     # Batches back whose Delta table versions stay readable (time travel, reprocessing
     # start points): `slotlake maintain` never VACUUMs files those versions still use.
     state_versions: int = 3
@@ -217,6 +220,7 @@ def validate(cfg: Config) -> None:
     # send every table one way, or keep nothing.
     for name, least in (
         ("raw_retention_batches", -1),
+        ("commit_retention_batches", -1),
         ("state_versions", 0),  # 0 keeps the newest batch, as 1 does
         ("vacuum_min_age_hours", 0),
         ("table_workers", 1),

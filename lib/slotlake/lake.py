@@ -51,6 +51,8 @@ LAYOUT_FILE = "_slotlake.json"
 LAYOUT = "delta"
 COMMITS = "_commits"
 PENDING = "_pending"
+# Where maintain says up to which batch it expired commit records (Lake.expire_commits).
+EXPIRED_COMMITS = f"{COMMITS}/expired.json"
 RAW = "_raw"
 CHANGES = "changes"
 STATE = "state"
@@ -582,30 +584,20 @@ class Lake:
         self.fs.replace(self._plan_path(plan.batch), plan.to_json())
 
     # -- housekeeping ----------------------------------------------------------------------
-    def referenced_raw(self) -> set[str]:
-        """Raw directories a commit record or a pending plan names (every record read)."""
-        out = {rec.raw for rec in self.commits() if rec.raw}
-        for name in self.fs.listdir(self.path(PENDING)):
-            m = _COMMIT_NAME.match(name)
-            if m and (plan := self.read_plan(int(m.group(1)))) is not None:
-                out.add(plan.raw)
-        return out
-
     def _unreferenced_raw(self, batches: list[int], thorough: bool) -> list[str]:
-        """Raw directories no record or plan names. ``thorough`` reads every commit record;
-        otherwise only those that can tell: a sync runs this before each batch, and reading
-        the whole history there made a batch cost more the longer the lake lived (a
-        hundred-table record parses in ~1.5 ms: ten thousand batches, 15 s a sync).
+        """Raw directories no record or plan names. A record names its own batch's raw
+        directory (its batch number is in the name), so only the records of batches
+        that have raw directories are read: a sync runs this before each batch, and
+        reading the whole history there made a batch cost more the longer the lake lived
+        (a hundred-table record parses in ~1.5 ms: ten thousand batches, 15 s a sync).
 
         The quick sweep keeps, unread, the one raw directory of a committed batch: an
         attempt that never got a plan has a batch number above the last commit, and the
         sweep before the next attempt removes it, so a committed batch's lone directory
         is its own. Where that could fail (a sweep skipped by hand) a directory is kept,
-        never lost; ``slotlake maintain`` sweeps thoroughly."""
+        never lost; ``thorough`` (``slotlake maintain``) also reads the record of a lone
+        directory and removes those of batches below the last that no record has."""
         dirs = [(b, f"{RAW}/{name}") for b, name in batch_dirs(self.fs, self.path(RAW))]
-        if thorough:
-            referenced = self.referenced_raw()
-            return [rel for _, rel in dirs if rel not in referenced]
         by_batch: dict[int, list[str]] = {}
         for b, rel in dirs:
             by_batch.setdefault(b, []).append(rel)
@@ -613,12 +605,14 @@ class Lake:
         out = []
         for b, rels in sorted(by_batch.items()):
             if b in committed:
-                if len(rels) == 1:
+                if len(rels) == 1 and not thorough:
                     continue
                 named = {self.read_commit(b).raw}
             elif b > last:
                 plan = self.read_plan(b)
                 named = {plan.raw} if plan is not None else set()
+            elif thorough:
+                named = set()  # only batch b's record could name it, and there is none
             else:
                 continue  # a gap in the history: not this sweep's to judge
             out += [rel for rel in rels if rel not in named]
@@ -627,7 +621,7 @@ class Lake:
     def remove_uncommitted(self, thorough: bool = False) -> list[str]:
         """Delete raw directories of attempts that never got a plan (crashed pulls) and
         temporary files left by a kill between a record's write and its rename
-        (``thorough``: judged against every commit record, see :meth:`_unreferenced_raw`,
+        (``thorough``: also a lone directory judged by its batch's record, see :meth:`_unreferenced_raw`,
         and a local lake's checkpoint scratch files too, see :meth:`_checkpoint_leftovers`).
 
         Delta tables need no such cleanup: a write either committed (and is then skipped
@@ -681,6 +675,49 @@ class Lake:
                 self.fs.rmtree(self.path(f"{RAW}/{name}"))
                 removed.append(f"{RAW}/{name}")
         return removed
+
+    def expire_commits(self, keep_batches: int, state_versions: int) -> list[str]:
+        """Delete the commit records of the oldest batches, keeping the newest
+        ``keep_batches`` (-1: all), never fewer than ``state_versions`` + 1 (the batches
+        maintain's VACUUM keeps readable, and the one before them that a reprocess starts
+        from), and every record from the one before the oldest batch that still has raw
+        payloads on (reprocessing and ``inspect --batch`` need a batch's record beside its
+        raw). What goes is a prefix of the history, oldest first, so a kill meanwhile
+        leaves a contiguous one; the newest record, which every run starts from, always
+        stays.
+
+        Each record names every table (1,000 tables: ~0.5 MB), and a lake synced every
+        few minutes writes hundreds a day."""
+        if keep_batches < 0:
+            return []
+        batches = self.commit_batches()
+        keep = max(keep_batches, state_versions + 1, 1)
+        cutoff = len(batches) - keep  # batches[:cutoff] may go
+        with_raw = {b for b, _ in batch_dirs(self.fs, self.path(RAW))}
+        for i, b in enumerate(batches[: max(0, cutoff)]):
+            if b in with_raw or (i + 1 < len(batches) and batches[i + 1] in with_raw):
+                cutoff = i
+                break
+        gone = batches[: max(0, cutoff)]
+        if not gone:
+            return []
+        # Said first, so that a kill among the deletions leaves no record missing unsaid:
+        # a reprocess must not take the oldest record left for the lake's first batch.
+        upto = {"expired_upto": gone[-1], "at": utcnow_iso()}
+        self.fs.replace(self.path(EXPIRED_COMMITS), json.dumps(upto) + "\n")
+        removed = []
+        for b in gone:
+            rel = f"{COMMITS}/{b:020d}.json"
+            self.fs.rmtree(self.path(rel))
+            removed.append(rel)
+        return removed
+
+    def commits_expired_upto(self) -> int:
+        """The newest batch whose commit record maintain expired (0: none ever was)."""
+        path = self.path(EXPIRED_COMMITS)
+        if not self.fs.exists(path):
+            return 0
+        return int(json.loads(self.fs.read_text(path))["expired_upto"])
 
     def delta_tables(self) -> list[str]:
         """Relative paths of every Delta table the newest commit names."""
@@ -773,6 +810,11 @@ def _record(root: str | Path, batch: int | None) -> CommitRecord:
         return rec
     lake.layout()
     if batch not in lake.commit_batches():
+        if batch <= lake.commits_expired_upto():
+            raise LakeError(
+                f"batch {batch}'s commit record in {root} was expired by slotlake maintain "
+                "(lake.commit_retention_batches)"
+            )
         raise LakeError(f"batch {batch} is not committed in {root}")
     return lake.read_commit(batch)
 

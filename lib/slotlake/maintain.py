@@ -13,7 +13,9 @@ never runs beside a batch of the same slot; a run that finds it taken does nothi
    otherwise have the next batch make them (~0.1 s a million rows).
 3. Raw batches beyond ``lake.raw_retention_batches`` are deleted (:meth:`Lake.expire_raw`),
    and so are leftovers of attempts that never committed and checkpoint scratch files of
-   a killed writer (:meth:`Lake.remove_uncommitted`).
+   a killed writer (:meth:`Lake.remove_uncommitted`); then commit records beyond
+   ``lake.commit_retention_batches``, but never those of batches the VACUUM above keeps
+   readable or that still have raw payloads (:meth:`Lake.expire_commits`).
 
 **Why the VACUUM retention is safe.** VACUUM deletes a file when no commit of the table's
 current version references it *and* it was removed (its tombstone's deletion timestamp;
@@ -166,6 +168,7 @@ class MaintainResult:
     retention: Retention | None = None
     tables: list[TableMaintenance] = field(default_factory=list)
     raw_expired: list[str] = field(default_factory=list)
+    commits_expired: list[str] = field(default_factory=list)
     uncommitted_removed: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -189,8 +192,8 @@ class MaintainResult:
         return (
             f"status: done, {len(self.tables)} tables: {self.files_compacted} files compacted "
             f"into {self.files_written}; {vacuumed} tables vacuumed, retention {retention}, "
-            f"{self.files_deleted} files deleted; {len(self.raw_expired)} raw batches expired "
-            f"({self.seconds:.1f} s)"
+            f"{self.files_deleted} files deleted; {len(self.raw_expired)} raw batches and "
+            f"{len(self.commits_expired)} commit records expired ({self.seconds:.1f} s)"
         )
 
 
@@ -208,7 +211,8 @@ def vacuum_retention(
 ) -> Retention:
     """The VACUUM retention that keeps the versions of the newest ``keep`` commit records.
 
-    ``created``: the ``created_at`` of every commit record, in batch order. See the module
+    ``created``: the ``created_at`` of the newest ``keep + 1`` commit records or more (all
+    of them when there are no more), in batch order. See the module
     docstring for why the anchor is the oldest ``created_at`` among the newest ``keep + 1``
     records (the lake's creation when there are no more than ``keep``).
     """
@@ -370,7 +374,11 @@ def run_maintain(
             )
             return MaintainResult(status="locked")
         try:
-            records: list[CommitRecord] = list(lake.commits())
+            # Only the records the retention needs: a lake's history grows by a record a
+            # batch, each naming every table (1,000 tables: ~0.5 MB, ~7 ms to parse).
+            batches = lake.commit_batches()
+            window = batches[-(max(1, cfg.lake.state_versions) + 1) :]
+            records: list[CommitRecord] = [lake.read_commit(b) for b in window]
             if not records:
                 progress(f"lake {lake.uri} has no committed batch; nothing to maintain")
                 return MaintainResult(status="empty")
@@ -422,6 +430,14 @@ def run_maintain(
             result.raw_expired = lake.expire_raw(cfg.lake.raw_retention_batches)
             for removed in result.raw_expired:
                 progress(f"expired raw batch {removed}")
+            result.commits_expired = lake.expire_commits(
+                cfg.lake.commit_retention_batches, cfg.lake.state_versions
+            )
+            if result.commits_expired:
+                progress(
+                    f"expired {len(result.commits_expired)} commit records "
+                    f"({result.commits_expired[0]}..{result.commits_expired[-1]})"
+                )
             result.seconds = time.monotonic() - t_start
             failed = [t for t in result.tables if t.error]
             if failed:

@@ -544,6 +544,18 @@ def run_reprocess(
             f"(committed: {committed[0]}..{committed[-1]})"
         )
     has_prior = first != committed[0]  # the range is contiguous: FIRST-1 is committed
+    if (
+        not has_prior
+        and 1 <= first - 1 <= src.commits_expired_upto()
+        and (in_place or not from_empty)
+    ):
+        # The oldest record left is not the lake's first batch: FIRST-1's state is unknown.
+        raise ReprocessError(
+            f"batch {first - 1}'s commit record, which names the state batch {first} starts "
+            f"from, was expired by slotlake maintain (lake.commit_retention_batches): start "
+            f"the range at batch {first + 1} or later"
+            + ("" if in_place else ", or pass --from-empty")
+        )
 
     def build() -> SparkSession:
         from slotlake.spark import build_session

@@ -252,3 +252,65 @@ def test_vacuum_retention_covers_the_window() -> None:
 )
 def test_interval_hours(text: str, hours: float | None) -> None:
     assert interval_hours(text) == hours
+
+
+@pytest.mark.one_pg_version  # upkeep of the lake's files: the source's version is not seen
+def test_maintain_reads_only_its_window_and_expires_old_commit_records(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lake synced every few minutes writes a record a batch, each naming every table:
+    maintain must not read them all, and expires those beyond
+    ``lake.commit_retention_batches`` that no readable batch or kept raw needs. Reading
+    an expired batch, or reprocessing from one, says so."""
+    from slotlake.lake import LakeError
+    from slotlake.reprocess import ReprocessError, run_reprocess
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    cfg.lake.raw_retention_batches = 2  # each sync expires raw too
+    batches = 8
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(SCHEMA)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        states = {}
+        for batch in range(1, batches + 1):
+            _workload(c, batch)
+            assert run_sync(cfg, spark=spark).batch == batch
+            states[batch] = _rows(read_state(root, "public.kv"))
+        lake = Lake(root)
+        mcfg = make_config(pg_dsn, root, slot)
+        mcfg.lake.state_versions = 1
+        mcfg.lake.raw_retention_batches = 2
+        mcfg.lake.commit_retention_batches = 3
+        read: list[int] = []
+        real = Lake.read_commit
+        monkeypatch.setattr(Lake, "read_commit", lambda self, b: read.append(b) or real(self, b))
+        lines: list[str] = []
+        result = run_maintain(mcfg, spark=spark, progress=lines.append)
+        monkeypatch.setattr(Lake, "read_commit", real)
+        assert result.status == "done", lines
+        # The retention's window (batches 7, 8) and the kept raw's records (7, 8) only.
+        assert set(read) == {7, 8}, read
+        # Keep 3 (6..8): 6 is also the record before the oldest raw (7).
+        assert result.commits_expired == [f"_commits/{b:020d}.json" for b in range(1, 6)]
+        assert lake.commit_batches() == [6, 7, 8]
+        assert any(line.startswith("expired 5 commit records") for line in lines), lines
+        assert "0 raw batches and 5 commit records expired" in lines[-1], lines[-1]
+        for b in (6, 7, 8):
+            assert _rows(read_state(root, "public.kv", batch=b)) == states[b]
+        with pytest.raises(LakeError, match=r"batch 3's commit record .* was expired"):
+            read_state(root, "public.kv", batch=3)
+        # Batch 6 is the oldest record left, not the lake's first: its prior is unknown.
+        with pytest.raises(ReprocessError, match=r"batch 5's commit record.* was expired"):
+            run_reprocess(root, in_place=True, spark=spark)
+        with pytest.raises(ReprocessError, match="or pass --from-empty"):
+            run_reprocess(root, output=str(tmp_path / "out"), first=6, spark=spark)
+        assert cli_main(["inspect", "--batch", "2", "--set", f"lake.path={root}"]) == 2
+        # The lake goes on: the next batch, and maintain again (6 goes, 7 stays as the one
+        # before the oldest raw).
+        _workload(c, batches + 1)
+        assert run_sync(cfg, spark=spark).batch == batches + 1
+        assert_mirror(c, root, TABLES)
+        again = run_maintain(mcfg, spark=spark)
+        assert again.commits_expired == [f"_commits/{6:020d}.json"]
+        assert lake.commit_batches() == [7, 8, 9]

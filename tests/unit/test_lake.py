@@ -14,6 +14,7 @@ from slotlake.lake import (
     mark_gone,
     read_state,
     table_dir_name,
+    table_names,
 )
 
 
@@ -146,6 +147,57 @@ def test_expiry_keeps_the_newest_batches_raw_without_reading_records(
         "b00000000000000000005-a5",
         "b00000000000000000006-next",
     ]
+
+
+def test_the_thorough_sweep_reads_only_the_records_of_batches_with_raw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """maintain's sweep must not read a long lake's whole history either: the records of
+    batches whose raw was expired cannot name a directory that is there."""
+    lake = Lake(tmp_path)
+    _committed_with_raw(lake, tmp_path, range(1, 31))
+    assert len(lake.expire_raw(4)) == 26
+    stray = lake.batch_path(RAW, 29, "dead")  # a crashed first attempt of batch 29
+    gap = lake.batch_path(RAW, 12, "beef")  # its record names the expired a12
+    for rel in (stray, gap):
+        (tmp_path / rel).mkdir()
+    read = _reads_counted(monkeypatch)
+    assert sorted(lake.remove_uncommitted(thorough=True)) == sorted([gap, stray])
+    assert sorted(set(read)) == [12, 27, 28, 29, 30]
+
+
+def test_expired_commit_records_are_a_prefix_that_spares_raw_and_the_window(
+    tmp_path: Path,
+) -> None:
+    lake = Lake(tmp_path)
+    # Batch 1 (a bootstrap's) has no raw; every later batch kept its raw so far.
+    _committed_with_raw(lake, tmp_path, range(1, 21), no_raw=1)
+    assert lake.expire_commits(-1, 3) == []
+    # Raw kept for every sync batch: the bootstrap's record is the one before the oldest
+    # raw (a reprocess of batch 2 starts from it), so nothing may go.
+    assert lake.expire_commits(5, 3) == []
+    assert lake.commits_expired_upto() == 0
+    lake.expire_raw(9)  # raw of batches 12..20 left
+    # Keep 5, but the raw of 12..20 needs its records and the one before (11).
+    removed = lake.expire_commits(5, 3)
+    assert removed == [f"_commits/{b:020d}.json" for b in range(1, 11)]
+    assert lake.commit_batches() == list(range(11, 21))
+    assert lake.commits_expired_upto() == 10
+    with pytest.raises(LakeError, match=r"batch 4's commit record .* was expired by slotlake"):
+        table_names(tmp_path, 4)
+    with pytest.raises(LakeError, match="batch 21 is not committed"):
+        table_names(tmp_path, 21)
+    assert table_names(tmp_path, 11) == []
+    # Without raw, the window of readable batches (state_versions + 1) bounds it.
+    lake.expire_raw(0)
+    assert lake.expire_commits(0, 3) == [f"_commits/{b:020d}.json" for b in range(11, 17)]
+    assert lake.commit_batches() == [17, 18, 19, 20]
+    assert lake.commits_expired_upto() == 16
+    # The newest record always stays; the marker is no commit record.
+    assert lake.expire_commits(0, 0) == [f"_commits/{b:020d}.json" for b in (17, 18, 19)]
+    assert lake.commit_batches() == [20] and lake.last_commit().batch == 20
+    assert lake.remove_uncommitted(thorough=True) == []
+    assert (tmp_path / "_commits" / "expired.json").exists()
 
 
 def test_snapshot_copies_are_judged_by_their_own_batch_alone(
