@@ -10,7 +10,10 @@ never runs beside a batch of the same slot; a run that finds it taken does nothi
 2. ``VACUUM`` every such table with a retention that keeps what readers may still use;
    on a local lake, the key indexes of the files it deleted go too (:mod:`slotlake.key_index`),
    and a keyed state's big files without one get theirs: the files OPTIMIZE wrote would
-   otherwise have the next batch make them (~0.1 s a million rows).
+   otherwise have the next batch make them (~0.1 s a million rows); and the log entries
+   and checkpoints past the table's ``delta.logRetentionDuration`` below its newest such
+   checkpoint go (:func:`clean_up_log`: the driver's commits are followed by no Spark
+   writer's cleanup).
 3. Raw batches beyond ``lake.raw_retention_batches`` are deleted (:meth:`Lake.expire_raw`),
    and so are leftovers of attempts that never committed and checkpoint scratch files of
    a killed writer (:meth:`Lake.remove_uncommitted`); then commit records beyond
@@ -73,6 +76,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -137,6 +141,9 @@ class TableMaintenance:
     # OPTIMIZE wrote, so the next batch's MERGE need not), and the seconds that took.
     key_indexes: int = 0
     index_seconds: float = 0.0
+    # Log entries and checkpoints past the table's delta.logRetentionDuration removed (a
+    # local lake's: see clean_up_log).
+    log_files_removed: int = 0
     error: str | None = None
 
     def describe(self) -> str:
@@ -153,6 +160,8 @@ class TableMaintenance:
             parts.append(f"not vacuumed: {self.note}")
         if self.key_indexes:
             parts.append(f"{self.key_indexes} files' key indexes ready")
+        if self.log_files_removed:
+            parts.append(f"{self.log_files_removed} expired log files removed")
         if self.error:
             parts.append(f"FAILED: {self.error}")
         indexes = f", key indexes {self.index_seconds:.1f} s" if self.key_indexes else ""
@@ -346,11 +355,40 @@ def maintain_table(
             t1 = time.monotonic()
             out.key_indexes = dv_merge.make_key_indexes(str(local_path(path)), key_columns)
             out.index_seconds = time.monotonic() - t1
+        if is_local(path):
+            out.log_files_removed = clean_up_log(str(local_path(path)))
     except Exception as exc:
         log.debug("maintaining %s failed", path, exc_info=True)
         out.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     out.seconds = time.monotonic() - t0
     return out
+
+
+def clean_up_log(path: str) -> int:
+    """Remove the log entries and checkpoints of the local Delta table at ``path`` that
+    are older than its ``delta.logRetentionDuration`` (30 days by default) and below its
+    newest checkpoint, as Spark's writers do after each checkpoint they write: the files
+    deleted. On a local lake the driver writes most commits and checkpoints itself, so
+    Spark's cleanup ran only when one of maintain's own commits happened to land on a
+    checkpoint version, and a table synced every few minutes gathered ~300 log files a
+    day. Time travel keeps every version from the newest checkpoint at or before it on
+    (Delta's own bound, docs/reading.md). A table with ``delta.enableExpiredLogCleanup``
+    false keeps its log; a failure is a warning, not an error of the run (the log only
+    stays longer)."""
+    from deltalake import DeltaTable
+
+    log_dir = os.path.join(path, "_delta_log")
+    try:
+        table = DeltaTable(path)
+        settings = table.metadata().configuration
+        if settings.get("delta.enableExpiredLogCleanup", "true").lower() == "false":
+            return 0
+        before = set(os.listdir(log_dir))
+        table.cleanup_metadata()
+        return len(before - set(os.listdir(log_dir)))
+    except Exception as exc:
+        log.warning("%s: expired log files not removed (%s)", path, exc)
+        return 0
 
 
 def run_maintain(

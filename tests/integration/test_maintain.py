@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from slotlake import dv_merge, key_index
+from slotlake import delta, dv_merge, key_index
 from slotlake.batch import DriverWrites
 from slotlake.cli import main as cli_main
 from slotlake.lake import BatchPlan, Lake, read_state
@@ -268,6 +268,8 @@ def test_maintain_reads_only_its_window_and_expires_old_commit_records(
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     cfg.lake.raw_retention_batches = 2  # each sync expires raw too
+    # A checkpoint every third version, so that eight batches leave some to clean up to.
+    monkeypatch.setitem(delta.TABLE_PROPERTIES, "delta.checkpointInterval", "3")
     batches = 8
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(SCHEMA)
@@ -278,6 +280,24 @@ def test_maintain_reads_only_its_window_and_expires_old_commit_records(
             assert run_sync(cfg, spark=spark).batch == batch
             states[batch] = _rows(read_state(root, "public.kv"))
         lake = Lake(root)
+        # The state's log entries from before batch 4 made 40 days old: past the table's
+        # delta.logRetentionDuration (30 days), so maintain's cleanup removes those below
+        # its newest checkpoint. The driver writes the checkpoints, so no Spark commit's
+        # cleanup would.
+        kv_log = Path(lake.path(lake.read_commit(batches).tables["public.kv"].state or "-"))
+        kv_log /= "_delta_log"
+        old_before = lake.read_commit(4).tables["public.kv"].state_version
+        assert old_before is not None
+        aged = {
+            p.name
+            for p in kv_log.iterdir()
+            if p.name[:20].isdigit() and int(p.name[:20]) < old_before
+        }
+        stamp = time.time() - 40 * 86400
+        for name in aged:
+            os.utime(kv_log / name, (stamp, stamp))
+        checkpoints = sorted(int(p.name[:20]) for p in kv_log.glob("*.checkpoint.parquet"))
+        assert any(0 < c < old_before for c in checkpoints), (checkpoints, old_before)
         mcfg = make_config(pg_dsn, root, slot)
         mcfg.lake.state_versions = 1
         mcfg.lake.raw_retention_batches = 2
@@ -298,6 +318,17 @@ def test_maintain_reads_only_its_window_and_expires_old_commit_records(
         assert "0 raw batches and 5 commit records expired" in lines[-1], lines[-1]
         for b in (6, 7, 8):
             assert _rows(read_state(root, "public.kv", batch=b)) == states[b]
+        # The aged files below the newest aged checkpoint are gone, and the batches kept
+        # read as before (above). Here maintain's Spark commits may land on a checkpoint
+        # version (every third) and Spark's own cleanup may come first (it also takes
+        # that checkpoint when a newer one stands); at the lake's interval of 30 that is
+        # one run in ten, hence maintain's own (tests/unit/test_checkpoint_interval.py).
+        base = max(c for c in checkpoints if c < old_before)
+        gone = {n for n in aged if int(n[:20]) < base}
+        left = {p.name for p in kv_log.iterdir()}
+        assert gone and not gone & left, sorted(gone & left)
+        state_path = lake.path(lake.read_commit(batches).tables["public.kv"].state or "-")
+        assert spark.read.format("delta").load(state_path).count() == len(states[batches])
         with pytest.raises(LakeError, match=r"batch 3's commit record .* was expired"):
             read_state(root, "public.kv", batch=3)
         # Batch 6 is the oldest record left, not the lake's first: its prior is unknown.

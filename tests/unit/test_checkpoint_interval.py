@@ -83,3 +83,59 @@ def test_without_the_stagger_checkpoints_fall_on_multiples(
     assert delta_log.checkpoint_phase(path, 30) == 0
     assert [v for v in range(1, 91) if delta_log.checkpoint_due(path, v, 30)] == [30, 60, 90]
     assert not delta_log.checkpoint_due(path, 0, 30)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_maintain_removes_expired_log_files_below_the_newest_checkpoint(
+    tmp_path: Path, enabled: bool
+) -> None:
+    """The driver writes the commits and checkpoints, so no Spark writer's cleanup follows
+    them: maintain removes the entries and checkpoints past the table's
+    delta.logRetentionDuration below its newest checkpoint, and every version from that
+    checkpoint on reads as before (unless the table turned cleanup off)."""
+    import os
+    import time
+
+    from slotlake.maintain import clean_up_log
+
+    path = _table_at_its_phase(tmp_path, 5)
+    create_on_driver(path, SCHEMA)
+    snap = delta_log.snapshot(path, files=True)
+    if not enabled:
+        metadata = dict(snap.metadata)
+        config = {**metadata["configuration"], "delta.enableExpiredLogCleanup": "false"}
+        snap = delta_log.commit(snap, [{"metaData": {**metadata, "configuration": config}}])
+    for batch in range(1, 71):
+        rows = pa.table({"id": pa.array([batch], pa.int64()), "v": [f"v{batch}"]})
+        snap, _ = delta_log.append(snap, rows, "app", batch)
+    last = snap.version
+    log_dir = Path(path) / "_delta_log"
+    checkpoints = sorted(int(p.name[:20]) for p in log_dir.glob("*.checkpoint.parquet"))
+    assert checkpoints[-1] >= 60, checkpoints
+    # Entries before version 50 are 40 days old; the newer ones are recent.
+    stamp = time.time() - 40 * 86400
+    aged = {p.name for p in log_dir.iterdir() if p.name[:20].isdigit() and int(p.name[:20]) < 50}
+    for name in aged:
+        os.utime(log_dir / name, (stamp, stamp))
+    before = {p.name for p in log_dir.iterdir()}
+    removed = clean_up_log(path)
+    left = {p.name for p in log_dir.iterdir()}
+    if not enabled:
+        assert removed == 0 and left == before
+        return
+    # The aged files below the newest aged checkpoint go (that checkpoint stays: every
+    # version after it, the aged ones too, still has one to read from); nothing else.
+    base = max(c for c in checkpoints if c < 50)
+    gone = {n for n in aged if int(n[:20]) < base}
+    assert gone and removed == len(gone) and before - gone == left
+    assert DeltaTable(path).version() == last
+    ids = query_delta(path, last, "SELECT id FROM t ORDER BY id").column("id").to_pylist()
+    assert ids == list(range(1, 71))
+    for at in (base, base + 1, 49):  # time travel from the kept checkpoint on
+        got = query_delta(path, at, "SELECT count(*) AS n FROM t").column("n").to_pylist()
+        assert got == [at - (last - 70)], at
+    snap = delta_log.snapshot(path, files=True)
+    snap, _ = delta_log.append(
+        snap, pa.table({"id": pa.array([71], pa.int64()), "v": ["v"]}), "app", 71
+    )
+    assert DeltaTable(path).version() == last + 1
