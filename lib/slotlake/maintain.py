@@ -6,7 +6,11 @@ never runs beside a batch of the same slot; a run that finds it taken does nothi
 1. ``OPTIMIZE`` every Delta table the newest commit record names: small files (one or a
    few per batch) are compacted, and files whose rows are mostly deleted (deletion
    vectors left by MERGE) are rewritten. OPTIMIZE changes no row: it is a commit that
-   removes the old files and adds the compacted ones (``dataChange = false``).
+   removes the old files and adds the compacted ones (``dataChange = false``). On a
+   local lake a table whose log shows nothing to bin or purge is left out
+   (:func:`optimize_may_change`), and so is the VACUUM of one whose files hold nothing
+   old enough (:func:`vacuum_may_delete`): their Spark jobs cost ~1 s and ~3 s a table,
+   and maintain holds the lock the syncs need meanwhile.
 2. ``VACUUM`` every such table with a retention that keeps what readers may still use;
    on a local lake, the key indexes of the files it deleted go too (:mod:`slotlake.key_index`),
    and a keyed state's big files without one get theirs: the files OPTIMIZE wrote would
@@ -84,6 +88,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from slotlake import delta_log
 from slotlake.config import Config
 from slotlake.delta_checkpoint import (
     DEFAULT_TOMBSTONE_RETENTION,
@@ -103,6 +108,9 @@ VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 RETENTION_WINDOW_IGNORE = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 SPARK_DEFAULT_LISTING_PARALLELISM = "10000"
+# OPTIMIZE bins files below this size together (Delta's default: 1 GiB).
+OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
+DEFAULT_MIN_FILE_SIZE = str(1 << 30)
 
 
 class MaintainError(RuntimeError):
@@ -133,6 +141,9 @@ class TableMaintenance:
     files_written: int = 0  # files OPTIMIZE wrote in their place
     vacuumed: bool = False
     files_deleted: int = 0  # files and directories VACUUM deleted
+    # Steps a local table's check found nothing for (optimize_may_change, vacuum_may_delete)
+    optimize_skipped: bool = False
+    vacuum_skipped: bool = False
     note: str = ""  # why the table was not vacuumed
     seconds: float = 0.0
     optimize_seconds: float = 0.0
@@ -150,9 +161,11 @@ class TableMaintenance:
         parts = [
             f"compacted {self.files_compacted} files into {self.files_written}"
             if self.files_compacted
-            else "nothing to compact"
+            else "nothing to compact" + (" (OPTIMIZE not run)" if self.optimize_skipped else "")
         ]
-        if self.vacuumed:
+        if self.vacuum_skipped:
+            parts.append("nothing old enough for VACUUM to delete (not run)")
+        elif self.vacuumed:
             parts.append(f"VACUUM deleted {self.files_deleted} files")
             if self.note:
                 parts.append(self.note)
@@ -197,10 +210,12 @@ class MaintainResult:
         if self.status != "done":
             return f"status: {self.status}, nothing done"
         vacuumed = sum(t.vacuumed for t in self.tables)
+        clean = sum(t.vacuum_skipped for t in self.tables)
         retention = self.retention.describe() if self.retention else "-"
         return (
             f"status: done, {len(self.tables)} tables: {self.files_compacted} files compacted "
-            f"into {self.files_written}; {vacuumed} tables vacuumed, retention {retention}, "
+            f"into {self.files_written}; {vacuumed} tables vacuumed ({clean} more had nothing "
+            f"old enough to delete), retention {retention}, "
             f"{self.files_deleted} files deleted; {len(self.raw_expired)} raw batches and "
             f"{len(self.commits_expired)} commit records expired ({self.seconds:.1f} s)"
         )
@@ -309,59 +324,133 @@ def maintain_table(
 ) -> TableMaintenance:
     """OPTIMIZE then VACUUM one Delta table of the lake, in a Spark session of its own;
     a keyed state (``key_columns``) on a local lake then has its big files' key indexes
-    made."""
+    made. On a local lake either step is left out when its check finds nothing for it
+    (:func:`optimize_may_change`, :func:`vacuum_may_delete`), and expired log files go
+    (:func:`clean_up_log`)."""
     out = TableMaintenance(relative)
     t0 = time.monotonic()
     session = spark.newSession()
     path = lake.path(relative)
+    local = str(local_path(path)) if is_local(path) else None
     try:
-        out.files_compacted, out.files_written = _optimize(session, path)
-        out.optimize_seconds = time.monotonic() - t0
-        allowed = _tombstone_retention(session, path)
-        if allowed is None:
-            out.note = f"its {TOMBSTONE_RETENTION} is not a plain interval"
-        elif retention.hours > allowed:
-            out.note = (
-                f"the retention the kept batches need ({retention.hours} h) exceeds the "
-                f"table's {TOMBSTONE_RETENTION} ({allowed:g} h), past which Delta forgets "
-                "removed files: keep fewer batches (lake.state_versions) or raise that property"
-            )
+        min_size = int(session.conf.get(OPTIMIZE_MIN_FILE_SIZE, DEFAULT_MIN_FILE_SIZE) or 0)
+        if local is None or optimize_may_change(local, min_size):
+            out.files_compacted, out.files_written = _optimize(session, path)
         else:
-            if retention.hours < allowed:
-                # Safe by the argument in the module docstring; this session only.
-                session.conf.set(RETENTION_CHECK, "false")
-            # Delta 4 ignores VACUUM's retention argument (other than 0) unless told not to,
-            # and applies the table's delta.deletedFileRetentionDuration instead.
-            session.conf.set(RETENTION_WINDOW_IGNORE, "false")
-            session.conf.set(VACUUM_LOGGING, "true")
-            bound_listing(session)
-            t1 = time.monotonic()
-            out.files_deleted, applied = _vacuum(session, path, retention.hours)
-            if is_local(path):  # the MERGE's key indexes of files VACUUM deleted
-                from slotlake import key_index
-
-                key_index.prune(str(local_path(path)))
-            out.vacuum_seconds = time.monotonic() - t1
-            out.vacuumed = True
-            if applied != retention.hours:
-                # Keeping longer than asked is safe (allowed >= retention.hours); say so.
-                out.note = (
-                    f"Delta applied the table's {TOMBSTONE_RETENTION} ({allowed:g} h), "
-                    f"not {retention.hours} h"
-                )
-        if key_columns and is_local(path):
+            out.optimize_skipped = True
+        out.optimize_seconds = time.monotonic() - t0
+        t1 = time.monotonic()
+        if local is not None and not vacuum_may_delete(local, retention.hours):
+            out.vacuum_skipped = True
+        else:
+            _vacuum_within(session, path, retention, out)
+        out.vacuum_seconds = time.monotonic() - t1
+        if key_columns and local is not None:
             from slotlake import dv_merge
 
             t1 = time.monotonic()
-            out.key_indexes = dv_merge.make_key_indexes(str(local_path(path)), key_columns)
+            out.key_indexes = dv_merge.make_key_indexes(local, key_columns)
             out.index_seconds = time.monotonic() - t1
-        if is_local(path):
-            out.log_files_removed = clean_up_log(str(local_path(path)))
+        if local is not None:
+            out.log_files_removed = clean_up_log(local)
     except Exception as exc:
         log.debug("maintaining %s failed", path, exc_info=True)
         out.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     out.seconds = time.monotonic() - t0
     return out
+
+
+def _vacuum_within(
+    session: SparkSession, path: str, retention: Retention, out: TableMaintenance
+) -> None:
+    """VACUUM the table at ``path`` keeping ``retention`` where its tombstone retention
+    allows that (else ``out.note`` says why not)."""
+    allowed = _tombstone_retention(session, path)
+    if allowed is None:
+        out.note = f"its {TOMBSTONE_RETENTION} is not a plain interval"
+        return
+    if retention.hours > allowed:
+        out.note = (
+            f"the retention the kept batches need ({retention.hours} h) exceeds the "
+            f"table's {TOMBSTONE_RETENTION} ({allowed:g} h), past which Delta forgets "
+            "removed files: keep fewer batches (lake.state_versions) or raise that property"
+        )
+        return
+    if retention.hours < allowed:
+        # Safe by the argument in the module docstring; this session only.
+        session.conf.set(RETENTION_CHECK, "false")
+    # Delta 4 ignores VACUUM's retention argument (other than 0) unless told not to,
+    # and applies the table's delta.deletedFileRetentionDuration instead.
+    session.conf.set(RETENTION_WINDOW_IGNORE, "false")
+    session.conf.set(VACUUM_LOGGING, "true")
+    bound_listing(session)
+    out.files_deleted, applied = _vacuum(session, path, retention.hours)
+    if is_local(path):  # the MERGE's key indexes of files VACUUM deleted
+        from slotlake import key_index
+
+        key_index.prune(str(local_path(path)))
+    out.vacuumed = True
+    if applied != retention.hours:
+        # Keeping longer than asked is safe (allowed >= retention.hours); say so.
+        out.note = (
+            f"Delta applied the table's {TOMBSTONE_RETENTION} ({allowed:g} h), "
+            f"not {retention.hours} h"
+        )
+
+
+def optimize_may_change(path: str, min_file_size: int) -> bool:
+    """Whether OPTIMIZE may change the local Delta table at ``path``: it has two files
+    below ``min_file_size`` (what OPTIMIZE bins together) or a file with a deletion
+    vector (which it may purge). A table untouched since the last maintain has neither,
+    and its OPTIMIZE (a Spark job, ~1 s a table here) would find nothing; a log this
+    reader does not follow counts as a yes."""
+    try:
+        snap = delta_log.snapshot(path, files=True)
+    except (LookupError, OSError, ValueError):
+        return True
+    assert snap.files is not None
+    small = sum(1 for a in snap.files.values() if int(a.get("size") or 0) < min_file_size)
+    return small > 1 or any(a.get("deletionVector") for a in snap.files.values())
+
+
+def vacuum_may_delete(path: str, retention_hours: float) -> bool:
+    """Whether VACUUM with ``retention_hours`` may delete anything from the local Delta
+    table at ``path``: a file in its tree (but the ``_``/``.`` folders and files VACUUM
+    leaves alone) that its latest version does not use, last modified before the
+    retention's cutoff. VACUUM deletes a file the version does not use once its removal
+    (never before its last write) or, for a file no commit named, its modification is
+    older than the cutoff; so a table whose every such file is younger has nothing for it
+    (a table synced since the last maintain usually does, and gets it). A log this reader
+    does not follow counts as a yes."""
+    from urllib.parse import unquote
+
+    from slotlake import deletion_vector
+
+    try:
+        snap = delta_log.snapshot(path, files=True)
+        assert snap.files is not None
+        used = {unquote(p) for p in snap.files}
+        for add in snap.files.values():
+            vector = add.get("deletionVector")
+            if vector and vector.get("storageType") == "u":
+                used.add(deletion_vector.descriptor_file(vector))
+    except (LookupError, OSError, ValueError):
+        return True
+    cutoff = time.time() - retention_hours * 3600
+    for folder, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in names:
+            if name.startswith(("_", ".")):
+                continue
+            full = os.path.join(folder, name)
+            if os.path.relpath(full, path) in used:
+                continue
+            try:
+                if os.stat(full).st_mtime < cutoff:
+                    return True
+            except FileNotFoundError:
+                continue
+    return False
 
 
 def clean_up_log(path: str) -> int:
