@@ -950,6 +950,28 @@ def restore(path: str, version: int) -> Snapshot:
     )
 
 
+def files_used(snap: Snapshot) -> dict[str, None]:
+    """The files the version ``snap`` (read with its files) uses, relative to the table:
+    its data files and the deletion vector files they name, once each (a vector file
+    serves many), in log order. LookupError: a file named by an absolute path or URI,
+    which this reader does not follow."""
+    from urllib.parse import unquote
+
+    from slotlake.deletion_vector import descriptor_file
+
+    assert snap.files is not None, "snapshot read without files"
+    used: dict[str, None] = {}
+    for add in snap.files.values():
+        rel = unquote(add["path"])
+        vector = add.get("deletionVector") or {}
+        if "://" in rel or os.path.isabs(rel) or vector.get("storageType") == "p":
+            raise LookupError(f"Delta table {snap.path}: files named by absolute paths")
+        used[rel] = None
+        if vector.get("storageType") == "u":
+            used[descriptor_file(vector)] = None
+    return used
+
+
 def clone(
     source: str,
     target: str,
@@ -967,9 +989,6 @@ def clone(
     (nothing written: Spark's copy then), or ``version`` no longer in the log;
     FileNotFoundError: a file of ``version`` that VACUUM removed; FileExistsError: a
     table at ``target`` already."""
-    from urllib.parse import unquote
-
-    from slotlake.deletion_vector import descriptor_file
     from slotlake.lake import link_or_copy
 
     if has_log(target):
@@ -979,15 +998,12 @@ def clone(
     if why is not None:
         raise LookupError(f"Delta table {source}: not cloned on the driver: {why}")
     adds = list((old.files or {}).values())
-    needed: dict[str, None] = {}  # relative paths, once each (a vector file serves many)
-    for add in adds:
-        rel = unquote(add["path"])
-        vector = add.get("deletionVector") or {}
-        if "://" in rel or os.path.isabs(rel) or vector.get("storageType") == "p":
-            raise LookupError(f"Delta table {source}: not cloned on the driver: absolute paths")
-        needed[rel] = None
-        if vector.get("storageType") == "u":
-            needed[descriptor_file(vector)] = None
+    try:
+        needed = files_used(old) if old.files is not None else {}
+    except LookupError:
+        raise LookupError(
+            f"Delta table {source}: not cloned on the driver: absolute paths"
+        ) from None
     linked: list[str] = []
     try:
         for rel in needed:

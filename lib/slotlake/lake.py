@@ -621,8 +621,9 @@ class Lake:
     def remove_uncommitted(self, thorough: bool = False) -> list[str]:
         """Delete raw directories of attempts that never got a plan (crashed pulls) and
         temporary files left by a kill between a record's write and its rename
-        (``thorough``: also a lone directory judged by its batch's record, see :meth:`_unreferenced_raw`,
-        and a local lake's checkpoint scratch files too, see :meth:`_checkpoint_leftovers`).
+        (``thorough``: also a lone directory judged by its batch's record, see
+        :meth:`_unreferenced_raw`, and a local lake's checkpoint scratch files too, see
+        :meth:`_checkpoint_leftovers`).
 
         Delta tables need no such cleanup: a write either committed (and is then skipped
         on rerun) or left files no version references (VACUUM removes them). The caller
@@ -691,13 +692,11 @@ class Lake:
         if keep_batches < 0:
             return []
         batches = self.commit_batches()
-        keep = max(keep_batches, state_versions + 1, 1)
-        cutoff = len(batches) - keep  # batches[:cutoff] may go
+        cutoff = len(batches) - max(keep_batches, state_versions + 1, 1)
         with_raw = {b for b, _ in batch_dirs(self.fs, self.path(RAW))}
-        for i, b in enumerate(batches[: max(0, cutoff)]):
-            if b in with_raw or (i + 1 < len(batches) and batches[i + 1] in with_raw):
-                cutoff = i
-                break
+        oldest_raw = next((i for i, b in enumerate(batches) if b in with_raw), None)
+        if oldest_raw is not None:
+            cutoff = min(cutoff, oldest_raw - 1)  # that batch's record and the one before
         gone = batches[: max(0, cutoff)]
         if not gone:
             return []

@@ -334,13 +334,16 @@ def maintain_table(
     local = str(local_path(path)) if is_local(path) else None
     try:
         min_size = int(session.conf.get(OPTIMIZE_MIN_FILE_SIZE, DEFAULT_MIN_FILE_SIZE) or 0)
-        if local is None or optimize_may_change(local, min_size):
+        snap = readable_snapshot(local) if local is not None else None
+        if local is None or optimize_may_change(snap, min_size):
             out.files_compacted, out.files_written = _optimize(session, path)
+            if local is not None:  # OPTIMIZE committed: VACUUM's check reads the new version
+                snap = readable_snapshot(local)
         else:
             out.optimize_skipped = True
         out.optimize_seconds = time.monotonic() - t0
         t1 = time.monotonic()
-        if local is not None and not vacuum_may_delete(local, retention.hours):
+        if local is not None and not vacuum_may_delete(local, snap, retention.hours):
             out.vacuum_skipped = True
         else:
             _vacuum_within(session, path, retention, out)
@@ -398,43 +401,43 @@ def _vacuum_within(
         )
 
 
-def optimize_may_change(path: str, min_file_size: int) -> bool:
-    """Whether OPTIMIZE may change the local Delta table at ``path``: it has two files
-    below ``min_file_size`` (what OPTIMIZE bins together) or a file with a deletion
-    vector (which it may purge). A table untouched since the last maintain has neither,
-    and its OPTIMIZE (a Spark job, ~1 s a table here) would find nothing; a log this
-    reader does not follow counts as a yes."""
+def readable_snapshot(path: str) -> delta_log.Snapshot | None:
+    """The latest version of the local Delta table at ``path`` with its files, or None
+    where this reader does not follow its log (maintain's checks then count as a yes)."""
     try:
-        snap = delta_log.snapshot(path, files=True)
+        return delta_log.snapshot(path, files=True)
     except (LookupError, OSError, ValueError):
+        return None
+
+
+def optimize_may_change(snap: delta_log.Snapshot | None, min_file_size: int) -> bool:
+    """Whether OPTIMIZE may change the table whose latest version is ``snap``
+    (:func:`readable_snapshot`): it has two files below ``min_file_size`` (what OPTIMIZE
+    bins together) or a file with a deletion vector (which it may purge). A table
+    untouched since the last maintain has neither, and its OPTIMIZE (a Spark job, ~1 s a
+    table here) would find nothing; a log this reader does not follow counts as a yes."""
+    if snap is None:
         return True
     assert snap.files is not None
     small = sum(1 for a in snap.files.values() if int(a.get("size") or 0) < min_file_size)
     return small > 1 or any(a.get("deletionVector") for a in snap.files.values())
 
 
-def vacuum_may_delete(path: str, retention_hours: float) -> bool:
+def vacuum_may_delete(path: str, snap: delta_log.Snapshot | None, retention_hours: float) -> bool:
     """Whether VACUUM with ``retention_hours`` may delete anything from the local Delta
-    table at ``path``: a file in its tree (but the ``_``/``.`` folders and files VACUUM
-    leaves alone) that its latest version does not use, last modified before the
-    retention's cutoff. VACUUM deletes a file the version does not use once its removal
-    (never before its last write) or, for a file no commit named, its modification is
-    older than the cutoff; so a table whose every such file is younger has nothing for it
-    (a table synced since the last maintain usually does, and gets it). A log this reader
-    does not follow counts as a yes."""
-    from urllib.parse import unquote
-
-    from slotlake import deletion_vector
-
+    table at ``path``, whose latest version is ``snap`` (:func:`readable_snapshot`): a file
+    in its tree (but the ``_``/``.`` folders and files VACUUM leaves alone) that the
+    version does not use, last modified before the retention's cutoff. VACUUM deletes a
+    file the version does not use once its removal (never before its last write) or, for
+    a file no commit named, its modification is older than the cutoff; so a table whose
+    every such file is younger has nothing for it (a table synced since the last
+    maintain usually does, and gets it). A log this reader does not follow counts as a
+    yes."""
+    if snap is None:
+        return True
     try:
-        snap = delta_log.snapshot(path, files=True)
-        assert snap.files is not None
-        used = {unquote(p) for p in snap.files}
-        for add in snap.files.values():
-            vector = add.get("deletionVector")
-            if vector and vector.get("storageType") == "u":
-                used.add(deletion_vector.descriptor_file(vector))
-    except (LookupError, OSError, ValueError):
+        used = delta_log.files_used(snap)
+    except LookupError:
         return True
     cutoff = time.time() - retention_hours * 3600
     for folder, dirs, names in os.walk(path):
