@@ -35,6 +35,10 @@ SparkSession (the issue's targets in brackets):
   multiset  ``--process-changes`` changes on a ``--small``-row table without a key
           (REPLICA IDENTITY FULL), one ``slotlake sync`` process each: its state rebuilt
           on the driver (the default) vs MERGEd by Spark (``driver_write_state_mb = 0``)
+  appends  ``--changes`` inserts on a ``--big``-row table without a key (identity DEFAULT:
+          INSERT-only) vs the same on a ``--small``-row one, ``--steady-batches``
+          batches each, medians of all after the second: an INSERT-only state is
+          appended to, never read, so the ratio should be about 1  [≤ 1.25×]
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
           ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
@@ -65,7 +69,7 @@ system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
                                [--tables 100]
-                               [--steps size,spread,floor,steady,series,quiet,process,multiset,mid,ddl,rollback]
+                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,mid,ddl,rollback]
                                [--quiet-tables 300] [--series-batches 32]
                                [--steady-batches 8]
                                [--source-dir /dev/shm] [--json PATH]
@@ -103,12 +107,19 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def load(c: psycopg.Connection[Any], name: str, rows: int, multiset: bool = False) -> None:
+def load(
+    c: psycopg.Connection[Any],
+    name: str,
+    rows: int,
+    multiset: bool = False,
+    insert_only: bool = False,
+) -> None:
+    ddl = DDL.format(name=name)
+    if multiset or insert_only:  # no key: with identity DEFAULT, INSERTs only are published
+        ddl = ddl.replace(" PRIMARY KEY", "")
+    c.execute(ddl)
     if multiset:
-        c.execute(DDL.format(name=name).replace(" PRIMARY KEY", ""))
         c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
-    else:
-        c.execute(DDL.format(name=name))
     c.execute(
         f"INSERT INTO {name} SELECT g, md5(g::text), g / 7.0, now() FROM generate_series(1, %s) g",
         (rows,),
@@ -128,6 +139,17 @@ def changes(
             f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s::int8, %s::int8) g",
             (rows + 1, rows + n - len(ids)),
         )
+
+
+def inserts(
+    c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random, round_: int
+) -> None:
+    """n inserts of new rows, one transaction (an INSERT-only table's batch)."""
+    c.execute(
+        f"INSERT INTO {name} SELECT g, md5(g::text), g / 7.0, now() "
+        "FROM generate_series(%s::int8, %s::int8) g",
+        (rows + 1, rows + n),
+    )
 
 
 def column_changes(
@@ -170,6 +192,8 @@ def check_mirror(c: psycopg.Connection[Any], cfg: Config, name: str) -> None:
     sql = "SELECT count(*), sum(length(v)), sum(id) FROM {}"
     want = c.execute(sql.format(name)).fetchone()
     path = f"{cfg.lake.path}/{Lake.table_path('state', 'public.' + name)}"
+    if "_copies" in DeltaTable(path).schema().to_arrow().names:  # a multiset: rows counted
+        sql = "SELECT sum(_copies), sum(length(v) * _copies), sum(id * _copies) FROM {}"
     got = query_delta(path, DeltaTable(path).version(), sql.format("t")).to_pylist()[0]
     assert tuple(int(v or 0) for v in got.values()) == tuple(int(v or 0) for v in want), (
         name,
@@ -310,6 +334,7 @@ def scenario(
     sync: Any = timed_sync,
     driver_rows: int | None = None,
     multiset: bool = False,
+    insert_only: bool = False,
     state_mb: int | None = None,
     deletion_vectors: bool = True,
     write: Any = changes,
@@ -323,7 +348,7 @@ def scenario(
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
         for name, rows in tables.items():
-            load(c, name, rows, multiset)
+            load(c, name, rows, multiset, insert_only)
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         cfg = Config(
             source=SourceConfig(dsn=dsn, slot=slot, publications=["pub"]),
@@ -454,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady-batches", type=int, default=8)
     p.add_argument(
         "--steps",
-        default="size,spread,floor,steady,series,quiet,process,multiset,mid,ddl,rollback",
+        default="size,spread,floor,steady,series,quiet,process,multiset,appends,mid,ddl,rollback",
     )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
@@ -734,6 +759,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"multiset: {n} changes on {args.small:,} rows (REPLICA IDENTITY FULL), one "
                 f"process: state rebuilt on the driver {driver:.1f}s vs MERGEd by Spark "
                 f"{in_spark:.1f}s"
+            )
+        if "appends" in steps:
+            ins = {"multiset": False, "insert_only": True, "write": inserts}
+            sides = {}
+            for tag, rows in (("ins_small", args.small), ("ins_big", args.big)):
+                mark = len(BATCHES)
+                scenario(pg, spark, tag, {tag: rows}, args.changes, args.steady_batches, **ins)
+                sides[tag] = median_s(BATCHES[mark + 2 :])
+            small, big = sides["ins_small"], sides["ins_big"]
+            out["appends"] = {"small_s": small, "big_s": big, "ratio": big / small}
+            log(
+                f"appends: {args.changes:,} inserts into a table without a key (INSERT-only), "
+                f"median of batches 3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs "
+                f"{args.small:,} rows {small:.2f}s = {big / small:.2f}×"
             )
         if "mid" in steps:
             # Mid-sized keyed states (within lake.driver_write_state_mb): the driver

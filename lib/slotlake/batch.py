@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -120,8 +120,13 @@ if TYPE_CHECKING:
 # for a keyed state too big to rewrite per batch; both fit lake.driver_write_state_mb, so
 # a snapshot re-base and fast defaults are done on the driver too. Past that bound a
 # keyed state is MERGEd by the driver with deletion vectors ("dv") or by Spark ("spark").
-StateMerge = Literal["driver", "driver-dv", "dv", "spark"]
+# "append": an INSERT-only multiset (:func:`appends_only`), whose state the driver never
+# reads, whatever it weighs: the batch's rows are appended to it (or, after a TRUNCATE,
+# are all of it).
+StateMerge = Literal["driver", "driver-dv", "dv", "spark", "append"]
 ON_DRIVER: tuple[StateMerge, ...] = ("driver", "driver-dv")
+# Done without Spark, so in a forked worker too (slotlake.table_processes).
+SPARKLESS: tuple[StateMerge, ...] = (*ON_DRIVER, "append")
 
 log = logging.getLogger(__name__)
 
@@ -477,6 +482,18 @@ def _whole_prior(
     return fastdefault.apply_arrow(whole, prior_defaults, None) if prior_defaults else whole
 
 
+def appends_only(cat: TableCatalog, prior: TableCommit | None) -> bool:
+    """Whether the batch can only add rows to the table's state: a multiset none of whose
+    versions in the batch has a FULL identity or a key. PostgreSQL refuses an UPDATE or
+    DELETE of a published table without an identity to match rows by (it raises "cannot
+    update table … because it does not have a replica identity"), so its stream holds
+    INSERTs and TRUNCATEs only, and its state is appended to without being read. A state
+    still stored keyed (the key dropped since) takes the usual rebuild first."""
+    if not cat.versions or any(v.replica_identity == "f" or v.key_columns for v in cat.versions):
+        return False
+    return prior is None or not prior.state or prior.multiset
+
+
 def _write_state(
     session: SparkSession,
     lake: Lake,
@@ -486,21 +503,32 @@ def _write_state(
     truncated: bool,
     app_id: str,
     batch: int,
+    appends: bool = False,
+    spread: bool = False,
 ) -> WriteResult:
     """One Delta commit that brings the state to the batch's end: MERGE, or an overwrite
-    when the batch truncated the table (the truncate and what followed it, at once)."""
+    when the batch truncated the table (the truncate and what followed it, at once).
+
+    A multiset's: ``appends`` (:func:`appends_only`), its rows appended; ``spread``
+    (:attr:`TableCommit.spread`), its state rebuilt whole, each value in one row again,
+    as a MERGE on whole rows needs."""
     from pyspark.sql import functions as F
 
     path = lake.path(state_rel)
     data = [quote(c) for c in cat.state_columns]
     if cat.is_multiset:
-        if truncated:
-            rows = source.filter(F.col("_d") > 0).select(
+        if truncated or appends or spread:
+            rows = source.filter(F.col("_d") > 0) if truncated or appends else source
+            if spread and not truncated and not appends:
+                rows = _with_prior_copies(session, path, cat, source).filter(F.col("_d") > 0)
+            rows = rows.select(
                 *data,
                 "_fallback",
                 F.array().cast("array<string>").alias("_missing_toast"),
                 F.col("_d").alias(COPIES),
             )
+            if appends and not truncated:
+                return append(rows, path, app_id, batch)
             return overwrite(rows, path, app_id, batch)
         values = {c: f"s.{c}" for c in data}
         values.update({"_fallback": "s._fallback", "_missing_toast": "array()", COPIES: "s._d"})
@@ -540,12 +568,35 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _state_rows(prior: TableCommit | None, result: WriteResult) -> int:
+def _with_prior_copies(
+    session: SparkSession, path: str, cat: TableCatalog, delta: DataFrame
+) -> DataFrame:
+    """A multiset's whole new state, one row per value: its state as it stands (the
+    prior, in this batch's columns) grouped by value with ``delta``'s net changes
+    (:func:`slotlake.state.multiset_delta`'s columns, ``_d`` the copies)."""
+    from pyspark.sql import functions as F
+
+    from slotlake.state import _sorted_json
+
+    data = [F.col(quote(c)) for c in cat.state_columns]
+    prior = session.read.format("delta").load(path)
+    counted = prior.select(
+        *data,
+        _sorted_json(F.col("_fallback")).alias("_fbj"),
+        F.col(COPIES).cast("long").alias("_d"),
+    )
+    typed = [F.col(quote(c)).cast(prior.schema[c].dataType).alias(c) for c in cat.state_columns]
+    both = counted.unionByName(delta.select(*typed, "_fbj", F.col("_d").cast("long")))
+    grouped = both.groupBy(*data, "_fbj").agg(F.sum("_d").alias("_d"))
+    return grouped.select(*data, F.from_json("_fbj", "map<string,string>").alias("_fallback"), "_d")
+
+
+def _state_rows(prior: TableCommit | None, result: WriteResult, appended: bool = False) -> int:
     m = result.metrics
+    base = prior.state_rows if prior is not None else 0
     if "numTargetRowsInserted" in m:
-        base = prior.state_rows if prior is not None else 0
         return base + int(m.get("numTargetRowsInserted", 0)) - int(m.get("numTargetRowsDeleted", 0))
-    return int(m.get("numOutputRows", 0))
+    return (base if appended else 0) + int(m.get("numOutputRows", 0))
 
 
 class _Steps:
@@ -651,13 +702,18 @@ class DriverWrites:
         state_path: str,
         expected_rows: int,
         size: int | None = -1,
+        appends: bool = False,
     ) -> StateMerge | None:
         """None when Spark does the whole table, else who merges its state. ``size``: the
-        state's bytes when the caller knows them (a snapshot's copy), else read here."""
+        state's bytes when the caller knows them (a snapshot's copy), else read here.
+        ``appends``: an INSERT-only multiset (:func:`appends_only`), whose state is not
+        read, whatever it weighs."""
         if expected_rows > self.max_rows or self.max_rows <= 0:
             return None
         if not lake.on_local_disk:
             return None  # object stores and HDFS: Spark's Hadoop file systems write
+        if appends and cat.versions:
+            return "append"
         if size == -1:
             if not cat.versions:
                 return None  # nothing in the batch to write the table from (nor a copy)
@@ -680,10 +736,11 @@ class DriverWrites:
         cats: list[TableCatalog],
         expected: dict[str, int],
         sizes: dict[str, int] | None = None,
+        appends: Collection[str] = (),
     ) -> dict[str, StateMerge]:
         """The tables of a batch done on the driver (fewest changes first, within the
         driver's total), each with who merges its state (``sizes``: state bytes known
-        already, by table)."""
+        already, by table; ``appends``: the INSERT-only multisets)."""
         picked: dict[str, StateMerge] = {}
         total = 0
         for cat in sorted(cats, key=lambda c: (expected[c.name], c.name)):
@@ -691,7 +748,8 @@ class DriverWrites:
             if not self.holds(total + rows):
                 break
             state = lake.path(Lake.table_path(STATE, cat.name))
-            merge = self.take(lake, cat, state, rows, (sizes or {}).get(cat.name, -1))
+            size = (sizes or {}).get(cat.name, -1)
+            merge = self.take(lake, cat, state, rows, size, cat.name in appends)
             if merge is not None:
                 picked[cat.name] = merge
                 total += rows
@@ -757,6 +815,11 @@ def process_table(
         from slotlake.snapshot import copy_names
 
         cat.copy_names = copy_names(snap, shape.attnums)
+    truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
+    # An INSERT-only multiset's rows are appended to its state (after a TRUNCATE they are
+    # all of it); a spread one that must be matched now is rebuilt (TableCommit.spread).
+    appends = snap is None and appends_only(cat, prior)
+    commit.spread = appends and not truncs
     done: list[int | None] = [UNREAD, UNREAD]
     if lake.on_local_disk:
         paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]
@@ -765,12 +828,11 @@ def process_table(
             # An earlier attempt of this batch wrote both tables: nothing to recompute.
             c, s = (local_last_commit(p) for p in paths)
             _finish(commit, c, s, prior)
-            if snap is not None:
+            if snap is not None or commit.spread:  # not a MERGE's delta, maybe not appended
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
             commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)
             return commit
     steps("txn versions read")
-    truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
     # Fast defaults are applied there to a keyed table whose state it merges (a re-based
     # one's only to its final rows: its state becomes the copy).
@@ -785,7 +847,7 @@ def process_table(
         # A state Spark MERGEs waits on its jobs, not the GIL: it takes no lane.
         lane = _DRIVER_LANE if state_merge != "spark" else contextlib.nullcontext()
         with lane:
-            c, s, commit.missing_toast = _process_local(
+            c, s, commit.missing_toast, commit.spread = _process_local(
                 lazy,
                 lake,
                 cat,
@@ -805,6 +867,7 @@ def process_table(
             "driver-dv": " (state MERGEd with deletion vectors)",
             "dv": " (state MERGEd with deletion vectors)",
             "spark": " (state merged by Spark)",
+            "append": " (rows appended to the state)",
         }
         steps("done on the driver" + merged_by[state_merge])
         _finish(commit, c, s, prior)
@@ -842,6 +905,8 @@ def process_table(
     elif cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state_source = multiset_delta(fastdefault.fill_events(events, defaults), cat, truncs)
+        if appends and not truncs and _raw_removes(session, lake.path(raw_rel), cat):
+            appends = commit.spread = False
     else:
         changes, state_source = fill_keyed(
             events, prior_df, cat, truncs, expected_rows, persisted=persisted
@@ -907,7 +972,18 @@ def process_table(
         if counted is None:  # no job ran: the change log held the batch already
             counted = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
         commit.missing_toast = counted
-        s = _write_state(session, lake, cat, state_rel, state_source, truncated, app_id, batch)
+        s = _write_state(
+            session,
+            lake,
+            cat,
+            state_rel,
+            state_source,
+            truncated,
+            app_id,
+            batch,
+            appends=appends,
+            spread=snap is None and prior is not None and prior.spread,
+        )
         steps("state written")
     finally:
         for df in persisted:
@@ -1040,7 +1116,7 @@ def _finish(
 ) -> TableCommit:
     commit.changes_version, commit.state_version = c.version, s.version
     commit.change_rows = int(c.metrics.get("numOutputRows", 0))
-    commit.state_rows = _state_rows(prior, s)
+    commit.state_rows = _state_rows(prior, s, appended=commit.spread)
     return commit
 
 
@@ -1065,17 +1141,19 @@ def _process_local(
     state_merge: StateMerge = "driver",
     snap: TableSnapshot | None = None,
     defaults: tuple[list[Any], Callable[[str], None]] = ([], _no_fault),
-) -> tuple[WriteResult, WriteResult, int]:
+) -> tuple[WriteResult, WriteResult, int, bool]:
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`),
-    and its :attr:`TableCommit.missing_toast`;
+    its :attr:`TableCommit.missing_toast` and :attr:`TableCommit.spread`;
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
-    final rows. A multiset's state (small, or it would not be here) is rebuilt whole.
+    final rows. A multiset's state (small, or it would not be here) is rebuilt whole;
+    with ``state_merge="append"`` (:func:`appends_only`) the batch's rows are appended.
     ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`) and the fault
     hook to call once a keyed table's UPDATE of its state committed (a multiset's prior
     rows take them in the one overwrite that rebuilds its state)."""
     import pyarrow as pa
 
     assert snap is None or (state_merge in ON_DRIVER and not cat.is_multiset), cat.name
+    assert state_merge != "append" or (cat.is_multiset and not defaults[0]), cat.name
 
     from slotlake import local_table
     from slotlake.replay_duckdb import fill_keyed_local
@@ -1086,6 +1164,7 @@ def _process_local(
     state_path = str(local_path(lake.path(state_rel)))
     # Taken, not shared: the raw rows are freed once decoded (a third of the peak memory).
     events, change_arrow = local_table.decode_local(raw.take(), cat, bcat, batch)
+    appends = state_merge == "append"
     state_struct = _state_schema(cat)
     state_arrow = arrow_schema_for(state_struct)
     version = prior.state_version if prior is not None and prior.state else None
@@ -1106,8 +1185,10 @@ def _process_local(
 
         at = events.schema.get_field_index("_missing_toast")
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
+        if appends and _removes_rows(events.column("_op"), cat):
+            appends = False
         whole = None
-        if version is not None and not truncs:
+        if version is not None and not truncs and not appends:
             whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
         images = fastdefault.fill_events_arrow(events, fast)
         finals = multiset_state(images, whole, cat, truncs, state_arrow)
@@ -1222,8 +1303,35 @@ def _process_local(
         merge_state,
         concurrent=state_merge != "driver",
         whole=switched,
+        append=appends and not truncs,
     )
-    return c, s, missing
+    return c, s, missing, appends and not truncs
+
+
+def _matched_anyway(cat: TableCatalog, found: bool) -> bool:
+    """``found``: an INSERT-only table's batch has an UPDATE or DELETE after all. A
+    partitioned table's root keeps an identity of its own while a leaf of FULL identity
+    sends old images under the root's name: then the rows are matched, as any multiset's."""
+    if found:
+        log.info("%s: an UPDATE or DELETE of a table without an identity: rows matched", cat.name)
+    return found
+
+
+def _removes_rows(ops: pa.ChunkedArray, cat: TableCatalog) -> bool:
+    """:func:`_matched_anyway` of the table's decoded rows (``ops``: their ``_op``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return _matched_anyway(cat, bool(pc.any(pc.is_in(ops, pa.array(["U", "D"]))).as_py()))
+
+
+def _raw_removes(session: SparkSession, raw: str, cat: TableCatalog) -> bool:
+    """:func:`_matched_anyway` of the raw batch's two small columns (no decoding)."""
+    from pyspark.sql import functions as F
+
+    rows = session.read.parquet(raw).select("msg_type", "rel_oid")
+    some = rows.filter(F.col("msg_type").isin("U", "D") & F.col("rel_oid").isin(*cat.oids))
+    return _matched_anyway(cat, bool(some.take(1)))
 
 
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:
@@ -1585,7 +1693,14 @@ def process_batch(
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
     cats = {c.name: c for c in busy}
     t_pick = time.monotonic()
-    local = driver.pick(lake, candidates, expected, copies)
+    # A table without an identity whose batch updates or deletes after all (_matched_anyway)
+    # has its rows matched: the driver rebuilds its state only if it is small.
+    appending = {
+        c.name
+        for c in candidates
+        if appends_only(c, prior_tables.get(c.name)) and not c.oids & scan.removing
+    }
+    local = driver.pick(lake, candidates, expected, copies, appending)
     timings["pick"] = time.monotonic() - t_pick
     for name in [n for n, who in local.items() if n in snaps and who not in ON_DRIVER]:
         del local[name]
@@ -1647,7 +1762,7 @@ def process_batch(
     forkable = [
         c
         for c in order
-        if c.name in local_raw and local[c.name] in ON_DRIVER and c.name not in snaps
+        if c.name in local_raw and local[c.name] in SPARKLESS and c.name not in snaps
     ]
     n_procs = 0 if ddl_input.messages else processes_for(driver.processes, len(forkable))
 

@@ -55,7 +55,9 @@ Three ways a table is copied, by what it needs:
   and :func:`convert_csv`; a multiset is grouped by
   :func:`slotlake.multiset_arrow.multiset_table` (pyarrow, the
   twin of the Spark path's :func:`multiset_rows`).
-* **Bigger keyed tables, streamed on the driver** (:func:`streamed_on_driver`): their
+* **Bigger keyed tables, streamed on the driver** (:func:`streamed_on_driver`), and
+  bigger INSERT-only ones (no key, identity DEFAULT or NOTHING: not grouped, each row one
+  copy, the state marked ``spread`` as sync's appends leave it): their
   ranges copied at once on ``parallel`` threads (:func:`concurrent_ranges`; COPY, Arrow's
   CSV parser and the column kernels release the GIL) and written as they arrive, one
   ``deltalake`` overwrite from a stream of batches (files rolled at ~100 MB), so the
@@ -204,6 +206,13 @@ class TablePlan:
     def multiset(self) -> bool:
         """FULL identity or no key: the state keeps distinct rows and their ``_copies``."""
         return self.replica_identity == "f" or not self.key_columns
+
+    @property
+    def insert_only(self) -> bool:
+        """No key and no FULL identity: PostgreSQL publishes its INSERTs only, and its state
+        may hold a value in several rows (:attr:`slotlake.lake.TableCommit.spread`), so a
+        big one is streamed a row a copy, not grouped."""
+        return self.multiset and self.replica_identity != "f"
 
     @property
     def from_clause(self) -> str:
@@ -1124,9 +1133,11 @@ def on_driver(plan: TablePlan, limit_bytes: int) -> bool:
 
 def streamed_on_driver(plan: TablePlan, limit_bytes: int) -> bool:
     """Whether a bigger table is streamed on the driver, its ranges copied at once: any
-    keyed table of a lake whose small tables go there (``limit_bytes`` > 0). A multiset
-    must be grouped whole, so one past the small tables' bound goes through Spark."""
-    return limit_bytes > 0 and not plan.multiset and not on_driver(plan, limit_bytes)
+    keyed or INSERT-only table of a lake whose small tables go there (``limit_bytes`` >
+    0). A multiset of FULL identity must be grouped whole, so one past the small tables'
+    bound goes through Spark."""
+    streams = not plan.multiset or plan.insert_only
+    return limit_bytes > 0 and streams and not on_driver(plan, limit_bytes)
 
 
 def _session(cfg: Config) -> SparkSession:
@@ -1141,6 +1152,7 @@ def _table_commit(
     state: WriteResult,
     rows: int,
     changes_version: int,
+    spread: bool = False,
 ) -> TableCommit:
     state_rel, changes_rel = rels
     return TableCommit(
@@ -1158,6 +1170,7 @@ def _table_commit(
         changes_version=changes_version,
         state_version=state.version,
         written=True,
+        spread=spread,
     )
 
 
@@ -1219,9 +1232,15 @@ def _copy_on_driver(
 
 
 def _selected(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
-    """The batches with their columns in the table's order; closing it closes ``batches``."""
+    """The batches with their columns in the table's order (an INSERT-only multiset's
+    with ``_copies`` 1 a row); closing it closes ``batches``."""
+    import pyarrow as pa
+
     try:
         for rb in batches:
+            if COPIES in names:
+                ones = pa.repeat(pa.scalar(1, pa.int64()), rb.num_rows)
+                rb = rb.append_column(pa.field(COPIES, pa.int64()), ones)
             yield rb.select(names)
     finally:
         close = getattr(batches, "close", None)
@@ -1323,14 +1342,17 @@ class _DriverCopies:
         order = delta_schema(local)
         assert order is not None
         names = order.fieldNames()
-        if plan.multiset:
+        spread = plan.insert_only and not on_driver(plan, att.driver_bytes)
+        if plan.multiset and not spread:
             whole = pa.Table.from_batches(list(batches), schema=task.arrow_schema)
             from slotlake.multiset_arrow import multiset_table
 
             grouped = multiset_table(whole, [c.name for c in plan.columns])
             state = arrow_overwrite(local, grouped.select(names), att.app_id, att.batch)
         else:
-            schema = pa.schema([task.arrow_schema.field(n) for n in names])
+            fields = {f.name: f for f in task.arrow_schema}
+            fields[COPIES] = pa.field(COPIES, pa.int64())
+            schema = pa.schema([fields[n] for n in names])
             state = arrow_overwrite_stream(
                 local, schema, _selected(batches, names), att.app_id, att.batch
             )
@@ -1341,7 +1363,7 @@ class _DriverCopies:
         steps("empty change log created")
         rows, nbytes = copied[0].value, copied[1].value
         result = TableResult(rows, nbytes, time.monotonic() - t0, len(plan.ranges), driver=True)
-        return result, _table_commit(plan, rels, state, rows, changes_version)
+        return result, _table_commit(plan, rels, state, rows, changes_version, spread)
 
 
 def run_bootstrap(

@@ -283,6 +283,7 @@ def _table_status(t: TableCommit) -> dict[str, object]:
         "state": t.state,
         "changes": t.changes,
         "multiset": t.multiset,
+        "multiset_spread": t.spread,
         "written_in_last_batch": t.written,
         "gone_since": t.gone_since,
     }
@@ -388,9 +389,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{last.start_lsn}..{last.end_lsn}, {last.raw_messages} messages, {last.transaction_count} transactions"
         )
         for name, t in sorted(last.tables.items()):
-            rows = (
-                f"{t.state_rows} distinct rows (multiset)" if t.multiset else f"{t.state_rows} rows"
-            )
+            if not t.multiset:
+                rows = f"{t.state_rows} rows"
+            elif t.spread:  # an INSERT-only table's batches, each appended as rows of its own
+                rows = f"{t.state_rows} rows with their copies (multiset)"
+            else:
+                rows = f"{t.state_rows} distinct rows (multiset)"
             gone = (
                 ""
                 if t.gone_since is None

@@ -150,6 +150,7 @@ class RawScan:
     commits: int = 0  # Commit and Stream Commit messages
     stream_content: set[int] = field(default_factory=set)  # stream xids with CONTENT_TYPES rows
     messages: int = 0  # logical decoding messages ('M')
+    removing: set[int] = field(default_factory=set)  # relation oids with UPDATE or DELETE rows
 
 
 def scan_raw(path: str) -> RawScan:
@@ -175,6 +176,7 @@ def scan_raw(path: str) -> RawScan:
     commit_types, commits = pa_array_of(COMMIT_TYPES), 0
     content_types, stream_content = pa_array_of(CONTENT_TYPES), set()
     messages = 0
+    removing: set[int] = set()
     for f in raw_files(path):
         try:
             pf = pq.ParquetFile(f)
@@ -196,12 +198,14 @@ def scan_raw(path: str) -> RawScan:
                 dml = small.filter(pc.is_in(small.column("msg_type"), pa_array_of(DML_TYPES)))
                 for vc in pc.value_counts(dml.column("rel_oid")).to_pylist():
                     counts[vc["values"]] += vc["counts"]
+                removes = dml.filter(pc.not_equal(dml.column("msg_type"), "I"))
+                removing.update(pc.unique(removes.column("rel_oid")).to_pylist())
                 mask = pc.is_in(small.column("msg_type"), wanted)
                 if pc.any(mask).as_py():
                     full = pf.read_row_group(i, columns=columns).filter(mask)
                     rows.extend(Row(**r) for r in full.to_pylist())
     rows.sort(key=lambda r: r.seq)
-    return RawScan(rows, dict(counts), types, commits, stream_content, messages)
+    return RawScan(rows, dict(counts), types, commits, stream_content, messages, removing)
 
 
 def pa_array_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -533,8 +537,11 @@ def make_decoder(
                     new = pc.if_else(pa.array(filled), old, new)
                 for row in np.flatnonzero(unchanged & ~filled).tolist():
                     still_open.setdefault(row, []).append(name)
-            if any_key_image and not is_key and old.null_count < nrows:
-                # A key image carries no non-key column (PostgreSQL sends NULLs).
+            if any_key_image and not is_key and shaper.key_slots and old.null_count < nrows:
+                # A key image carries no non-key column (PostgreSQL sends NULLs). Of a
+                # table without key columns it is a whole old row: a partitioned root
+                # published for a leaf of FULL identity flags the leaf's old rows 'K'
+                # under the root's identity. Kept, a multiset's row is matched by it.
                 old = pc.if_else(pa.array(key_image), pa.scalar(None, old.type), old)
             keep_text = i in shaper.text_slots
             for image, column, pieces in ((0, new, new_pieces), (1, old, old_pieces)):
@@ -653,9 +660,11 @@ def make_decoder(
                         if (
                             any_key_image
                             and i not in shaper.key_slots
+                            and shaper.key_slots
                             and column.count(None) < len(column)
                         ):
-                            # A key image carries no non-key column (PostgreSQL sends NULLs).
+                            # A key image carries no non-key column (see the column-wise
+                            # path above).
                             column = [
                                 None if k else raw for raw, k in zip(column, key_only, strict=True)
                             ]

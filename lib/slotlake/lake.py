@@ -62,7 +62,8 @@ DDL = "ddl"
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
 _BATCH_DIR = re.compile(r"^b(\d{20})-[0-9a-f]+$")
 # The multiset state of a table matched by whole rows (REPLICA IDENTITY FULL, or no key):
-# one row per distinct value and how many copies of it the source holds.
+# its distinct values, each with how many copies of it the source holds (an INSERT-only
+# table's value may be spread over several rows: TableCommit.spread).
 COPIES = "_copies"
 
 
@@ -107,6 +108,11 @@ class TableCommit:
     # anything the lake had (a keyed table; those of a copied table's rows from its copy's
     # consistent point on): rows the lake never had (slotlake.snapshot.unseen_rows).
     missing_toast: int = 0
+    # A multiset's state may hold one value in several rows (their ``_copies`` add up):
+    # set by a batch that appended its rows (an INSERT-only table: nothing to match them
+    # against), cleared by a batch that rebuilt or overwrote the state. A MERGE on whole
+    # rows needs one row per value, so the next batch that must match rows rebuilds it.
+    spread: bool = False
 
     @property
     def multiset(self) -> bool:

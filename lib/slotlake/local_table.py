@@ -423,6 +423,7 @@ def write_local(
     merge_state: Callable[[pa.Table], WriteResult] | None = None,
     concurrent: bool = True,
     whole: bool = False,
+    append: bool = False,
 ) -> tuple[WriteResult, WriteResult]:
     """A table's change log and state at local paths, each one Delta commit.
 
@@ -431,8 +432,9 @@ def write_local(
     the state (:mod:`slotlake.dv_merge`, or Spark's MERGE), else deltalake's MERGE does;
     with ``concurrent`` the change log is appended meanwhile (a big state's MERGE spends
     its time outside the GIL). An overwrite after TRUNCATE writes only the rows left, so
-    it stays here. ``whole``: ``finals`` are the whole new state (a multiset's always are),
-    written as one overwrite."""
+    it stays here. ``whole``: ``finals`` are the whole new state (a multiset's are),
+    written as one overwrite; ``append``: a multiset's rows to add to it (an INSERT-only
+    table's, see :func:`slotlake.batch.appends_only`), appended."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow.compute as pc
@@ -458,6 +460,8 @@ def write_local(
     c = arrow_append(changes_path, changes, app_id, batch, held[0])
     if whole:  # slotlake.multiset_arrow, slotlake.identity_segments
         rows = conform_arrow(finals, arrow_schema_for(schemas[1]))
+        if append:
+            return c, arrow_append(state_path, rows, app_id, batch, held[1])
         return c, arrow_overwrite(state_path, rows, app_id, batch, held[1])
     if truncated:
         alive = finals.filter(pc.invert(finals.column("_deleted")))

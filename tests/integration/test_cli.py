@@ -127,6 +127,7 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
             "state": "state/public.t",
             "changes": "changes/public.t",
             "multiset": False,
+            "multiset_spread": False,
             "written_in_last_batch": True,
             "gone_since": None,
         }
