@@ -482,14 +482,21 @@ def _whole_prior(
     return fastdefault.apply_arrow(whole, prior_defaults, None) if prior_defaults else whole
 
 
+def insert_only(cat: TableCatalog) -> bool:
+    """A multiset none of whose versions in the batch (nor its latest shape) has a FULL
+    identity or a key. PostgreSQL refuses an UPDATE or DELETE of a published table without
+    an identity to match rows by (it raises "cannot update table … because it does not
+    have a replica identity"), so its stream holds INSERTs and TRUNCATEs only."""
+    shapes = [(v.replica_identity, v.key_columns) for v in cat.versions]
+    shapes.append((cat.replica_identity, tuple(cat.key_columns)))
+    return not any(identity == "f" or key for identity, key in shapes)
+
+
 def appends_only(cat: TableCatalog, prior: TableCommit | None) -> bool:
-    """Whether the batch can only add rows to the table's state: a multiset none of whose
-    versions in the batch has a FULL identity or a key. PostgreSQL refuses an UPDATE or
-    DELETE of a published table without an identity to match rows by (it raises "cannot
-    update table … because it does not have a replica identity"), so its stream holds
-    INSERTs and TRUNCATEs only, and its state is appended to without being read. A state
-    still stored keyed (the key dropped since) takes the usual rebuild first."""
-    if not cat.versions or any(v.replica_identity == "f" or v.key_columns for v in cat.versions):
+    """Whether the batch can only add rows to the table's state (:func:`insert_only`, with
+    rows in the batch), which is then appended to without being read. A state still
+    stored keyed (the key dropped since) takes the usual rebuild first."""
+    if not cat.versions or not insert_only(cat):
         return False
     return prior is None or not prior.state or prior.multiset
 
@@ -818,8 +825,13 @@ def process_table(
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # An INSERT-only multiset's rows are appended to its state (after a TRUNCATE they are
     # all of it); a spread one that must be matched now is rebuilt (TableCommit.spread).
-    appends = snap is None and appends_only(cat, prior)
-    commit.spread = appends and not truncs
+    # Re-based on a copy (through Spark), its state becomes the copy's rows one copy each,
+    # and those from the copy's consistent point on are appended.
+    spread_base = snap is not None and cat.is_multiset and insert_only(cat)
+    appends = appends_only(cat, prior) if snap is None else spread_base
+    # A TRUNCATE before a copy's consistent point is inside the copy.
+    overwrites = [t for t in truncs if snap is None or t[0] >= snap.cp_signed]
+    commit.spread = appends and not overwrites
     done: list[int | None] = [UNREAD, UNREAD]
     if lake.on_local_disk:
         paths = [str(local_path(lake.path(rel))) for rel in (changes_rel, state_rel)]
@@ -900,6 +912,7 @@ def process_table(
             persisted,
             batch,
             defaults,
+            spread_base,
         )
         changes, state_source, truncated = rebased.changes, rebased.state_source, rebased.truncated
     elif cat.is_multiset:
@@ -982,7 +995,7 @@ def process_table(
             app_id,
             batch,
             appends=appends,
-            spread=snap is None and prior is not None and prior.spread,
+            spread=spread_base if snap is not None else prior is not None and prior.spread,
         )
         steps("state written")
     finally:

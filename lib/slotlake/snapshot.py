@@ -1322,16 +1322,20 @@ def rebase(
     persisted: list[DataFrame],
     batch: int,
     defaults: Sequence[FastDefault] = (),
+    spread: bool = False,
 ) -> Rebased:
     """One snapshot table of batch N: the changes before CP are logged (filled from the
     previous state, as ever); the state becomes the copy plus the changes from CP on.
     ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`): the copy's rows
     take those of columns added after it, the images from CP on those of columns added
-    after them."""
+    after them. ``spread``: an INSERT-only multiset's copy, each row one copy (not grouped:
+    :attr:`slotlake.lake.TableCommit.spread`)."""
     from pyspark.sql import functions as F
 
     from slotlake import fastdefault
     from slotlake.bootstrap import multiset_rows
+    from slotlake.delta import quote
+    from slotlake.lake import COPIES
     from slotlake.state import align_prior, fill_keyed, multiset_delta
 
     cp = snap.cp_signed
@@ -1347,7 +1351,15 @@ def rebase(
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         after = fastdefault.fill_events(after, defaults)
         state_source = multiset_delta(after, cat, truncs_after)
-        base = multiset_rows(copy, cat.state_columns)
+        if spread:
+            base = copy.select(
+                *[F.col(quote(c)) for c in cat.state_columns],
+                "_fallback",
+                F.array().cast("array<string>").alias("_missing_toast"),
+                F.lit(1).cast("long").alias(COPIES),
+            )
+        else:
+            base = multiset_rows(copy, cat.state_columns)
     else:
         logged_before, _ = fill_keyed(
             before, prior, cat, truncs_before, expected_rows, persisted=persisted

@@ -23,7 +23,7 @@ import pytest
 
 from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import COPIES, Lake, read_delta
-from slotlake.sync import run_sync
+from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
 
 from .sync_helpers import assert_mirror, make_config
 from .test_readers import duckdb_delta
@@ -285,3 +285,82 @@ def test_a_big_insert_only_table_is_bootstrapped_as_a_stream_of_single_copies(
         distinct = c.execute("SELECT count(*) FROM (SELECT DISTINCT id, v FROM logs) d")
         assert not t.spread and t.state_rows == distinct.fetchone()[0]  # type: ignore[index]
         assert_mirror(c, root, ["public.logs"])
+
+
+@pytest.mark.parametrize("step", ["table_written", "before_commit", "after_commit"])
+def test_an_append_interrupted_and_run_again_is_written_once(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, step: str, monkeypatch: Any
+) -> None:
+    """A run that dies after the state's append (before the record, or before the slot's
+    advance) and is run again appends nothing twice: the same rows stored, the same
+    count in the record."""
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    lake = Lake(root)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE ev (id int, v text)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE ev")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO ev VALUES (1, 'a'), (2, 'b')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("INSERT INTO ev VALUES (1, 'a'), (3, 'c'), (3, 'c')")
+        monkeypatch.setenv(FAULT_ENV, step)
+        with pytest.raises(InjectedFault):
+            run_sync(cfg, spark=spark)
+        monkeypatch.delenv(FAULT_ENV)
+        result = run_sync(cfg, spark=spark)
+        assert result.status == ("up_to_date" if step == "after_commit" else "committed")
+        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        assert t.spread and t.state_rows == 4
+        assert _stored(root, t.state_version) == Counter(
+            {(1, "a", 1): 2, (2, "b", 1): 1, (3, "c", 2): 1}
+        )
+        assert_mirror(c, root, [TABLE])
+
+
+def test_an_insert_only_table_added_to_the_publication_is_copied_as_single_copies(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+) -> None:
+    """A table added to the publication with rows is copied (a per-table snapshot, through
+    Spark for a multiset): an INSERT-only one's copy is not grouped, each row one copy,
+    and its inserts from the copy's consistent point on are appended. Copied again by
+    hand after it took a FULL identity, its copy is grouped as any multiset's."""
+    from slotlake.snapshot import request
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    lake = Lake(root)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE k (id int PRIMARY KEY)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE k")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        c.execute("INSERT INTO k VALUES (1)")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("CREATE TABLE ev (id int, v text)")
+        c.execute("INSERT INTO ev SELECT g % 3, 'old' FROM generate_series(1, 9) g")
+        c.execute("ALTER PUBLICATION pub ADD TABLE ev")
+        c.execute("INSERT INTO ev VALUES (1, 'old'), (7, 'new')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        assert t.spread
+        stored = _stored(root, t.state_version)
+        assert sum(stored.values()) == t.state_rows == 11
+        assert set(copies for _, _, copies in stored) == {1}
+        assert_mirror(c, root, [TABLE])
+
+        c.execute("INSERT INTO ev VALUES (7, 'new')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        assert t.spread and t.state_rows == 12
+        assert_mirror(c, root, [TABLE])
+
+        c.execute("ALTER TABLE ev REPLICA IDENTITY FULL")
+        request(lake, TABLE)
+        c.execute("DELETE FROM ev WHERE ctid = (SELECT min(ctid) FROM ev WHERE v = 'new')")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        assert not t.spread
+        assert _stored(root, t.state_version) == Counter(
+            {(0, "old", 3): 1, (1, "old", 4): 1, (2, "old", 3): 1, (7, "new", 1): 1}
+        )
+        assert_mirror(c, root, [TABLE])
