@@ -318,6 +318,7 @@ def test_an_append_interrupted_and_run_again_is_written_once(
         assert_mirror(c, root, [TABLE])
 
 
+@pytest.mark.one_pg_version  # the copy goes through Spark: the same on both versions
 def test_an_insert_only_table_added_to_the_publication_is_copied_as_single_copies(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path
 ) -> None:
