@@ -56,6 +56,24 @@ def _duckdb_rows(state: str) -> Counter[tuple[Any, ...]]:
     return Counter(con.sql(query).fetchall())
 
 
+def _lake(pg_dsn: str, slot: str, tmp_path: Path, writer: str = "driver") -> tuple[str, Any, Lake]:
+    """The lake's root, its configuration (``writer`` "spark": no table on the driver)
+    and the lake."""
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    if writer == "spark":
+        cfg.lake.driver_write_rows = 0
+    return root, cfg, Lake(root)
+
+
+def _publish(c: psycopg.Connection[Any], slot: str, table: str = "ev") -> None:
+    """``table`` published (created first as ``ev`` is: no key), and the slot."""
+    if table == "ev":
+        c.execute("CREATE TABLE ev (id int, v text)")
+    c.execute(f"CREATE PUBLICATION pub FOR TABLE {table}")
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
 @pytest.mark.parametrize(
     "writer",
     [
@@ -67,15 +85,11 @@ def _duckdb_rows(state: str) -> Counter[tuple[Any, ...]]:
 def test_insert_only_multiset_is_appended_then_rebuilt_once_it_must_be_matched(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, writer: str
 ) -> None:
-    root = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, root, slot)
-    if writer == "spark":
-        cfg.lake.driver_write_rows = 0
-    elif writer != "driver":
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path, writer)
+    if writer not in ("driver", "spark"):
         # A multiset state the driver would rebuild goes to Spark past this bound (so
         # does the rebuild below): an appended one stays on the driver, however big.
         cfg.lake.driver_write_state_mb = 0
-    lake = Lake(root)
     state = os.path.join(root, "state", TABLE)
 
     def sync(sql: str) -> Any:
@@ -88,9 +102,7 @@ def test_insert_only_multiset_is_appended_then_rebuilt_once_it_must_be_matched(
         return lake.read_commit(result.batch).tables[TABLE]
 
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE ev (id int, v text)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE ev")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _publish(c, slot)
 
         first = sync("INSERT INTO ev VALUES (1, 'a'), (1, 'a'), (2, 'b')")
         assert first.spread and first.multiset
@@ -155,16 +167,10 @@ def test_insert_only_and_full_identity_batches_in_random_order_keep_the_mirror(
     identity switched between DEFAULT (INSERT-only) and FULL (a copy updated or deleted),
     between batches and inside them: the mirror equals the source after each batch."""
     rng = random.Random(int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or 8101)
-    root = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, root, slot)
-    if writer == "spark":
-        cfg.lake.driver_write_rows = 0
-    lake = Lake(root)
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path, writer)
     seen = Counter[str]()
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE ev (id int, v text)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE ev")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _publish(c, slot)
         c.execute("INSERT INTO ev VALUES (0, 'a')")  # the table is in the first batch
         full = False
         default = "10" if writer == "driver" else "6"  # Spark's batches take seconds
@@ -207,19 +213,14 @@ def test_a_root_without_identity_whose_leaf_deletes_has_its_rows_matched(
     """Published through its root (no key, identity DEFAULT), a partitioned table whose
     leaf has REPLICA IDENTITY FULL sends that leaf's UPDATEs and DELETEs under the root's
     name and identity: those batches match rows instead of appending them."""
-    root = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, root, slot)
-    if writer == "spark":
-        cfg.lake.driver_write_rows = 0
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path, writer)
     table = "public.pt"
-    lake = Lake(root)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE pt (id int, v text) PARTITION BY RANGE (id)")
         c.execute("CREATE TABLE pt_low PARTITION OF pt FOR VALUES FROM (0) TO (10)")
         c.execute("CREATE TABLE pt_high PARTITION OF pt FOR VALUES FROM (10) TO (20)")
         c.execute("ALTER TABLE pt_low REPLICA IDENTITY FULL")
-        c.execute("CREATE PUBLICATION pub FOR TABLE pt WITH (publish_via_partition_root)")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _publish(c, slot, "pt WITH (publish_via_partition_root)")
         batches = [
             "INSERT INTO pt VALUES (1, 'a'), (1, 'a'), (11, 'b')",
             "INSERT INTO pt VALUES (1, 'a'), (12, 'c')",
@@ -247,10 +248,8 @@ def test_a_big_insert_only_table_is_bootstrapped_as_a_stream_of_single_copies(
     from slotlake import bootstrap as bootstrap_module
     from slotlake.bootstrap import run_bootstrap
 
-    root = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, root, slot)
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path)
     cfg.lake.bootstrap_driver_mb = 1  # logs (~3 MB) is not a small table
-    lake = Lake(root)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE logs (id int, v text)")
         c.execute(
@@ -294,13 +293,9 @@ def test_an_append_interrupted_and_run_again_is_written_once(
     """A run that dies after the state's append (before the record, or before the slot's
     advance) and is run again appends nothing twice: the same rows stored, the same
     count in the record."""
-    root = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, root, slot)
-    lake = Lake(root)
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE ev (id int, v text)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE ev")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _publish(c, slot)
         c.execute("INSERT INTO ev VALUES (1, 'a'), (2, 'b')")
         assert run_sync(cfg, spark=spark).status == "committed"
         c.execute("INSERT INTO ev VALUES (1, 'a'), (3, 'c'), (3, 'c')")
@@ -328,13 +323,10 @@ def test_an_insert_only_table_added_to_the_publication_is_copied_as_single_copie
     hand after it took a FULL identity, its copy is grouped as any multiset's."""
     from slotlake.snapshot import request
 
-    root = str(tmp_path / "lake")
-    cfg = make_config(pg_dsn, root, slot)
-    lake = Lake(root)
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE k (id int PRIMARY KEY)")
-        c.execute("CREATE PUBLICATION pub FOR TABLE k")
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _publish(c, slot, "k")
         c.execute("INSERT INTO k VALUES (1)")
         assert run_sync(cfg, spark=spark).status == "committed"
         c.execute("CREATE TABLE ev (id int, v text)")
