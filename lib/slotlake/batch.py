@@ -492,11 +492,15 @@ def insert_only(cat: TableCatalog) -> bool:
     return not any(identity == "f" or key for identity, key in shapes)
 
 
-def appends_only(cat: TableCatalog, prior: TableCommit | None) -> bool:
+def appends_only(cat: TableCatalog, prior: TableCommit | None, removes: bool = False) -> bool:
     """Whether the batch can only add rows to the table's state (:func:`insert_only`, with
     rows in the batch), which is then appended to without being read. A state still
-    stored keyed (the key dropped since) takes the usual rebuild first."""
-    if not cat.versions or not insert_only(cat):
+    stored keyed (the key dropped since) takes the usual rebuild first. ``removes``: the
+    raw batch has an UPDATE or DELETE of the table after all
+    (:attr:`slotlake.decode.RawScan.removing`): a partitioned table's root keeps an
+    identity of its own while a leaf of FULL identity sends old rows under the root's
+    name; then its rows are matched, as any multiset's."""
+    if removes or not cat.versions or not insert_only(cat):
         return False
     return prior is None or not prior.state or prior.multiset
 
@@ -525,10 +529,10 @@ def _write_state(
     data = [quote(c) for c in cat.state_columns]
     if cat.is_multiset:
         if truncated or appends or spread:
-            rows = source.filter(F.col("_d") > 0) if truncated or appends else source
+            rows = source
             if spread and not truncated and not appends:
-                rows = _with_prior_copies(session, path, cat, source).filter(F.col("_d") > 0)
-            rows = rows.select(
+                rows = _with_prior_copies(session, path, cat, source)
+            rows = rows.filter(F.col("_d") > 0).select(
                 *data,
                 "_fallback",
                 F.array().cast("array<string>").alias("_missing_toast"),
@@ -777,6 +781,7 @@ def process_table(
     snap: TableSnapshot | None = None,
     local_raw: RawRows | None = None,
     state_merge: StateMerge = "driver",
+    removes: bool = False,
 ) -> TableCommit:
     """Decode, fill and write one table for batch ``batch``: append its change log, then
     MERGE its state, each in one idempotent Delta commit, from a session of its own.
@@ -788,7 +793,8 @@ def process_table(
     ``local_raw``: the table's raw DML rows when :class:`DriverWrites` took it: then it is
     done on the driver without Spark (:mod:`slotlake.local_table`), fast defaults included
     unless the table has its state merged by Spark (then Spark's UPDATE applies them);
-    ``state_merge`` says who merges its state.
+    ``state_merge`` says who merges its state. ``removes``: the raw batch has an UPDATE or
+    DELETE of the table (see :func:`appends_only`).
     """
     from pyspark.sql import functions as F
 
@@ -828,7 +834,9 @@ def process_table(
     # Re-based on a copy (through Spark), its state becomes the copy's rows one copy each,
     # and those from the copy's consistent point on are appended.
     spread_base = snap is not None and cat.is_multiset and insert_only(cat)
-    appends = appends_only(cat, prior) if snap is None else spread_base
+    appends = appends_only(cat, prior, removes) if snap is None else spread_base and not removes
+    if removes and cat.is_multiset and insert_only(cat):
+        log.info("%s: an UPDATE or DELETE of a table without an identity: rows matched", cat.name)
     # A TRUNCATE before a copy's consistent point is inside the copy.
     overwrites = [t for t in truncs if snap is None or t[0] >= snap.cp_signed]
     commit.spread = appends and not overwrites
@@ -859,7 +867,9 @@ def process_table(
         # A state Spark MERGEs waits on its jobs, not the GIL: it takes no lane.
         lane = _DRIVER_LANE if state_merge != "spark" else contextlib.nullcontext()
         with lane:
-            c, s, commit.missing_toast, commit.spread = _process_local(
+            # The driver appends exactly when this does (DriverWrites.pick: appends_only).
+            assert (state_merge == "append") == appends, cat.name
+            c, s, commit.missing_toast = _process_local(
                 lazy,
                 lake,
                 cat,
@@ -918,8 +928,6 @@ def process_table(
     elif cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state_source = multiset_delta(fastdefault.fill_events(events, defaults), cat, truncs)
-        if appends and not truncs and _raw_removes(session, lake.path(raw_rel), cat):
-            appends = commit.spread = False
     else:
         changes, state_source = fill_keyed(
             events, prior_df, cat, truncs, expected_rows, persisted=persisted
@@ -1154,9 +1162,9 @@ def _process_local(
     state_merge: StateMerge = "driver",
     snap: TableSnapshot | None = None,
     defaults: tuple[list[Any], Callable[[str], None]] = ([], _no_fault),
-) -> tuple[WriteResult, WriteResult, int, bool]:
+) -> tuple[WriteResult, WriteResult, int]:
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`),
-    its :attr:`TableCommit.missing_toast` and :attr:`TableCommit.spread`;
+    and its :attr:`TableCommit.missing_toast`;
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
     final rows. A multiset's state (small, or it would not be here) is rebuilt whole;
     with ``state_merge="append"`` (:func:`appends_only`) the batch's rows are appended.
@@ -1198,8 +1206,6 @@ def _process_local(
 
         at = events.schema.get_field_index("_missing_toast")
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
-        if appends and _removes_rows(events.column("_op"), cat):
-            appends = False
         whole = None
         if version is not None and not truncs and not appends:
             whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
@@ -1318,33 +1324,7 @@ def _process_local(
         whole=switched,
         append=appends and not truncs,
     )
-    return c, s, missing, appends and not truncs
-
-
-def _matched_anyway(cat: TableCatalog, found: bool) -> bool:
-    """``found``: an INSERT-only table's batch has an UPDATE or DELETE after all. A
-    partitioned table's root keeps an identity of its own while a leaf of FULL identity
-    sends old images under the root's name: then the rows are matched, as any multiset's."""
-    if found:
-        log.info("%s: an UPDATE or DELETE of a table without an identity: rows matched", cat.name)
-    return found
-
-
-def _removes_rows(ops: pa.ChunkedArray, cat: TableCatalog) -> bool:
-    """:func:`_matched_anyway` of the table's decoded rows (``ops``: their ``_op``)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return _matched_anyway(cat, bool(pc.any(pc.is_in(ops, pa.array(["U", "D"]))).as_py()))
-
-
-def _raw_removes(session: SparkSession, raw: str, cat: TableCatalog) -> bool:
-    """:func:`_matched_anyway` of the raw batch's two small columns (no decoding)."""
-    from pyspark.sql import functions as F
-
-    rows = session.read.parquet(raw).select("msg_type", "rel_oid")
-    some = rows.filter(F.col("msg_type").isin("U", "D") & F.col("rel_oid").isin(*cat.oids))
-    return _matched_anyway(cat, bool(some.take(1)))
+    return c, s, missing
 
 
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:
@@ -1706,12 +1686,12 @@ def process_batch(
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
     cats = {c.name: c for c in busy}
     t_pick = time.monotonic()
-    # A table without an identity whose batch updates or deletes after all (_matched_anyway)
+    # A table without an identity whose batch updates or deletes after all (appends_only)
     # has its rows matched: the driver rebuilds its state only if it is small.
     appending = {
         c.name
         for c in candidates
-        if appends_only(c, prior_tables.get(c.name)) and not c.oids & scan.removing
+        if appends_only(c, prior_tables.get(c.name), bool(c.oids & scan.removing))
     }
     local = driver.pick(lake, candidates, expected, copies, appending)
     timings["pick"] = time.monotonic() - t_pick
@@ -1759,6 +1739,7 @@ def process_batch(
             (snapshots or {}).get(cat.name),
             local_raw.pop(cat.name, None),
             local.get(cat.name, "driver"),
+            bool(cat.oids & scan.removing),
         )
         return cat.name, out, time.monotonic() - t1
 

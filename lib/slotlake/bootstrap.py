@@ -941,9 +941,10 @@ def keep_history_types(plan: TablePlan, earlier: dict[str, str]) -> TablePlan:
     return plan
 
 
-def multiset_rows(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+def multiset_rows(df: DataFrame, columns: Sequence[str], grouped: bool = True) -> DataFrame:
     """Identical copied rows (values and value texts alike) → one row with ``_copies``:
-    the multiset state of a copy (bootstrap, per-table snapshots).
+    the multiset state of a copy (bootstrap, per-table snapshots). Not ``grouped`` (an
+    INSERT-only table's: :attr:`slotlake.lake.TableCommit.spread`), each row one copy.
 
     Maps are not groupable: ``_fallback`` is grouped on its sorted JSON text, the form
     the sync job's multiset MERGE compares (``slotlake.state.multiset_condition``).
@@ -953,17 +954,21 @@ def multiset_rows(df: DataFrame, columns: Sequence[str]) -> DataFrame:
     from slotlake.delta import quote
 
     data = [F.col(quote(c)) for c in columns]
-    fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
-    return (
-        df.withColumn("_fbj", fbj)
-        .groupBy(*data, "_fbj")
-        .agg(F.count(F.lit(1)).alias(COPIES))
-        .select(
-            *data,
-            F.from_json("_fbj", "map<string,string>").alias("_fallback"),
-            F.array().cast("array<string>").alias("_missing_toast"),
-            F.col(COPIES),
+    if grouped:
+        fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
+        df = (
+            df.withColumn("_fbj", fbj)
+            .groupBy(*data, "_fbj")
+            .agg(F.count(F.lit(1)).alias(COPIES))
+            .withColumn("_fallback", F.from_json("_fbj", "map<string,string>"))
         )
+    else:
+        df = df.withColumn(COPIES, F.lit(1).cast("long"))
+    return df.select(
+        *data,
+        "_fallback",
+        F.array().cast("array<string>").alias("_missing_toast"),
+        F.col(COPIES),
     )
 
 

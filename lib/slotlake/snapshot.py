@@ -1334,8 +1334,6 @@ def rebase(
 
     from slotlake import fastdefault
     from slotlake.bootstrap import multiset_rows
-    from slotlake.delta import quote
-    from slotlake.lake import COPIES
     from slotlake.state import align_prior, fill_keyed, multiset_delta
 
     cp = snap.cp_signed
@@ -1351,15 +1349,7 @@ def rebase(
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         after = fastdefault.fill_events(after, defaults)
         state_source = multiset_delta(after, cat, truncs_after)
-        if spread:
-            base = copy.select(
-                *[F.col(quote(c)) for c in cat.state_columns],
-                "_fallback",
-                F.array().cast("array<string>").alias("_missing_toast"),
-                F.lit(1).cast("long").alias(COPIES),
-            )
-        else:
-            base = multiset_rows(copy, cat.state_columns)
+        base = multiset_rows(copy, cat.state_columns, grouped=not spread)
     else:
         logged_before, _ = fill_keyed(
             before, prior, cat, truncs_before, expected_rows, persisted=persisted
