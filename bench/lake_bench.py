@@ -39,6 +39,9 @@ SparkSession (the issue's targets in brackets):
           INSERT-only) vs the same on a ``--small``-row one, ``--steady-batches``
           batches each, medians of all after the second: an INSERT-only state is
           appended to, never read, so the ratio should be about 1  [≤ 1.25×]
+  uuid    the size's comparison (medians of ``--steady-batches`` batches, all after the
+          second) on tables keyed by a random uuid, as ``gen_random_uuid()`` keys are:
+          Delta's statistics prune no file for random keys          [≤ 1.25×]
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
           ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
@@ -69,7 +72,7 @@ system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
                                [--tables 100]
-                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,mid,ddl,rollback]
+                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,mid,ddl,rollback]
                                [--quiet-tables 300] [--series-batches 32]
                                [--steady-batches 8]
                                [--source-dir /dev/shm] [--json PATH]
@@ -113,15 +116,20 @@ def load(
     rows: int,
     multiset: bool = False,
     insert_only: bool = False,
+    uuid_key: bool = False,
 ) -> None:
     ddl = DDL.format(name=name)
     if multiset or insert_only:  # no key: with identity DEFAULT, INSERTs only are published
         ddl = ddl.replace(" PRIMARY KEY", "")
+    if uuid_key:  # row g's key is md5(g) as a uuid: random, as gen_random_uuid() keys are
+        ddl = ddl.replace("id int8", "id uuid")
     c.execute(ddl)
     if multiset:
         c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+    key = "md5(g::text)::uuid" if uuid_key else "g"
     c.execute(
-        f"INSERT INTO {name} SELECT g, md5(g::text), g / 7.0, now() FROM generate_series(1, %s) g",
+        f"INSERT INTO {name} SELECT {key}, md5(g::text), g / 7.0, now() "
+        "FROM generate_series(1, %s) g",
         (rows,),
     )
 
@@ -137,6 +145,23 @@ def changes(
         c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (deletes,))
         c.execute(
             f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s::int8, %s::int8) g",
+            (rows + 1, rows + n - len(ids)),
+        )
+
+
+def uuid_changes(
+    c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random, round_: int
+) -> None:
+    """:func:`changes` to a table whose row g has the key md5(g) as a uuid."""
+    ids = rng.sample(range(1, rows + 1), min(rows, int(n * 0.9)))
+    updates, deletes = ids[: int(n * 0.8)], ids[int(n * 0.8) :]
+    keys = "(SELECT md5(x::text)::uuid FROM unnest(%s::int8[]) x)"
+    with c.transaction():
+        c.execute(f"UPDATE {name} SET v = 'u' || v WHERE id IN {keys}", (updates,))
+        c.execute(f"DELETE FROM {name} WHERE id IN {keys}", (deletes,))
+        c.execute(
+            f"INSERT INTO {name} SELECT md5(g::text)::uuid, 'new', 0, now() "
+            "FROM generate_series(%s::int8, %s::int8) g",
             (rows + 1, rows + n - len(ids)),
         )
 
@@ -189,7 +214,14 @@ def check_mirror(c: psycopg.Connection[Any], cfg: Config, name: str) -> None:
 
     from slotlake.lake import Lake, query_delta
 
-    sql = "SELECT count(*), sum(length(v)), sum(id) FROM {}"
+    # sum(id) where the key is a number, the uuid keys' first characters' codes otherwise
+    number = c.execute(
+        "SELECT atttypid = 'int8'::regtype FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attname = 'id'",
+        (name,),
+    ).fetchone()
+    total = "sum(id)" if number and number[0] else "sum(ascii(id::text))"
+    sql = f"SELECT count(*), sum(length(v)), {total} FROM {{}}"
     want = c.execute(sql.format(name)).fetchone()
     path = f"{cfg.lake.path}/{Lake.table_path('state', 'public.' + name)}"
     if "_copies" in DeltaTable(path).schema().to_arrow().names:  # a multiset: rows counted
@@ -335,6 +367,7 @@ def scenario(
     driver_rows: int | None = None,
     multiset: bool = False,
     insert_only: bool = False,
+    uuid_key: bool = False,
     state_mb: int | None = None,
     deletion_vectors: bool = True,
     write: Any = changes,
@@ -348,7 +381,7 @@ def scenario(
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
         for name, rows in tables.items():
-            load(c, name, rows, multiset, insert_only)
+            load(c, name, rows, multiset, insert_only, uuid_key)
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         cfg = Config(
             source=SourceConfig(dsn=dsn, slot=slot, publications=["pub"]),
@@ -479,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady-batches", type=int, default=8)
     p.add_argument(
         "--steps",
-        default="size,spread,floor,steady,series,quiet,process,multiset,appends,mid,ddl,rollback",
+        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,mid,ddl,rollback",
     )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
@@ -773,6 +806,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"appends: {args.changes:,} inserts into a table without a key (INSERT-only), "
                 f"median of batches 3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs "
                 f"{args.small:,} rows {small:.2f}s = {big / small:.2f}×"
+            )
+        if "uuid" in steps:
+            keyed = {"uuid_key": True, "write": uuid_changes}
+            sides = {}
+            steps_s = {}
+            for tag, rows in (("uuid_small", args.small), ("uuid_big", args.big)):
+                mark = len(BATCHES)
+                scenario(pg, spark, tag, {tag: rows}, args.changes, args.steady_batches, **keyed)
+                sides[tag] = median_s(BATCHES[mark + 2 :])
+                steps_s[tag] = {
+                    k: statistics.median(tm.get(k, 0.0) for _, tm in BATCHES[mark + 2 :])
+                    for k in BATCHES[-1][1]
+                }
+                log(f"{tag}: run_sync's steps, medians: {steps_s[tag]}")
+            small, big = sides["uuid_small"], sides["uuid_big"]
+            out["uuid"] = {"small_s": small, "big_s": big, "ratio": big / small, "steps": steps_s}
+            log(
+                f"uuid: the size's batch on tables keyed by a random uuid, median of batches "
+                f"3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs {args.small:,} rows "
+                f"{small:.2f}s = {big / small:.2f}× (target ≤ 1.25×)"
             )
         if "mid" in steps:
             # Mid-sized keyed states (within lake.driver_write_state_mb): the driver

@@ -63,6 +63,8 @@ REWRITE_BYTES = 4 << 20
 # scan runs on every core). A process that never needs DuckDB also never imports it
 # (~36 ms once: the import 29, the connection 7): a run a process, a scheduler's.
 ARROW_FIND_FILES = 3
+# Spark's names of the key types :mod:`slotlake.key_index` indexes (uuid is a string).
+_INDEXED_TYPES = frozenset({"byte", "short", "integer", "long", "string"})
 
 
 def unsupported(snap: Snapshot) -> str | None:
@@ -328,9 +330,9 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
     live file of at least ``key_index.AHEAD_MIN_ROWS`` rows of the local state at
     ``path``; how many of them have one. For the bootstrap and ``slotlake maintain``
     (whose OPTIMIZE writes new files): the next batch then finds them made instead of
-    paying ~0.1 s a million rows itself, once a file (a table of 500M rows: about a
-    minute). A state whose key is not one integer
-    column gets none. The indexes are a cache: one not made is a warning (the next MERGE
+    paying ~0.1 s a million rows itself (text keys more), once a file (a table of 500M
+    rows: about a minute). A state whose key is not one integer or text column gets
+    none. The indexes are a cache: one not made is a warning (the next MERGE
     makes it, or reads the file)."""
     from slotlake import key_index
 
@@ -339,7 +341,7 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
     try:
         snap = delta_log.snapshot(path, files=True)
         field = next((f for f in snap.schema.fields if f.name == key_columns[0]), None)
-        if field is None or field.dataType.typeName() not in ("byte", "short", "integer", "long"):
+        if field is None or field.dataType.typeName() not in _INDEXED_TYPES:
             return 0
         physical = field.metadata.get(delta_log.PHYSICAL, field.name)
         assert snap.files is not None
@@ -355,31 +357,23 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
 def _find_in_indexes(
     path: str, snap: Snapshot, files: list[str], column: str, values: pa.Array
 ) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """:func:`_find` in the big files of a one-column integer key through their key
+    """:func:`_find` in the files of a one-column integer or text key through their key
     indexes (:mod:`slotlake.key_index`): the files left to DuckDB, and what was found."""
-    import pyarrow as pa
-
     from slotlake import key_index
 
-    t = values.type
-    if not pa.types.is_integer(t) or pa.types.is_uint64(t) or values.null_count:
+    if values.null_count or not key_index.indexable(values.type):
         return files, {}
     assert snap.files is not None
-    keys = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    # Looked up in key order, the binary searches walk each mapped index front to back:
-    # 9k random keys in a 2.5M-key index took 4.1 ms, sorted first 0.97 ms with the sort.
-    order = np.argsort(keys, kind="stable")
-    keys = keys[order]
+    lookup = key_index.Lookup(values)
     rest: list[str] = []
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
         index = key_index.load(path, snap.files[f], column)
-        if index is None:
+        found = None if index is None else lookup.find(index)
+        if found is None:
             rest.append(f)
-            continue
-        positions, which = key_index.find(index, keys)
-        if len(positions):
-            out[f] = (positions, order[which])
+        elif len(found[0]):
+            out[f] = found
     return rest, out
 
 

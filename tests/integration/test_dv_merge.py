@@ -124,13 +124,14 @@ def _read_both(spark: Any, path: str, key: str) -> tuple[Model, Model]:
     return _as_model(by_spark, key), _read_deltalake(path, key)
 
 
-def _seed(spark: Any, path: str, n: int, files: int) -> Model:
-    create_on_driver(path, LONG_KEY)
-    df = spark.createDataFrame([(i, f"v{i}", {}, []) for i in range(n)], LONG_KEY).repartition(
-        files
-    )
-    df.write.format("delta").mode("append").save(path)
-    return {i: (f"v{i}", {}) for i in range(n)}
+def _seed(
+    spark: Any, path: str, n: int, files: int, key: Any = int, schema: StructType = LONG_KEY
+) -> Model:
+    """A state of keys ``key(i)`` for i in 0..n-1, v = f"v{i}", in ``files`` files."""
+    create_on_driver(path, schema)
+    df = spark.createDataFrame([(key(i), f"v{i}", {}, []) for i in range(n)], schema)
+    df.repartition(files).write.format("delta").mode("append").save(path)
+    return {key(i): (f"v{i}", {}) for i in range(n)}
 
 
 def vacuum(spark: Any, path: str, hours: int) -> None:
@@ -532,23 +533,44 @@ def _no_key_indexes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(key_index, "MIN_ROWS", 1 << 62)
 
 
+def _uuid(i: int) -> str:
+    """A text key as a uuid column's state holds it (lowercase, dashed), random-looking."""
+    import hashlib
+    import uuid
+
+    return str(uuid.UUID(bytes=hashlib.md5(str(i).encode()).digest()))
+
+
+TEXT_KEY = StructType([StructField("id", StringType()), StructField("v", StringType()), *HELPERS])
+TEXT_CAT = TableCatalog(
+    name="public.u",
+    columns=[("id", "string"), ("v", "string")],
+    state_columns=["id", "v"],
+    key_columns=["id"],
+)
+# A key of each kind a key index is made for: (its i-th value, the state's schema, catalog).
+KEY_KINDS = {"bigint": (int, LONG_KEY, PLAIN_CAT), "uuid": (_uuid, TEXT_KEY, TEXT_CAT)}
+
+
 def _seed_with_a_repeated_key(
-    spark: Any, path: str, n: int, files: int
+    spark: Any, path: str, n: int, files: int, kind: str = "bigint"
 ) -> tuple[pa.Table, Any, dict[str, str]]:
-    """A state of keys 0..n-1 in ``files`` files, every tenth deleted by Spark (its
-    vectors), and a file of its own whose key 3n repeats (no state file has that; an index
-    must not pick one of the two rows); the rows of a batch updating 1, 2, 10, n-1, 3n
-    and 5n and deleting 3, 20 and 7n, the table's snapshot and physical names."""
-    _seed(spark, path, n, files)
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 10 = 0")
-    spark.createDataFrame([(3 * n, "a", {}, []), (3 * n, "b", {}, [])], LONG_KEY).coalesce(
+    """A state of keys 0..n-1 (``KEY_KINDS[kind]``'s values of them) in ``files`` files,
+    every tenth deleted by Spark (its vectors), and a file of its own whose key 3n repeats
+    (no state file has that; an index must not pick one of the two rows); the rows of a
+    batch updating 1, 2, 10, n-1, 3n and 5n and deleting 3, 20 and 7n, the table's
+    snapshot and physical names."""
+    key, schema, _ = KEY_KINDS[kind]
+    _seed(spark, path, n, files, key, schema)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE v LIKE '%0'")  # i % 10 == 0
+    spark.createDataFrame([(key(3 * n), "a", {}, []), (key(3 * n), "b", {}, [])], schema).coalesce(
         1
     ).write.format("delta").mode("append").save(path)
-    changes = [(k, "x", {}, False) for k in (1, 2, 10, n - 1, 3 * n, 5 * n)]
-    changes += [(k, None, {}, True) for k in (3, 20, 7 * n)]
+    changes = [(key(k), "x", {}, False) for k in (1, 2, 10, n - 1, 3 * n, 5 * n)]
+    changes += [(key(k), None, {}, True) for k in (3, 20, 7 * n)]
     snap = delta_log.snapshot(path, files=True)
     physical = {f.name: f.metadata[delta_log.PHYSICAL] for f in snap.schema.fields}
-    return _rows(LONG_KEY, changes), snap, physical
+    return _rows(schema, changes), snap, physical
 
 
 def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
@@ -600,35 +622,60 @@ def test_a_small_state_is_looked_up_in_arrow_as_duckdb_finds_it(
     assert {r["name"]: r["v"] for r in got} == want and len(got) == len(want)
 
 
+@pytest.mark.parametrize("kind", list(KEY_KINDS))
 def test_big_files_are_looked_up_in_key_indexes_as_duckdb_finds_them(
-    spark: Any, tmp_path: Path, monkeypatch
+    spark: Any, tmp_path: Path, monkeypatch, kind: str
 ) -> None:
-    """A one-column integer key (every file past ``key_index.MIN_ROWS`` by default): the
-    rows found through the files' key indexes are the ones DuckDB's join finds, deleted or
-    not; a file whose keys repeat gets no index and goes to DuckDB; an index that does not
-    fit its file is made again."""
+    """A one-column integer or text key (every file past ``key_index.MIN_ROWS`` by
+    default): the rows found through the files' key indexes are the ones DuckDB's join
+    finds, deleted or not; a file whose keys repeat gets no index and goes to DuckDB; an
+    index that does not fit its file is made again."""
+    import numpy as np
+
+    cat = KEY_KINDS[kind][2]
     path = str(tmp_path / "state")
-    rows, snap, physical = _seed_with_a_repeated_key(spark, path, 3000, 3)
+    rows, snap, physical = _seed_with_a_repeated_key(spark, path, 3000, 3, kind)
 
     _no_key_indexes(monkeypatch)
     monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
-    by_duckdb = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    by_duckdb = _pairs(dv_merge._find(path, snap, rows, cat, physical))
     monkeypatch.undo()
     indexes = Path(path) / key_index.DIRECTORY
     assert not indexes.exists()
     # The file whose key repeats is the one left: Arrow reads its key column.
-    by_index = _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical))
+    by_index = _pairs(dv_merge._find(path, snap, rows, cat, physical))
     assert by_index == by_duckdb
     # 1, 2, 10, 2999, 3, 20 once each (10 and 20 behind Spark's vectors), 9000 twice.
     assert sum(len(v) for v in by_index.values()) == 8
     assert len(list(indexes.iterdir())) == 3  # not the file whose key repeats
-
     spoiled = next(indexes.iterdir())
+    made = np.load(spoiled)
+    assert (made.dtype == np.uint8) == (kind == "uuid")  # the text form
+
+    np.save(spoiled, made[..., :-1])  # not this file's
+    assert _pairs(dv_merge._find(path, snap, rows, cat, physical)) == by_duckdb
+    assert np.array_equal(np.load(spoiled), made)  # made again
+
+
+def test_text_key_indexes_made_ahead_are_the_ones_a_merge_uses(
+    spark: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """``make_key_indexes`` (the bootstrap's and ``maintain``'s) makes a uuid key's
+    indexes for the files past ``AHEAD_MIN_ROWS``; the MERGE's find then makes none of
+    them again and finds what DuckDB's join finds."""
     import numpy as np
 
-    np.save(spoiled, np.zeros((2, 5), dtype=np.int64))  # another file's row count
-    assert _pairs(dv_merge._find(path, snap, rows, PLAIN_CAT, physical)) == by_duckdb
-    assert np.load(spoiled).shape[1] > 5  # made again
+    path = str(tmp_path / "state")
+    rows, snap, physical = _seed_with_a_repeated_key(spark, path, 3000, 3, "uuid")
+    monkeypatch.setattr(key_index, "AHEAD_MIN_ROWS", 500)
+    assert dv_merge.make_key_indexes(path, ["id"]) == 3  # not the 2-row file
+    made = {p: p.stat().st_mtime_ns for p in (Path(path) / key_index.DIRECTORY).iterdir()}
+    assert len(made) == 3 and all(np.load(p).dtype == np.uint8 for p in made)
+    by_index = _pairs(dv_merge._find(path, snap, rows, TEXT_CAT, physical))
+    assert {p: p.stat().st_mtime_ns for p in made} == made
+    _no_key_indexes(monkeypatch)
+    monkeypatch.setattr(dv_merge, "ARROW_FIND_FILES", 0)
+    assert by_index == _pairs(dv_merge._find(path, snap, rows, TEXT_CAT, physical))
 
 
 def test_a_few_small_files_are_looked_up_in_arrow_as_duckdb_finds_them(
@@ -771,7 +818,8 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch
 ) -> None:
     """Batches of random inserts, updates (of the key too), deletes and keys deleted and
-    inserted again, on an ``int`` and a ``bigint`` key, every state MERGEd with deletion
+    inserted again, on an ``int``, a ``bigint``, a ``text`` and a ``uuid`` key (the last
+    two: text indexes), every state MERGEd with deletion
     vectors: after each sync the mirror equals the source, and the MERGEs found their rows
     through key indexes, made by default (the bootstrap's 300 rows are too few for one
     ahead) for every file they looked into, the batches' own small files too."""
@@ -793,17 +841,23 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
     monkeypatch.setattr(key_index, "find", lambda *a: used.append(1) or real_find(*a))
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
-    tables = {"public.k4": "int", "public.k8": "bigint"}
+    # name → (key type, the key of row g, a key moved)
+    tables = {
+        "public.k4": ("int", "g", "id + 100000"),
+        "public.k8": ("bigint", "g", "id + 100000"),
+        "public.kt": ("text", "'k' || g", "id || 'é'"),
+        "public.ku": ("uuid", "md5(g::text)::uuid", "md5(id::text)::uuid"),
+    }
     rng = random.Random(11)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        for name, kind in tables.items():
+        for name, (kind, key, _) in tables.items():
             c.execute(f"CREATE TABLE {name} (id {kind} PRIMARY KEY, v text)")
-            c.execute(f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 300) g")
+            c.execute(f"INSERT INTO {name} SELECT {key}, 'v' || g FROM generate_series(1, 300) g")
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         run_bootstrap(cfg, spark=spark)  # the slot, and the 300 rows a table copied
         for batch in range(1, 6):
-            for name in tables:
-                ids = [r[0] for r in c.execute(f"SELECT id FROM {name}").fetchall()]
+            for name, (_, key, moved) in tables.items():
+                ids = [r[0] for r in c.execute(f"SELECT id FROM {name} ORDER BY id").fetchall()]
                 picked = rng.sample(ids, 40)
                 with c.transaction():
                     for i in picked[:20]:
@@ -811,12 +865,13 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
                     for i in picked[20:28]:
                         c.execute(f"DELETE FROM {name} WHERE id = %s", (i,))
                     for i in picked[28:32]:  # the key itself moves
-                        c.execute(f"UPDATE {name} SET id = id + 100000 WHERE id = %s", (i,))
+                        c.execute(f"UPDATE {name} SET id = {moved} WHERE id = %s", (i,))
                     for i in picked[32:36]:  # deleted and inserted again in the batch
                         c.execute(f"DELETE FROM {name} WHERE id = %s", (i,))
                         c.execute(f"INSERT INTO {name} VALUES (%s, 'again')", (i,))
                     c.execute(
-                        f"INSERT INTO {name} SELECT g, 'new' FROM generate_series(%s::int, %s::int) g",
+                        f"INSERT INTO {name} SELECT {key}, 'new' "
+                        "FROM generate_series(%s::int, %s::int) g",
                         (1000 * batch, 1000 * batch + 9),
                     )
             result = run_sync(cfg, spark=spark)

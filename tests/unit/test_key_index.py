@@ -19,7 +19,8 @@ def _file(table: Path, name: str, keys: list[int | None]) -> dict[str, object]:
     """A data file of ``keys`` (and a value column) and its ``add`` action."""
     target = table / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"k": pa.array(keys, pa.int32()), "v": [str(k) for k in keys]}), target)
+    values = {"k": pa.array(keys, pa.int32()), "v": [str(k) for k in keys]}
+    pq.write_table(pa.table(values | {"f": pa.array(keys, pa.float64())}), target)
     stats = {"numRecords": len(keys)}
     return {"path": name, "size": os.path.getsize(target), "stats": json.dumps(stats)}
 
@@ -51,7 +52,7 @@ def test_positions_of_the_keys_asked_for(tmp_path: Path) -> None:
 def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None]) -> None:
     add = _file(tmp_path, "part-0.parquet", keys)
     assert key_index.load(str(tmp_path), add, "k") is None
-    assert key_index.load(str(tmp_path), add, "v") is None  # not an integer column
+    assert key_index.load(str(tmp_path), add, "f") is None  # floats are not indexed
     assert not (tmp_path / key_index.DIRECTORY).exists() or not list(
         (tmp_path / key_index.DIRECTORY).iterdir()
     )
@@ -100,3 +101,108 @@ def test_prune_removes_the_indexes_of_deleted_files_and_leftovers(tmp_path: Path
     assert key_index.prune(str(tmp_path)) == 2
     assert [p.name for p in folder.iterdir()] == [Path(key_index.index_path("", kept, "k")).name]
     assert key_index.prune(str(tmp_path / "no table")) == 0
+
+
+def _text_file(table: Path, name: str, keys: list[str | None]) -> dict[str, object]:
+    target = table / name
+    pq.write_table(pa.table({"k": pa.array(keys, pa.string())}), target)
+    stats = {"numRecords": len(keys)}
+    return {"path": name, "size": os.path.getsize(target), "stats": json.dumps(stats)}
+
+
+def test_text_keys_are_found_exactly(tmp_path: Path) -> None:
+    """A text index holds the keys themselves, NUL-padded to the file's longest: a key
+    that is another's prefix, differs in a trailing space, or is longer than any key of
+    the file is no hit; multi-byte UTF-8 and the empty string are found."""
+    rng = np.random.default_rng(5)
+    uuids = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)).hex() for _ in range(3000)]
+    keys = ["ab", "abc", "a", "a ", "", "é", "zz", *uuids]
+    order = rng.permutation(len(keys))
+    keys = [keys[i] for i in order]
+    add = _text_file(tmp_path, "part-0.parquet", keys)
+    made = key_index.load(str(tmp_path), add, "k")
+    assert made is not None and key_index.TextIndex(made).width == 32
+    index = key_index.load(str(tmp_path), add, "k")  # mapped this time
+    assert isinstance(index, np.memmap) or isinstance(getattr(index, "base", None), np.memmap)
+    asked = ["a ", "ab\0", "abcd", uuids[7], "b", "", "é", "x" * 40, "ab", uuids[7], "a  "]
+    found = key_index.Lookup(pa.array(asked)).find(index)
+    assert found is not None
+    positions, which = found
+    got = sorted(zip(which.tolist(), positions.tolist(), strict=True))
+    want = [(i, keys.index(k)) for i, k in enumerate(asked) if k in keys]
+    assert got == want
+    assert [asked[i] for i, _ in got] == ["a ", uuids[7], "", "é", "ab", uuids[7]]
+    # An index of the other kind is not searched with these keys.
+    ints = key_index.load(str(tmp_path), _file(tmp_path, "part-1.parquet", [3, 1, 2]), "k")
+    assert ints is not None
+    assert key_index.Lookup(pa.array(asked)).find(ints) is None
+    assert key_index.Lookup(pa.array([2, 9], pa.int64())).find(index) is None
+    assert key_index.Lookup(pa.array([2, 9], pa.int64())).find(ints)[0].tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [["a", "b", "a"], ["a", None], ["x" * (key_index.MAX_TEXT_BYTES + 1), "b"], ["a\0", "b"]],
+    ids=["a key twice", "a NULL key", "a key too long", "a NUL in a key"],
+)
+def test_text_files_that_cannot_be_indexed(tmp_path: Path, keys: list[str | None]) -> None:
+    add = _text_file(tmp_path, "part-0.parquet", keys)
+    assert key_index.load(str(tmp_path), add, "k") is None
+    assert not (tmp_path / key_index.DIRECTORY).exists()
+
+
+def test_a_text_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
+    add = _text_file(tmp_path, "part-0.parquet", ["b", "a", "c"])
+    kept = Path(key_index.index_path(str(tmp_path), add, "k"))
+    kept.parent.mkdir()
+    two = key_index.TextIndex.build(np.array([b"a", b"b"], dtype="S1"), np.arange(2))
+    np.save(kept, two)  # a file of two rows
+    index = key_index.load(str(tmp_path), add, "k")
+    assert index is not None and "does not fit" in caplog.text
+    made = key_index.TextIndex(index)
+    assert made.keys.tolist() == [b"a", b"b", b"c"] and made.positions.tolist() == [1, 0, 2]
+    np.save(kept, index[:-1])  # torn
+    assert key_index.TextIndex(key_index.load(str(tmp_path), add, "k")).rows == 3
+
+
+def test_keys_that_share_their_first_bytes_are_found(tmp_path: Path) -> None:
+    """A text index searches the 8 bytes after the prefix all its keys share (their
+    head); keys whose heads are alike are searched whole, keys without the shared prefix
+    are no hit."""
+    alike = [f"tenant-{t}:order-{i:06d}" for t in "ab" for i in range(0, 2000, 3)]
+    spread = [f"{i:08x}-order" for i in range(0, 50_000, 7)]
+    for name, keys in (("alike", alike), ("spread", spread)):
+        order = np.random.default_rng(2).permutation(len(keys))
+        keys = [keys[i] for i in order]
+        index = key_index.load(str(tmp_path), _text_file(tmp_path, f"{name}.parquet", keys), "k")
+        assert index is not None
+        shared = key_index.TextIndex(index).shared
+        assert shared == {"alike": b"tenant-", "spread": b"0000"}[name]
+        asked = keys[::5] + [k + "x" for k in keys[:50]] + ["tenant-c:order-000003", "zz"]
+        asked += [keys[0][:-1], "0000000"]
+        found = key_index.Lookup(pa.array(asked)).find(index)
+        assert found is not None
+        got = sorted(zip(found[1].tolist(), found[0].tolist(), strict=True))
+        assert got == [(i, keys.index(k)) for i, k in enumerate(asked) if k in keys]
+        assert len(got) == len(keys[::5])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_text_keys_are_found_as_a_dict_finds_them(tmp_path: Path, seed: int) -> None:
+    """Keys of a small alphabet and varied lengths (long stretches alike: many heads
+    shared, prefixes of one another), asked with keys of the file and others."""
+    rng = np.random.default_rng(seed)
+
+    def word() -> str:
+        return "".join(rng.choice(list("ab-é"), size=int(rng.integers(0, 14))))
+
+    keys = list(dict.fromkeys(word() for _ in range(3000)))
+    at = {k: i for i, k in enumerate(keys)}
+    index = key_index.load(str(tmp_path), _text_file(tmp_path, "part.parquet", keys), "k")
+    assert index is not None
+    asked = [word() for _ in range(2000)]
+    found = key_index.Lookup(pa.array(asked)).find(index)
+    assert found is not None
+    got = sorted(zip(found[1].tolist(), found[0].tolist(), strict=True))
+    assert got == [(i, at[k]) for i, k in enumerate(asked) if k in at]
+    assert 0 < len(got) < len(asked)
