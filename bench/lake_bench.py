@@ -42,6 +42,8 @@ SparkSession (the issue's targets in brackets):
   uuid    the size's comparison (medians of ``--steady-batches`` batches, all after the
           second) on tables keyed by a random uuid, as ``gen_random_uuid()`` keys are:
           Delta's statistics prune no file for random keys          [≤ 1.25×]
+  composite  the same on tables keyed by (tenant, id), each row's tenant one of 1,000 at
+          random: statistics of the key's first column prune nothing either
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
           ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
@@ -72,7 +74,7 @@ system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
                                [--tables 100]
-                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,mid,ddl,rollback]
+                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,mid,ddl,rollback]
                                [--quiet-tables 300] [--series-batches 32]
                                [--steady-batches 8]
                                [--source-dir /dev/shm] [--json PATH]
@@ -117,8 +119,12 @@ def load(
     multiset: bool = False,
     insert_only: bool = False,
     uuid_key: bool = False,
+    composite: bool = False,
 ) -> None:
     ddl = DDL.format(name=name)
+    if composite:  # the key (tenant, id), each row's tenant one of 1,000 at random
+        ddl = ddl.replace(" PRIMARY KEY", "")[: -len(")")]
+        ddl += ", tenant int DEFAULT (random() * 1000)::int, PRIMARY KEY (tenant, id))"
     if multiset or insert_only:  # no key: with identity DEFAULT, INSERTs only are published
         ddl = ddl.replace(" PRIMARY KEY", "")
     if uuid_key:  # row g's key is md5(g) as a uuid: random, as gen_random_uuid() keys are
@@ -132,6 +138,8 @@ def load(
         "FROM generate_series(1, %s) g",
         (rows,),
     )
+    if composite:  # the batches find their rows by id
+        c.execute(f"CREATE INDEX ON {name} (id)")
 
 
 def changes(
@@ -368,6 +376,7 @@ def scenario(
     multiset: bool = False,
     insert_only: bool = False,
     uuid_key: bool = False,
+    composite: bool = False,
     state_mb: int | None = None,
     deletion_vectors: bool = True,
     write: Any = changes,
@@ -381,7 +390,7 @@ def scenario(
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
         for name, rows in tables.items():
-            load(c, name, rows, multiset, insert_only, uuid_key)
+            load(c, name, rows, multiset, insert_only, uuid_key, composite)
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         cfg = Config(
             source=SourceConfig(dsn=dsn, slot=slot, publications=["pub"]),
@@ -512,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady-batches", type=int, default=8)
     p.add_argument(
         "--steps",
-        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,mid,ddl,rollback",
+        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,mid,ddl,rollback",
     )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
@@ -807,11 +816,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"median of batches 3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs "
                 f"{args.small:,} rows {small:.2f}s = {big / small:.2f}×"
             )
-        if "uuid" in steps:
-            keyed = {"uuid_key": True, "write": uuid_changes}
+        for kind in ("uuid", "composite"):
+            if kind not in steps:
+                continue
+            keyed: dict[str, Any] = {
+                "uuid": {"uuid_key": True, "write": uuid_changes},
+                "composite": {"composite": True},
+            }[kind]
             sides = {}
             steps_s = {}
-            for tag, rows in (("uuid_small", args.small), ("uuid_big", args.big)):
+            for tag, rows in ((f"{kind}_small", args.small), (f"{kind}_big", args.big)):
                 mark = len(BATCHES)
                 scenario(pg, spark, tag, {tag: rows}, args.changes, args.steady_batches, **keyed)
                 sides[tag] = median_s(BATCHES[mark + 2 :])
@@ -820,10 +834,11 @@ def main(argv: list[str] | None = None) -> int:
                     for k in BATCHES[-1][1]
                 }
                 log(f"{tag}: run_sync's steps, medians: {steps_s[tag]}")
-            small, big = sides["uuid_small"], sides["uuid_big"]
-            out["uuid"] = {"small_s": small, "big_s": big, "ratio": big / small, "steps": steps_s}
+            small, big = sides[f"{kind}_small"], sides[f"{kind}_big"]
+            out[kind] = {"small_s": small, "big_s": big, "ratio": big / small, "steps": steps_s}
+            keyed_by = {"uuid": "a random uuid", "composite": "(tenant, id)"}[kind]
             log(
-                f"uuid: the size's batch on tables keyed by a random uuid, median of batches "
+                f"{kind}: the size's batch on tables keyed by {keyed_by}, median of batches "
                 f"3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs {args.small:,} rows "
                 f"{small:.2f}s = {big / small:.2f}× (target ≤ 1.25×)"
             )

@@ -283,7 +283,9 @@ def _find(
     files = _candidates(snap, physical[cat.key_columns[0]], source["k0"])
     if not files:
         return {}
-    one_plain_key = len(cat.key_columns) == 1 and "f0" not in source  # no _fallback text
+    # No key value kept as _fallback text: the key columns alone decide.
+    plain = not any(f"f{i}" in source for i in range(len(cat.key_columns)))
+    one_plain_key = len(cat.key_columns) == 1 and plain
     if opened is not None and one_plain_key and _arrow_key(source["k0"].type):
         found_in_arrow = _find_in_arrow(
             path, files, physical[cat.key_columns[0]], source["k0"], opened
@@ -291,11 +293,17 @@ def _find(
         if found_in_arrow is not None:
             return found_in_arrow
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if one_plain_key and opened is None:
-        files, out = _find_in_indexes(path, snap, files, physical[cat.key_columns[0]], source["k0"])
+    if plain and opened is None:
+        files, out = _find_in_indexes(
+            path,
+            snap,
+            files,
+            [physical[k] for k in cat.key_columns],
+            [source[f"k{i}"] for i in range(len(cat.key_columns))],
+        )
         if not files:
             return out
-        if len(files) <= ARROW_FIND_FILES and _arrow_key(source["k0"].type):
+        if one_plain_key and len(files) <= ARROW_FIND_FILES and _arrow_key(source["k0"].type):
             found_in_arrow = _find_in_arrow(
                 path, files, physical[cat.key_columns[0]], source["k0"], None
             )
@@ -330,20 +338,23 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
     live file of at least ``key_index.AHEAD_MIN_ROWS`` rows of the local state at
     ``path``; how many of them have one. For the bootstrap and ``slotlake maintain``
     (whose OPTIMIZE writes new files): the next batch then finds them made instead of
-    paying ~0.1 s a million rows itself (text keys more), once a file (a table of 500M
-    rows: about a minute). A state whose key is not one integer or text column gets
-    none. The indexes are a cache: one not made is a warning (the next MERGE
+    paying ~0.1 s a million rows itself (packed keys more), once a file (a table of 500M
+    rows: about a minute). A state with a key column of another type than integer or
+    text gets none. The indexes are a cache: one not made is a warning (the next MERGE
     makes it, or reads the file)."""
     from slotlake import key_index
 
-    if len(key_columns) != 1:
+    if not key_columns:
         return 0
     try:
         snap = delta_log.snapshot(path, files=True)
-        field = next((f for f in snap.schema.fields if f.name == key_columns[0]), None)
-        if field is None or field.dataType.typeName() not in _INDEXED_TYPES:
+        fields = {f.name: f for f in snap.schema.fields}
+        if any(
+            k not in fields or fields[k].dataType.typeName() not in _INDEXED_TYPES
+            for k in key_columns
+        ):
             return 0
-        physical = field.metadata.get(delta_log.PHYSICAL, field.name)
+        physical = [fields[k].metadata.get(delta_log.PHYSICAL, k) for k in key_columns]
         assert snap.files is not None
         return sum(
             key_index.load(path, add, physical, key_index.AHEAD_MIN_ROWS) is not None
@@ -355,20 +366,21 @@ def make_key_indexes(path: str, key_columns: Sequence[str]) -> int:
 
 
 def _find_in_indexes(
-    path: str, snap: Snapshot, files: list[str], column: str, values: pa.Array
+    path: str, snap: Snapshot, files: list[str], columns: list[str], values: list[pa.Array]
 ) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """:func:`_find` in the files of a one-column integer or text key through their key
-    indexes (:mod:`slotlake.key_index`): the files left to DuckDB, and what was found."""
+    """:func:`_find` in the files of a key of integer and text ``columns`` (physical
+    names; the batch's key ``values`` of each) through their key indexes
+    (:mod:`slotlake.key_index`): the files left to DuckDB, and what was found."""
     from slotlake import key_index
 
-    if values.null_count or not key_index.indexable(values.type):
+    if any(v.null_count or not key_index.indexable(v.type) for v in values):
         return files, {}
     assert snap.files is not None
     lookup = key_index.Lookup(values)
     rest: list[str] = []
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for f in files:
-        index = key_index.load(path, snap.files[f], column)
+        index = key_index.load(path, snap.files[f], columns)
         found = None if index is None else lookup.find(index)
         if found is None:
             rest.append(f)

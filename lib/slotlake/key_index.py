@@ -13,13 +13,14 @@ a MERGE looks into the file (the small file each batch adds too: every later bat
 into it until OPTIMIZE) and then mapped, not read: a batch's keys are found by a binary
 search each (10k keys in a 2.5M-row file: well under a millisecond).
 
-An index is named by its data file, that file's size and the key column; it is written
+An index is named by its data file, that file's size and the key columns; it is written
 whole and synced before it takes its name, and one that does not fit its file (another
-row count, unreadable) is ignored and made again. Only one-column keys without NULLs and
-without repeats in the file are indexed (the MERGE reads the other keys' columns): integers,
-and text (uuid included: it is stored as text) of at most :data:`MAX_TEXT_BYTES` bytes,
-whose index holds the keys themselves, so that a hit is exact (a hash would have to be
-checked against the file). ``slotlake maintain`` removes the indexes of files VACUUM
+row count, unreadable) is ignored and made again. Keys without NULLs and without repeats
+in the file are indexed: a one-column integer key as its sorted values, and a text key
+(uuid included: it is stored as text) or a key of several integer and text columns,
+packed as bytes of at most :data:`MAX_KEY_BYTES`, in the order of a hash of theirs
+(:class:`PackedIndex`: the key found is compared whole, so a hit is exact). Other keys
+are read from their files. ``slotlake maintain`` removes the indexes of files VACUUM
 deleted.
 """
 
@@ -29,6 +30,7 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -52,12 +54,12 @@ MIN_ROWS = 1
 # state they write with smaller files is small enough to be rewritten by a MERGE (no
 # lookup of its files) or pays little for the first MERGE making them.
 AHEAD_MIN_ROWS = 1 << 18
-# A text key's index holds each key NUL-padded to the file's longest one (PostgreSQL text
-# holds no NUL byte, so no two keys become equal; a file with one gets no index), beside
-# its row position: a uuid's 36
-# characters make 44 bytes a row (Parquet stores them in about 40). Longer keys would make
-# an index far bigger than the column it replaces reading: their files are read instead.
-MAX_TEXT_BYTES = 128
+# A text or several-column key's index holds the keys packed (each text NUL-padded to
+# the file's longest; PostgreSQL's text holds no NUL byte, and a file with one gets no
+# index), beside a hash and the row position: a uuid's 36 characters make 52 bytes a row
+# (Parquet stores them in about 40). Longer keys would make an index far bigger than the
+# column it replaces reading: their files are read instead.
+MAX_KEY_BYTES = 128
 _SUFFIX = ".keys.npy"
 
 
@@ -77,7 +79,7 @@ def _records(add: dict[str, Any]) -> int:
 
 
 def indexable(t: pa.DataType) -> bool:
-    """Key types an index is made for (integers NumPy holds as int64, and text)."""
+    """Key column types an index is made for: integers NumPy holds as int64, and text."""
     import pyarrow as pa
 
     return (pa.types.is_integer(t) and not pa.types.is_uint64(t)) or _is_text(t)
@@ -99,133 +101,176 @@ def _integer_index(keys: pa.ChunkedArray) -> np.ndarray | None:
     return np.stack([ordered, order.astype(np.int64)])
 
 
-def _text_index(keys: pa.Array) -> np.ndarray | None:
-    """A text key's index (:class:`TextIndex`'s bytes); None if a key repeats, holds a
-    NUL or is longer than :data:`MAX_TEXT_BYTES`."""
+# A packed key's parts: an integer column (8 bytes) or a text column (its width).
+_INTEGER, _TEXT = 0, 1
+
+
+def _layout(columns: Sequence[pa.Array]) -> list[tuple[int, int]] | None:
+    """Each key column's part of a file's packed keys (kind, bytes), or None when a
+    column cannot be packed (a NULL, a NUL in a text: PostgreSQL's text never holds one,
+    and padded it would match a shorter key; a type not indexed) or the keys would be
+    longer than :data:`MAX_KEY_BYTES`."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    binary = keys.cast(pa.large_binary())
-    width = max(1, pc.max(pc.binary_length(binary)).as_py() or 0)
-    if width > MAX_TEXT_BYTES or pc.any(pc.match_substring(binary, "\0")).as_py():
-        return None  # (a NUL in a key, which PostgreSQL's text never holds, would pad alike)
-    padded = _padded(binary, width)
-    low, high = pc.min_max(binary).values()
-    skip = len(_common(low.as_py(), high.as_py()))
-    # Sorted by their heads, then the keys whose head another key has by the whole key
-    # (uuids: a few hundred in millions): 2.5M uuids 0.4 s, where NumPy's sort of the
-    # strings took 1.5 times that and Arrow's three times.
-    heads = _heads(padded, skip)
-    order = np.argsort(heads, kind="stable")
-    same = heads[order[1:]] == heads[order[:-1]]
-    if same.any():
+    layout = []
+    for column in columns:
+        if column.null_count or not indexable(column.type):
+            return None
+        if not _is_text(column.type):
+            layout.append((_INTEGER, 8))
+            continue
+        binary = column.cast(pa.large_binary())
+        if len(binary) and pc.any(pc.match_substring(binary, "\0")).as_py():
+            return None
+        layout.append((_TEXT, max(1, pc.max(pc.binary_length(binary)).as_py() or 0)))
+    return layout if sum(w for _, w in layout) <= MAX_KEY_BYTES else None
+
+
+def _pack(columns: Sequence[pa.Array], layout: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Keys of ``columns`` (none NULL, of ``layout``'s kinds and no longer than its
+    widths) packed as NumPy's ``S<width>``: each integer as 8 big-endian bytes, each text
+    NUL-padded to its width; equal keys, and only they, pack equal."""
+    import pyarrow as pa
+
+    rows = len(columns[0]) if columns else 0
+    width = sum(w for _, w in layout)
+    matrix = np.zeros((rows, width), dtype=np.uint8)
+    at = 0
+    for column, (kind, w) in zip(columns, layout, strict=True):
+        if kind == _INTEGER:
+            values = column.to_numpy(zero_copy_only=False).astype(">i8")
+            matrix[:, at : at + 8] = values.view(np.uint8).reshape(rows, 8)
+        else:
+            padded = _padded(column.cast(pa.large_binary()), w)
+            matrix[:, at : at + w] = padded.view(np.uint8).reshape(rows, w)
+        at += w
+    return matrix.view(f"S{width}").reshape(rows)
+
+
+def _hashes(keys: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each packed key, in NumPy's vector arithmetic (wrapping
+    multiplications): the order an index keeps its keys in, whatever their shape
+    (shared prefixes, small integers), with a repeat once in 2^64."""
+    rows, width = len(keys), keys.dtype.itemsize
+    words = -(-width // 8)
+    matrix = np.zeros((rows, words * 8), dtype=np.uint8)
+    matrix[:, :width] = keys.view(np.uint8).reshape(rows, width)
+    lanes = matrix.view("<u8")
+    h = np.full(rows, 0x9E3779B97F4A7C15 ^ width, dtype=np.uint64)
+    for j in range(words):
+        h ^= lanes[:, j]
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(29)
+    # splitmix64's finish: every bit of every word reaches every bit of the hash
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    h ^= h >> np.uint64(33)
+    return h
+
+
+def _packed_index(columns: Sequence[pa.Array]) -> np.ndarray | None:
+    """A text or several-column key's index (:class:`PackedIndex`'s bytes); None if the
+    keys cannot be packed (:func:`_layout`) or a key repeats."""
+    layout = _layout(columns)
+    if layout is None:
+        return None
+    keys = _pack(columns, layout)
+    hashes = _hashes(keys)
+    order = np.argsort(hashes, kind="stable")
+    same = hashes[order[1:]] == hashes[order[:-1]]
+    if same.any():  # a hash that several keys have: those keys in key order
         tied = np.flatnonzero(np.r_[same, False] | np.r_[False, same])
         among = order[tied]
-        order[tied] = among[np.argsort(padded[among], kind="stable")]
-    ordered = padded[order]
-    if len(ordered) > 1 and not bool((ordered[1:] > ordered[:-1]).all()):
-        return None  # a key twice
-    return TextIndex.build(ordered, order, heads[order])
+        order[tied] = among[np.lexsort((keys[among], hashes[among]))]
+        ordered = keys[order]
+        if bool((ordered[1:] == ordered[:-1]).any()):
+            return None  # a key twice (equal keys hash alike, now side by side)
+    return PackedIndex.build(layout, hashes[order], order, keys[order])
 
 
-class TextIndex:
-    """A text key's index: one flat byte array (saved and mapped as one NumPy file)
-    holding the row count and the width, then per row in key order a *head*, the row
-    position and the key NUL-padded to the width. A head is the 8 bytes of a key after
-    the prefix all keys of the file share, as a number: NumPy's binary search of 36-byte
-    strings took 8 ms for 9k keys in 2.5M, of numbers 1-1.7 ms, and a head seldom
-    leaves more than one key to compare (a uuid's is its first 8 hex digits: ~700 pairs
-    of 2.5M uuids share one). Heads that more keys share send the keys asked for to a
-    search of the whole keys."""
+class PackedIndex:
+    """The index of a text key or of a key of several columns: one flat byte array
+    (saved and mapped as one NumPy file) holding its row count and the key's
+    :func:`_layout`, then per row in the order of their hashes the key's hash, its row
+    position and the key packed (:func:`_pack`). A key asked for is packed as the file's
+    keys are, its hash searched as a number (9k uuids in 2.5M: ~2 ms, where NumPy's
+    search of the 36-byte strings took 8 ms), and the key found there compared whole: the
+    hash only orders, it never decides."""
 
     def __init__(self, flat: np.ndarray) -> None:
-        rows, width = (int(v) for v in flat[:16].view("<i8"))
+        header = flat[:24].view("<i8")
+        rows, width, parts = (int(v) for v in header)
+        head = 24 + 16 * parts
         self.rows, self.width = rows, width
+        self.layout = [
+            (int(k), int(w)) for k, w in flat[24:head].view("<i8").reshape(parts, 2).tolist()
+        ]
         # Views of the mapped file, not copies: a batch reads the pages it searches.
-        self.heads = flat[16 : 16 + 8 * rows].view("<u8")
-        self.positions = flat[16 + 8 * rows : 16 + 16 * rows].view("<i8")
-        self.keys = flat[16 + 16 * rows :].view(f"S{width}")
-        self.shared = _shared_prefix(self.keys) if rows else b""
+        self.hashes = flat[head : head + 8 * rows].view("<u8")
+        self.positions = flat[head + 8 * rows : head + 16 * rows].view("<i8")
+        self.keys = flat[head + 16 * rows :].view(f"S{width}")
 
     @staticmethod
     def fits(flat: np.ndarray, rows: int) -> bool:
-        """Whether ``flat`` is a text index of a file of ``rows`` rows."""
-        if flat.ndim != 1 or flat.dtype != np.uint8 or len(flat) < 16:
+        """Whether ``flat`` is a packed index of a file of ``rows`` rows."""
+        if flat.ndim != 1 or flat.dtype != np.uint8 or len(flat) < 24:
             return False
-        n, width = (int(v) for v in flat[:16].view("<i8"))
-        return n == rows and 1 <= width <= MAX_TEXT_BYTES and len(flat) == 16 + n * (16 + width)
+        n, width, parts = (int(v) for v in flat[:24].view("<i8"))
+        if n != rows or not 1 <= parts <= 64 or len(flat) < 24 + 16 * parts:
+            return False
+        layout = flat[24 : 24 + 16 * parts].view("<i8").reshape(parts, 2)
+        return (
+            bool(np.isin(layout[:, 0], (_INTEGER, _TEXT)).all())
+            and int(layout[:, 1].sum()) == width
+            and 1 <= width <= MAX_KEY_BYTES
+            and len(flat) == 24 + 16 * parts + n * (16 + width)
+        )
 
     @staticmethod
     def build(
-        ordered: np.ndarray, positions: np.ndarray, heads: np.ndarray | None = None
+        layout: Sequence[tuple[int, int]],
+        hashes: np.ndarray,
+        positions: np.ndarray,
+        keys: np.ndarray,
     ) -> np.ndarray:
-        """The flat bytes of the index of ``ordered`` keys (``S<width>``, strictly
-        increasing) at row ``positions`` (``heads``: theirs, if already known)."""
-        rows, width = len(ordered), ordered.dtype.itemsize
-        flat = np.empty(16 + rows * (16 + width), dtype=np.uint8)
-        flat[:16].view("<i8")[:] = (rows, width)
-        if heads is None:
-            heads = _heads(ordered, len(_shared_prefix(ordered)) if rows else 0)
-        flat[16 : 16 + 8 * rows].view("<u8")[:] = heads
-        flat[16 + 8 * rows : 16 + 16 * rows].view("<i8")[:] = positions
-        flat[16 + 16 * rows :].view(ordered.dtype)[:] = ordered
+        """The flat bytes of an index of ``keys`` (packed, in ``hashes`` order) at row
+        ``positions``."""
+        rows, width, head = len(keys), keys.dtype.itemsize, 24 + 16 * len(layout)
+        flat = np.empty(head + rows * (16 + width), dtype=np.uint8)
+        flat[:24].view("<i8")[:] = (rows, width, len(layout))
+        flat[24:head].view("<i8")[:] = np.asarray(layout, dtype=np.int64).ravel()
+        flat[head : head + 8 * rows].view("<u8")[:] = hashes
+        flat[head + 8 * rows : head + 16 * rows].view("<i8")[:] = positions
+        flat[head + 16 * rows :].view(keys.dtype)[:] = keys
         return flat
 
-    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:func:`find` for keys padded to this index's width (sorted: faster)."""
+    def find(
+        self, keys: np.ndarray, hashes: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`find` for keys packed as this index's (sorted by hash: faster), and
+        their ``hashes`` if known."""
         none = np.empty(0, dtype=np.int64)
         if self.rows == 0 or len(keys) == 0:
             return none, none
-        skip = len(self.shared)
-        asked = np.arange(len(keys), dtype=np.int64)
-        if skip:  # a key without the file's shared prefix is not in the file
-            matrix = keys.view(np.uint8).reshape(len(keys), self.width)
-            shared = np.frombuffer(self.shared, dtype=np.uint8)
-            asked = np.flatnonzero((matrix[:, :skip] == shared).all(axis=1))
-            if len(asked) == 0:
-                return none, none
-        wanted = keys[asked]
-        heads = _heads(wanted, skip)
+        if hashes is None:
+            hashes = _hashes(keys)
         last = self.rows - 1
-        at = np.minimum(np.searchsorted(self.heads, heads), last)
-        hit = self.keys[at] == wanted
-        # Not found at the first key of its head, and the next key has that head too: a
-        # head shared by several keys (a common stretch of characters), searched whole.
-        tied = ~hit & (self.heads[at] == heads)
-        tied &= self.heads[np.minimum(at + 1, last)] == heads
-        tied &= at < last
-        if tied.any():
-            again = np.minimum(np.searchsorted(self.keys, wanted[tied]), last)
-            at[tied] = again
-            hit[tied] = self.keys[again] == wanted[tied]
+        at = np.minimum(np.searchsorted(self.hashes, hashes), last)
+        hit = self.keys[at] == keys
+        # Not the first key of its hash, and the next key has that hash too: the keys of
+        # a hash are few (once in 2^64), looked at one by one.
+        for i in np.flatnonzero(~hit & (self.hashes[at] == hashes)).tolist():
+            j = int(at[i]) + 1
+            while j <= last and self.hashes[j] == hashes[i]:
+                if self.keys[j] == keys[i]:
+                    at[i], hit[i] = j, True
+                    break
+                j += 1
         found = np.flatnonzero(hit)
-        return np.asarray(self.positions[at[found]], dtype=np.int64), asked[found]
-
-
-def _shared_prefix(ordered: np.ndarray) -> bytes:
-    """The bytes every one of ``ordered`` keys (sorted, NUL-padded) starts with: those the
-    first and the last share."""
-    return _common(bytes(ordered[0]), bytes(ordered[-1]))
-
-
-def _common(first: bytes, last: bytes) -> bytes:
-    """The bytes ``first`` and ``last`` start with alike."""
-    n = 0
-    for a, b in zip(first, last, strict=False):
-        if a != b:
-            break
-        n += 1
-    return first[:n]
-
-
-def _heads(keys: np.ndarray, skip: int) -> np.ndarray:
-    """The 8 bytes of each padded key after ``skip``, big-endian as uint64: their order is
-    the keys' among keys that share the first ``skip`` bytes."""
-    width = keys.dtype.itemsize
-    take = max(0, min(8, width - skip))
-    head = np.zeros((len(keys), 8), dtype=np.uint8)
-    head[:, :take] = keys.view(np.uint8).reshape(len(keys), width)[:, skip : skip + take]
-    return head.view(">u8").ravel().astype("<u8")
+        return np.asarray(self.positions[at[found]], dtype=np.int64), found.astype(np.int64)
 
 
 def _padded(binary: pa.Array, width: int) -> np.ndarray:
@@ -242,15 +287,22 @@ def _padded(binary: pa.Array, width: int) -> np.ndarray:
     return np.frombuffer(whole.buffers()[2], dtype=f"S{width}", count=len(whole), offset=start)
 
 
-def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.ndarray | None:
-    """The file's keys sorted over their row positions, saved at ``target``; None when
-    the column cannot be indexed (NULLs, repeats, a type or a length not indexed)."""
+def _make(
+    table_path: str, add: dict[str, Any], columns: Sequence[str], target: str
+) -> np.ndarray | None:
+    """The file's keys in ``columns`` sorted over their row positions, saved at
+    ``target``; None when they cannot be indexed (NULLs, repeats, a type or a length not
+    indexed)."""
     from slotlake.delta_log import read_data_file
 
-    keys = read_data_file(os.path.join(table_path, unquote(add["path"])), [column]).column(0)
-    if keys.null_count or not indexable(keys.type):
+    read = read_data_file(os.path.join(table_path, unquote(add["path"])), list(columns))
+    keys = [read.column(c).combine_chunks() for c in columns]
+    if any(k.null_count or not indexable(k.type) for k in keys):
         return None
-    index = _text_index(keys.combine_chunks()) if _is_text(keys.type) else _integer_index(keys)
+    if len(keys) == 1 and not _is_text(keys[0].type):
+        index = _integer_index(read.column(0))
+    else:
+        index = _packed_index(keys)
     if index is None:
         return None
     scratch = f"{target}.{uuid.uuid4().hex}.tmp"
@@ -269,16 +321,20 @@ def _make(table_path: str, add: dict[str, Any], column: str, target: str) -> np.
 
 
 def load(
-    table_path: str, add: dict[str, Any], column: str, min_rows: int | None = None
+    table_path: str,
+    add: dict[str, Any],
+    columns: str | Sequence[str],
+    min_rows: int | None = None,
 ) -> np.ndarray | None:
-    """The index of ``add``'s file (its sorted keys and their row positions), made if
+    """The index of ``add``'s file by its key ``columns`` (physical names), made if
     missing; None when the file cannot have one (fewer than ``min_rows``, by default
-    :data:`MIN_ROWS`, rows by its statistics: none without them; or a column
-    :func:`_make` refuses)."""
+    :data:`MIN_ROWS`, rows by its statistics: none without them; or keys :func:`_make`
+    refuses)."""
+    columns = [columns] if isinstance(columns, str) else list(columns)
     rows = _records(add)
     if rows < max(1, MIN_ROWS if min_rows is None else min_rows):
         return None
-    target = index_path(table_path, add, column)
+    target = index_path(table_path, add, ",".join(columns))
     try:
         index = np.load(target, mmap_mode="r", allow_pickle=False)
         if _fits(index, rows):
@@ -288,22 +344,25 @@ def load(
         pass
     except (OSError, ValueError) as exc:
         log.warning("key index %s unreadable (%s): made again", target, exc)
-    return _make(table_path, add, column, target)
+    return _make(table_path, add, columns, target)
 
 
 def _fits(index: np.ndarray, rows: int) -> bool:
-    """Whether ``index`` is an index (integer or text) of a file of ``rows`` rows."""
+    """Whether ``index`` is an index (integer or packed) of a file of ``rows`` rows."""
     if index.dtype == np.uint8:
-        return TextIndex.fits(index, rows)
+        return PackedIndex.fits(index, rows)
     return index.ndim == 2 and index.shape == (2, rows) and index.dtype == np.int64
 
 
-def find(index: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def find(
+    index: np.ndarray, keys: np.ndarray, hashes: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The row positions of ``keys`` in an index's file, and which of ``keys`` each is.
-    ``keys``: int64, or for a text index its ``S<width>`` (:meth:`Lookup.keys`). Sorted
-    keys search a mapped index several times faster (its pages are read in order)."""
+    ``keys``: int64, or for a packed index packed as its own (:meth:`Lookup.keys`; and
+    their ``hashes``, if known). Sorted keys search a mapped index several times faster
+    (its pages are read in order)."""
     if index.dtype == np.uint8:
-        return TextIndex(index).find(keys)
+        return PackedIndex(index).find(keys, hashes)
     ordered = index[0]
     if len(ordered) == 0 or len(keys) == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
@@ -313,46 +372,63 @@ def find(index: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(index[1][at[hit]], dtype=np.int64), hit.astype(np.int64)
 
 
+# A batch's keys in one index's form: the keys, where each is in the batch, their hashes.
+_Form = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+
+
 class Lookup:
-    """A batch's keys (an Arrow array without NULLs of an :func:`indexable` type), put
-    once in the form of each index they are looked up in: sorted (9k random keys in a
-    2.5M-key mapped index: 4.1 ms in their own order, 0.97 ms sorted, the sort included),
-    text padded to the index's width."""
+    """A batch's keys (Arrow arrays without NULLs of :func:`indexable` types, one a key
+    column), put once in the form of each index they are looked up in: sorted (9k random
+    keys in a 2.5M-key mapped index: 4.1 ms in their own order, 0.97 ms sorted, the sort
+    included), packed as the file's keys are for a packed index."""
 
-    def __init__(self, values: pa.Array) -> None:
-        self._values = values
-        self._text = _is_text(values.type)
-        self._forms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    def __init__(self, values: pa.Array | Sequence[pa.Array]) -> None:
+        self._columns = [values] if not isinstance(values, Sequence) else list(values)
+        self._integer = len(self._columns) == 1 and not _is_text(self._columns[0].type)
+        self._forms: dict[tuple[tuple[int, int], ...], _Form | None] = {}
 
-    def keys(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """The keys in ``index``'s form, sorted, and where each is in the values; None
-        when the index is not of the values' kind."""
-        if (index.dtype == np.uint8) != self._text:
-            return None
-        width = int(index[8:16].view("<i8")[0]) if self._text else 0
-        if width not in self._forms:
-            self._forms[width] = self._form(width)
-        return self._forms[width]
+    def keys(self, index: np.ndarray) -> _Form | None:
+        """The keys in ``index``'s form, sorted, where each is in the values, and their
+        hashes for a packed index; None when the index is not of the values' kind."""
+        if index.dtype != np.uint8:
+            if not self._integer:
+                return None
+            layout: tuple[tuple[int, int], ...] = ()
+        else:
+            layout = tuple(PackedIndex(index).layout)
+        if layout not in self._forms:
+            self._forms[layout] = self._form(layout)
+        return self._forms[layout]
 
-    def _form(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+    def _form(self, layout: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.ndarray] | None:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if not self._text:
-            keys = self._values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            which = np.arange(len(keys), dtype=np.int64)
-        else:
-            # A key longer than the file's longest is not in it (and would be cut short),
-            # nor one with a NUL (a file with one has no index; padded, it would match).
-            binary = self._values.cast(pa.large_binary())
-            fit = pc.and_(
-                pc.less_equal(pc.binary_length(binary), width),
-                pc.invert(pc.match_substring(binary, "\0")),
-            )
-            which = np.flatnonzero(fit.to_numpy(zero_copy_only=False)).astype(np.int64)
-            keys = _padded(binary.filter(fit), width)
-        order = np.argsort(keys, kind="stable")
-        return keys[order], which[order]
+        if not layout:
+            keys = self._columns[0].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            order = np.argsort(keys, kind="stable")
+            return keys[order], order.astype(np.int64), None
+        if len(layout) != len(self._columns):
+            return None
+        fit = np.ones(len(self._columns[0]), dtype=bool)
+        for column, (kind, width) in zip(self._columns, layout, strict=True):
+            if (kind == _TEXT) != _is_text(column.type):
+                return None
+            if kind == _TEXT:
+                # A key longer than the file's longest is not in it (and would be cut
+                # short), nor one with a NUL (a file with one has no index).
+                binary = column.cast(pa.large_binary())
+                fits = pc.and_(
+                    pc.less_equal(pc.binary_length(binary), width),
+                    pc.invert(pc.match_substring(binary, "\0")),
+                )
+                fit &= fits.to_numpy(zero_copy_only=False)
+        which = np.flatnonzero(fit).astype(np.int64)
+        keep = pa.array(fit)
+        keys = _pack([c.filter(keep) for c in self._columns], layout)
+        hashes = _hashes(keys)
+        order = np.argsort(hashes, kind="stable")
+        return keys[order], which[order], hashes[order]
 
     def find(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """:func:`find` with these keys: row positions, and which of the values each is;
@@ -360,8 +436,8 @@ class Lookup:
         form = self.keys(index)
         if form is None:
             return None
-        keys, which = form
-        positions, hit = find(index, keys)
+        keys, which, hashes = form
+        positions, hit = find(index, keys, hashes)
         return positions, which[hit]
 
 

@@ -818,8 +818,8 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch
 ) -> None:
     """Batches of random inserts, updates (of the key too), deletes and keys deleted and
-    inserted again, on an ``int``, a ``bigint``, a ``text`` and a ``uuid`` key (the last
-    two: text indexes), every state MERGEd with deletion
+    inserted again, on an ``int``, a ``bigint``, a ``text``, a ``uuid`` and a
+    ``(bigint, text)`` key (the last three: packed indexes), every state MERGEd with deletion
     vectors: after each sync the mirror equals the source, and the MERGEs found their rows
     through key indexes, made by default (the bootstrap's 300 rows are too few for one
     ahead) for every file they looked into, the batches' own small files too."""
@@ -847,11 +847,19 @@ def test_syncs_through_key_indexes_keep_the_mirror_exact(
         "public.k8": ("bigint", "g", "id + 100000"),
         "public.kt": ("text", "'k' || g", "id || 'é'"),
         "public.ku": ("uuid", "md5(g::text)::uuid", "md5(id::text)::uuid"),
+        "public.kc": ("bigint", "g", "id + 100000"),  # the key (id, t): packed
     }
     rng = random.Random(11)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         for name, (kind, key, _) in tables.items():
-            c.execute(f"CREATE TABLE {name} (id {kind} PRIMARY KEY, v text)")
+            if name == "public.kc":  # one row an id, its t random
+                c.execute(
+                    f"CREATE TABLE {name} (id {kind}, v text, "
+                    "t text DEFAULT left(md5(random()::text), 1 + (random() * 8)::int), "
+                    "PRIMARY KEY (id, t))"
+                )
+            else:
+                c.execute(f"CREATE TABLE {name} (id {kind} PRIMARY KEY, v text)")
             c.execute(f"INSERT INTO {name} SELECT {key}, 'v' || g FROM generate_series(1, 300) g")
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         run_bootstrap(cfg, spark=spark)  # the slot, and the 300 rows a table copied

@@ -104,14 +104,25 @@ def test_prune_removes_the_indexes_of_deleted_files_and_leftovers(tmp_path: Path
 
 
 def _text_file(table: Path, name: str, keys: list[str | None]) -> dict[str, object]:
+    return _table_file(table, name, {"k": pa.array(keys, pa.string())})
+
+
+def _table_file(table: Path, name: str, columns: dict[str, pa.Array]) -> dict[str, object]:
     target = table / name
-    pq.write_table(pa.table({"k": pa.array(keys, pa.string())}), target)
-    stats = {"numRecords": len(keys)}
+    pq.write_table(pa.table(columns), target)
+    stats = {"numRecords": len(next(iter(columns.values())))}
     return {"path": name, "size": os.path.getsize(target), "stats": json.dumps(stats)}
 
 
+def _found(index: np.ndarray, asked: list[pa.Array]) -> list[tuple[int, int]]:
+    """(which asked key, its row) for each key found, sorted."""
+    found = key_index.Lookup(asked).find(index)
+    assert found is not None
+    return sorted(zip(found[1].tolist(), found[0].tolist(), strict=True))
+
+
 def test_text_keys_are_found_exactly(tmp_path: Path) -> None:
-    """A text index holds the keys themselves, NUL-padded to the file's longest: a key
+    """A packed index holds the keys themselves, NUL-padded to the file's longest: a key
     that is another's prefix, differs in a trailing space, or is longer than any key of
     the file is no hit; multi-byte UTF-8 and the empty string are found."""
     rng = np.random.default_rng(5)
@@ -121,16 +132,12 @@ def test_text_keys_are_found_exactly(tmp_path: Path) -> None:
     keys = [keys[i] for i in order]
     add = _text_file(tmp_path, "part-0.parquet", keys)
     made = key_index.load(str(tmp_path), add, "k")
-    assert made is not None and key_index.TextIndex(made).width == 32
+    assert made is not None and key_index.PackedIndex(made).layout == [(1, 32)]
     index = key_index.load(str(tmp_path), add, "k")  # mapped this time
     assert isinstance(index, np.memmap) or isinstance(getattr(index, "base", None), np.memmap)
     asked = ["a ", "ab\0", "abcd", uuids[7], "b", "", "é", "x" * 40, "ab", uuids[7], "a  "]
-    found = key_index.Lookup(pa.array(asked)).find(index)
-    assert found is not None
-    positions, which = found
-    got = sorted(zip(which.tolist(), positions.tolist(), strict=True))
-    want = [(i, keys.index(k)) for i, k in enumerate(asked) if k in keys]
-    assert got == want
+    got = _found(index, [pa.array(asked)])
+    assert got == [(i, keys.index(k)) for i, k in enumerate(asked) if k in keys]
     assert [asked[i] for i, _ in got] == ["a ", uuids[7], "", "é", "ab", uuids[7]]
     # An index of the other kind is not searched with these keys.
     ints = key_index.load(str(tmp_path), _file(tmp_path, "part-1.parquet", [3, 1, 2]), "k")
@@ -142,7 +149,7 @@ def test_text_keys_are_found_exactly(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "keys",
-    [["a", "b", "a"], ["a", None], ["x" * (key_index.MAX_TEXT_BYTES + 1), "b"], ["a\0", "b"]],
+    [["a", "b", "a"], ["a", None], ["x" * (key_index.MAX_KEY_BYTES + 1), "b"], ["a\0", "b"]],
     ids=["a key twice", "a NULL key", "a key too long", "a NUL in a key"],
 )
 def test_text_files_that_cannot_be_indexed(tmp_path: Path, keys: list[str | None]) -> None:
@@ -151,46 +158,28 @@ def test_text_files_that_cannot_be_indexed(tmp_path: Path, keys: list[str | None
     assert not (tmp_path / key_index.DIRECTORY).exists()
 
 
-def test_a_text_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
+def test_a_packed_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
     add = _text_file(tmp_path, "part-0.parquet", ["b", "a", "c"])
     kept = Path(key_index.index_path(str(tmp_path), add, "k"))
     kept.parent.mkdir()
-    two = key_index.TextIndex.build(np.array([b"a", b"b"], dtype="S1"), np.arange(2))
-    np.save(kept, two)  # a file of two rows
-    index = key_index.load(str(tmp_path), add, "k")
+    keys = np.array([b"a", b"b"], dtype="S1")
+    np.save(kept, key_index.PackedIndex.build([(1, 1)], np.arange(2), np.arange(2), keys))
+    index = key_index.load(str(tmp_path), add, "k")  # an index of a file of two rows
     assert index is not None and "does not fit" in caplog.text
-    made = key_index.TextIndex(index)
-    assert made.keys.tolist() == [b"a", b"b", b"c"] and made.positions.tolist() == [1, 0, 2]
+    made = key_index.PackedIndex(index)
+    assert sorted(zip(made.keys.tolist(), made.positions.tolist(), strict=True)) == [
+        (b"a", 1),
+        (b"b", 0),
+        (b"c", 2),
+    ]
     np.save(kept, index[:-1])  # torn
-    assert key_index.TextIndex(key_index.load(str(tmp_path), add, "k")).rows == 3
-
-
-def test_keys_that_share_their_first_bytes_are_found(tmp_path: Path) -> None:
-    """A text index searches the 8 bytes after the prefix all its keys share (their
-    head); keys whose heads are alike are searched whole, keys without the shared prefix
-    are no hit."""
-    alike = [f"tenant-{t}:order-{i:06d}" for t in "ab" for i in range(0, 2000, 3)]
-    spread = [f"{i:08x}-order" for i in range(0, 50_000, 7)]
-    for name, keys in (("alike", alike), ("spread", spread)):
-        order = np.random.default_rng(2).permutation(len(keys))
-        keys = [keys[i] for i in order]
-        index = key_index.load(str(tmp_path), _text_file(tmp_path, f"{name}.parquet", keys), "k")
-        assert index is not None
-        shared = key_index.TextIndex(index).shared
-        assert shared == {"alike": b"tenant-", "spread": b"0000"}[name]
-        asked = keys[::5] + [k + "x" for k in keys[:50]] + ["tenant-c:order-000003", "zz"]
-        asked += [keys[0][:-1], "0000000"]
-        found = key_index.Lookup(pa.array(asked)).find(index)
-        assert found is not None
-        got = sorted(zip(found[1].tolist(), found[0].tolist(), strict=True))
-        assert got == [(i, keys.index(k)) for i, k in enumerate(asked) if k in keys]
-        assert len(got) == len(keys[::5])
+    assert key_index.PackedIndex(key_index.load(str(tmp_path), add, "k")).rows == 3
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_random_text_keys_are_found_as_a_dict_finds_them(tmp_path: Path, seed: int) -> None:
-    """Keys of a small alphabet and varied lengths (long stretches alike: many heads
-    shared, prefixes of one another), asked with keys of the file and others."""
+    """Keys of a small alphabet and varied lengths (long stretches alike, prefixes of
+    one another), asked with keys of the file and others."""
     rng = np.random.default_rng(seed)
 
     def word() -> str:
@@ -201,8 +190,54 @@ def test_random_text_keys_are_found_as_a_dict_finds_them(tmp_path: Path, seed: i
     index = key_index.load(str(tmp_path), _text_file(tmp_path, "part.parquet", keys), "k")
     assert index is not None
     asked = [word() for _ in range(2000)]
-    found = key_index.Lookup(pa.array(asked)).find(index)
-    assert found is not None
-    got = sorted(zip(found[1].tolist(), found[0].tolist(), strict=True))
+    got = _found(index, [pa.array(asked)])
     assert got == [(i, at[k]) for i, k in enumerate(asked) if k in at]
     assert 0 < len(got) < len(asked)
+
+
+@pytest.mark.parametrize("weak_hash", [False, True], ids=["hashed", "every hash alike"])
+def test_keys_of_several_columns_are_found_as_a_dict_finds_them(
+    tmp_path: Path, monkeypatch, weak_hash: bool
+) -> None:
+    """An (integer, text, integer) key: parts that would run together unpadded
+    (("ab", "c") and ("a", "bc")), negative and big integers, a text part longer than the
+    file's; and with a hash that every key shares (a collision everywhere), the same."""
+    if weak_hash:
+        monkeypatch.setattr(key_index, "_hashes", lambda keys: np.zeros(len(keys), np.uint64))
+    rng = np.random.default_rng(9)
+    texts = ["ab", "a", "bc", "c", "", "é"]
+    keys = {
+        (int(rng.integers(-(2**62), 2**62)) if i % 7 == 0 else i % 50, t, i % 3 - 1)
+        for i in range(400)
+        for t in texts[i % 3 : i % 3 + 2]
+    }
+    rows = sorted(keys)
+    order = rng.permutation(len(rows))
+    rows = [rows[i] for i in order]
+    columns = {
+        "a": pa.array([r[0] for r in rows], pa.int64()),
+        "t": pa.array([r[1] for r in rows], pa.string()),
+        "b": pa.array([r[2] for r in rows], pa.int32()),
+    }
+    add = _table_file(tmp_path, "part.parquet", columns)
+    index = key_index.load(str(tmp_path), add, ["a", "t", "b"])
+    assert index is not None
+    assert key_index.PackedIndex(index).layout == [(0, 8), (1, 2), (0, 8)]
+    assert Path(key_index.index_path(str(tmp_path), add, "a,t,b")).exists()
+    at = {r: i for i, r in enumerate(rows)}
+    asked = rows[::3] + [(a, t + "c", b) for a, t, b in rows[:40]] + [(1, "abc", 0)]
+    asked += [(a, t, b + 5) for a, t, b in rows[:20]] + rows[:5]
+    arrays = [pa.array([r[i] for r in asked], columns[c].type) for i, c in enumerate("atb")]
+    assert _found(index, arrays) == [(i, at[r]) for i, r in enumerate(asked) if r in at]
+    assert len(_found(index, arrays)) == len(rows[::3]) + 5 + sum(
+        (a, t + "c", b) in at for a, t, b in rows[:40]
+    )
+    # A text column asked with integers (another layout) is not searched.
+    assert key_index.Lookup([arrays[0], arrays[0], arrays[2]]).find(index) is None
+    assert key_index.Lookup(arrays[:2]).find(index) is None
+    # Keys that repeat across the columns: no index.
+    twice = {c: pa.concat_arrays([a, a.slice(0, 1)]) for c, a in columns.items()}
+    assert (
+        key_index.load(str(tmp_path), _table_file(tmp_path, "t.parquet", twice), list("atb"))
+        is None
+    )
