@@ -153,13 +153,13 @@ def _hashes(keys: np.ndarray) -> np.ndarray:
     multiplications): the order an index keeps its keys in, whatever their shape
     (shared prefixes, small integers), with a repeat once in 2^64."""
     rows, width = len(keys), keys.dtype.itemsize
-    words = -(-width // 8)
-    matrix = np.zeros((rows, words * 8), dtype=np.uint8)
-    matrix[:, :width] = keys.view(np.uint8).reshape(rows, width)
-    lanes = matrix.view("<u8")
+    matrix = keys.view(np.uint8).reshape(rows, width)
     h = np.full(rows, 0x9E3779B97F4A7C15 ^ width, dtype=np.uint64)
-    for j in range(words):
-        h ^= lanes[:, j]
+    for at in range(0, width, 8):
+        # 8 bytes of every key at a time: a copy of 8 bytes a row, not of the keys
+        lane = np.zeros((rows, 8), dtype=np.uint8)
+        lane[:, : min(8, width - at)] = matrix[:, at : at + 8]
+        h ^= lane.view("<u8").reshape(rows)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(29)
     # splitmix64's finish: every bit of every word reaches every bit of the hash
@@ -185,10 +185,10 @@ def _packed_index(columns: Sequence[pa.Array]) -> np.ndarray | None:
         tied = np.flatnonzero(np.r_[same, False] | np.r_[False, same])
         among = order[tied]
         order[tied] = among[np.lexsort((keys[among], hashes[among]))]
-        ordered = keys[order]
+        ordered = keys[order[tied]]  # the keys of a hash of their own are not repeated
         if bool((ordered[1:] == ordered[:-1]).any()):
             return None  # a key twice (equal keys hash alike, now side by side)
-    return PackedIndex.build(layout, hashes[order], order, keys[order])
+    return PackedIndex.build(layout, hashes[order], order, keys, order)
 
 
 class PackedIndex:
@@ -235,8 +235,10 @@ class PackedIndex:
         hashes: np.ndarray,
         positions: np.ndarray,
         keys: np.ndarray,
+        order: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The flat bytes of an index of ``keys`` (packed, in ``hashes`` order) at row
+        """The flat bytes of an index of ``keys`` (packed, in ``hashes`` order, or put
+        in it by ``order``: taken straight into the index, no copy between) at row
         ``positions``."""
         rows, width, head = len(keys), keys.dtype.itemsize, 24 + 16 * len(layout)
         flat = np.empty(head + rows * (16 + width), dtype=np.uint8)
@@ -244,7 +246,11 @@ class PackedIndex:
         flat[24:head].view("<i8")[:] = np.asarray(layout, dtype=np.int64).ravel()
         flat[head : head + 8 * rows].view("<u8")[:] = hashes
         flat[head + 8 * rows : head + 16 * rows].view("<i8")[:] = positions
-        flat[head + 16 * rows :].view(keys.dtype)[:] = keys
+        into = flat[head + 16 * rows :].view(keys.dtype)
+        if order is None:
+            into[:] = keys
+        else:
+            np.take(keys, order, out=into)
         return flat
 
     def find(
