@@ -20,7 +20,8 @@ in the file are indexed: a one-column integer key as its sorted values, and a te
 (uuid included: it is stored as text) or a key of several integer and text columns,
 packed as bytes of at most :data:`MAX_KEY_BYTES`, in the order of a hash of theirs
 (:class:`PackedIndex`: the key found is compared whole, so a hit is exact). Other keys
-are read from their files. ``slotlake maintain`` removes the indexes of files VACUUM
+are read from their files; a file whose keys cannot be indexed gets a marker in place of
+its index, so that it is not read for nothing again. ``slotlake maintain`` removes the indexes of files VACUUM
 deleted.
 """
 
@@ -61,6 +62,8 @@ AHEAD_MIN_ROWS = 1 << 18
 # column it replaces reading: their files are read instead.
 MAX_KEY_BYTES = 128
 _SUFFIX = ".keys.npy"
+# Kept in place of the index of a file whose keys cannot have one (:func:`_make`).
+_REFUSED = np.zeros(1, dtype=np.int8)
 
 
 def index_path(table_path: str, add: dict[str, Any], column: str) -> str:
@@ -303,14 +306,20 @@ def _make(
 
     read = read_data_file(os.path.join(table_path, unquote(add["path"])), list(columns))
     keys = [read.column(c).combine_chunks() for c in columns]
-    if any(k.null_count or not indexable(k.type) for k in keys):
-        return None
-    if len(keys) == 1 and not _is_text(keys[0].type):
-        index = _integer_index(read.column(0))
-    else:
-        index = _packed_index(keys)
-    if index is None:
-        return None
+    index: np.ndarray | None = None
+    if not any(k.null_count or not indexable(k.type) for k in keys):
+        if len(keys) == 1 and not _is_text(keys[0].type):
+            index = _integer_index(read.column(0))
+        else:
+            index = _packed_index(keys)
+    # A file refused is marked so, or every batch would read its keys twice (here and
+    # for the MERGE's join): a long text key, a NUL, a repeat stay for the file's life.
+    _save(_REFUSED if index is None else index, target)
+    return index
+
+
+def _save(index: np.ndarray, target: str) -> None:
+    """Keep ``index`` at ``target``, whole or not at all."""
     scratch = f"{target}.{uuid.uuid4().hex}.tmp"
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -323,7 +332,6 @@ def _make(
         os.replace(scratch, target)  # a reader sees a whole index or none
     except OSError as exc:  # a cache: the batch goes on with the index it made
         log.warning("key index %s not kept (%s)", target, exc)
-    return index
 
 
 def load(
@@ -343,6 +351,8 @@ def load(
     target = index_path(table_path, add, ",".join(columns))
     try:
         index = np.load(target, mmap_mode="r", allow_pickle=False)
+        if index.dtype == _REFUSED.dtype and index.shape == _REFUSED.shape:
+            return None
         if _fits(index, rows):
             return index
         log.warning("key index %s does not fit its file: made again", target)

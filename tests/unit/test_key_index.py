@@ -49,13 +49,19 @@ def test_positions_of_the_keys_asked_for(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("keys", [[1, 2, 2, 3], [1, None, 3]], ids=["a key twice", "a NULL key"])
-def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None]) -> None:
+def test_files_that_cannot_be_indexed(tmp_path: Path, keys: list[int | None], monkeypatch) -> None:
     add = _file(tmp_path, "part-0.parquet", keys)
     assert key_index.load(str(tmp_path), add, "k") is None
     assert key_index.load(str(tmp_path), add, "f") is None  # floats are not indexed
-    assert not (tmp_path / key_index.DIRECTORY).exists() or not list(
-        (tmp_path / key_index.DIRECTORY).iterdir()
-    )
+    _refusals_are_kept(tmp_path, add, ["k", "f"], monkeypatch)
+
+
+def _refusals_are_kept(tmp_path: Path, add: dict[str, object], columns, monkeypatch) -> None:
+    """The refusals are kept (a marker an index), and the file is not read again."""
+    kept = sorted(p.name for p in (tmp_path / key_index.DIRECTORY).iterdir())
+    assert kept == sorted(Path(key_index.index_path("", add, c)).name for c in columns)
+    monkeypatch.setattr(key_index, "_make", lambda *a: pytest.fail("read again"))
+    assert all(key_index.load(str(tmp_path), add, c) is None for c in columns)
 
 
 def test_an_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
@@ -152,10 +158,12 @@ def test_text_keys_are_found_exactly(tmp_path: Path) -> None:
     [["a", "b", "a"], ["a", None], ["x" * (key_index.MAX_KEY_BYTES + 1), "b"], ["a\0", "b"]],
     ids=["a key twice", "a NULL key", "a key too long", "a NUL in a key"],
 )
-def test_text_files_that_cannot_be_indexed(tmp_path: Path, keys: list[str | None]) -> None:
+def test_text_files_that_cannot_be_indexed(
+    tmp_path: Path, keys: list[str | None], monkeypatch
+) -> None:
     add = _text_file(tmp_path, "part-0.parquet", keys)
     assert key_index.load(str(tmp_path), add, "k") is None
-    assert not (tmp_path / key_index.DIRECTORY).exists()
+    _refusals_are_kept(tmp_path, add, ["k"], monkeypatch)
 
 
 def test_a_packed_index_that_does_not_fit_is_made_again(tmp_path: Path, caplog) -> None:
