@@ -587,13 +587,13 @@ def _with_prior_copies(
     (:func:`slotlake.state.multiset_delta`'s columns, ``_d`` the copies)."""
     from pyspark.sql import functions as F
 
-    from slotlake.state import _sorted_json
+    from slotlake.state import sorted_json
 
     data = [F.col(quote(c)) for c in cat.state_columns]
     prior = session.read.format("delta").load(path)
     counted = prior.select(
         *data,
-        _sorted_json(F.col("_fallback")).alias("_fbj"),
+        sorted_json(F.col("_fallback")).alias("_fbj"),
         F.col(COPIES).cast("long").alias("_d"),
     )
     typed = [F.col(quote(c)).cast(prior.schema[c].dataType).alias(c) for c in cat.state_columns]
@@ -833,9 +833,10 @@ def process_table(
     # all of it); a spread one that must be matched now is rebuilt (TableCommit.spread).
     # Re-based on a copy (through Spark), its state becomes the copy's rows one copy each,
     # and those from the copy's consistent point on are appended.
-    spread_base = snap is not None and cat.is_multiset and insert_only(cat)
+    only_inserts = insert_only(cat)  # (a multiset: no key in its latest shape either)
+    spread_base = snap is not None and only_inserts
     appends = appends_only(cat, prior, removes) if snap is None else spread_base and not removes
-    if removes and cat.is_multiset and insert_only(cat):
+    if removes and only_inserts:
         log.info("%s: an UPDATE or DELETE of a table without an identity: rows matched", cat.name)
     # A TRUNCATE before a copy's consistent point is inside the copy.
     overwrites = [t for t in truncs if snap is None or t[0] >= snap.cp_signed]

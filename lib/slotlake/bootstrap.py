@@ -955,9 +955,10 @@ def multiset_rows(df: DataFrame, columns: Sequence[str], grouped: bool = True) -
 
     data = [F.col(quote(c)) for c in columns]
     if grouped:
-        fbj = F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
+        from slotlake.state import sorted_json
+
         df = (
-            df.withColumn("_fbj", fbj)
+            df.withColumn("_fbj", sorted_json(F.col("_fallback")))
             .groupBy(*data, "_fbj")
             .agg(F.count(F.lit(1)).alias(COPIES))
             .withColumn("_fallback", F.from_json("_fbj", "map<string,string>"))

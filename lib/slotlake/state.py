@@ -383,7 +383,9 @@ def _replay_fn(data_columns: list[str], truncations: list[tuple[int, int]], out_
     return fn
 
 
-def _sorted_json(m: Column) -> Column:
+def sorted_json(m: Column) -> Column:
+    """A map's entries sorted by key, as JSON text: maps are not groupable, so multisets
+    are grouped on this (the form :func:`multiset_condition` compares)."""
     from pyspark.sql import functions as F
 
     return F.to_json(F.map_from_entries(F.array_sort(F.map_entries(m))))
@@ -422,7 +424,7 @@ def multiset_delta(
     )
     grouped = (
         adds.unionByName(removes)
-        .withColumn("_fbj", _sorted_json(F.col("_fallback")))
+        .withColumn("_fbj", sorted_json(F.col("_fallback")))
         .groupBy(*[F.col(f"`{c}`") for c in data], "_fbj")
         .agg(F.sum("_n").alias("_d"))
         .filter(F.col("_d") != 0)
@@ -482,9 +484,7 @@ def merge_multiset(
         combined = base.unionByName(combined)
     # Maps are not groupable: group on their JSON text and parse it back.
     grouped = (
-        combined.withColumn(
-            "_fb", F.to_json(F.map_from_entries(F.array_sort(F.map_entries("_fallback"))))
-        )
+        combined.withColumn("_fb", sorted_json(F.col("_fallback")))
         .groupBy(*[F.col(f"`{c}`") for c in data], "_fb")
         .agg(F.sum("_n").alias("_n"))
         .filter(F.col("_n") > 0)
