@@ -44,6 +44,8 @@ SparkSession (the issue's targets in brackets):
           Delta's statistics prune no file for random keys          [≤ 1.25×]
   composite  the same on tables keyed by (tenant, id), each row's tenant one of 1,000 at
           random: statistics of the key's first column prune nothing either
+  full    the same on tables with a primary key and REPLICA IDENTITY FULL (a multiset
+          kept unique on its key, slotlake.unique_multiset: MERGEd by it)
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
           ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
@@ -74,7 +76,7 @@ system's temporary directory, beside the lake.
 
     python bench/lake_bench.py [--changes 10000] [--big 5000000] [--small 20000]
                                [--tables 100]
-                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,mid,ddl,rollback]
+                               [--steps size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,full,mid,ddl,rollback]
                                [--quiet-tables 300] [--series-batches 32]
                                [--steady-batches 8]
                                [--source-dir /dev/shm] [--json PATH]
@@ -120,6 +122,7 @@ def load(
     insert_only: bool = False,
     uuid_key: bool = False,
     composite: bool = False,
+    full_key: bool = False,
 ) -> None:
     ddl = DDL.format(name=name)
     if composite:  # the key (tenant, id), each row's tenant one of 1,000 at random
@@ -130,7 +133,7 @@ def load(
     if uuid_key:  # row g's key is md5(g) as a uuid: random, as gen_random_uuid() keys are
         ddl = ddl.replace("id int8", "id uuid")
     c.execute(ddl)
-    if multiset:
+    if multiset or full_key:  # full_key: FULL identity and a primary key
         c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
     key = "md5(g::text)::uuid" if uuid_key else "g"
     c.execute(
@@ -377,6 +380,7 @@ def scenario(
     insert_only: bool = False,
     uuid_key: bool = False,
     composite: bool = False,
+    full_key: bool = False,
     state_mb: int | None = None,
     deletion_vectors: bool = True,
     write: Any = changes,
@@ -390,7 +394,7 @@ def scenario(
     slot = f"bench_{tag}"
     with psycopg.connect(dsn, autocommit=True) as c:
         for name, rows in tables.items():
-            load(c, name, rows, multiset, insert_only, uuid_key, composite)
+            load(c, name, rows, multiset, insert_only, uuid_key, composite, full_key)
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         cfg = Config(
             source=SourceConfig(dsn=dsn, slot=slot, publications=["pub"]),
@@ -521,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady-batches", type=int, default=8)
     p.add_argument(
         "--steps",
-        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,mid,ddl,rollback",
+        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,full,mid,ddl,rollback",
     )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
@@ -816,12 +820,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"median of batches 3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs "
                 f"{args.small:,} rows {small:.2f}s = {big / small:.2f}×"
             )
-        for kind in ("uuid", "composite"):
+        for kind in ("uuid", "composite", "full"):
             if kind not in steps:
                 continue
             keyed: dict[str, Any] = {
                 "uuid": {"uuid_key": True, "write": uuid_changes},
                 "composite": {"composite": True},
+                "full": {"full_key": True},
             }[kind]
             sides = {}
             steps_s = {}
@@ -836,7 +841,11 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{tag}: run_sync's steps, medians: {steps_s[tag]}")
             small, big = sides[f"{kind}_small"], sides[f"{kind}_big"]
             out[kind] = {"small_s": small, "big_s": big, "ratio": big / small, "steps": steps_s}
-            keyed_by = {"uuid": "a random uuid", "composite": "(tenant, id)"}[kind]
+            keyed_by = {
+                "uuid": "a random uuid",
+                "composite": "(tenant, id)",
+                "full": "id with REPLICA IDENTITY FULL",
+            }[kind]
             log(
                 f"{kind}: the size's batch on tables keyed by {keyed_by}, median of batches "
                 f"3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs {args.small:,} rows "

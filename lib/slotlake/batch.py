@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from slotlake import delta_log, durability, fastdefault, schema_memo, table_processes
+from slotlake import (
+    delta_log,
+    durability,
+    fastdefault,
+    schema_memo,
+    table_processes,
+    unique_multiset,
+)
 from slotlake.catalog import (
     TARGET_SEQ,
     ColumnIds,
@@ -103,6 +110,7 @@ from slotlake.state import (
     state_schema_ddl,
 )
 from slotlake.table_processes import NeedsParent, TableProcesses, processes_for
+from slotlake.unique_multiset import Broken, unique_key
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -714,11 +722,13 @@ class DriverWrites:
         expected_rows: int,
         size: int | None = -1,
         appends: bool = False,
+        unique: bool = False,
     ) -> StateMerge | None:
         """None when Spark does the whole table, else who merges its state. ``size``: the
         state's bytes when the caller knows them (a snapshot's copy), else read here.
         ``appends``: an INSERT-only multiset (:func:`appends_only`), whose state is not
-        read, whatever it weighs."""
+        read, whatever it weighs; ``unique``: a multiset MERGEd by the key its state is
+        unique on (:func:`slotlake.unique_multiset.unique_key`), as a keyed table."""
         if expected_rows > self.max_rows or self.max_rows <= 0:
             return None
         if not lake.on_local_disk:
@@ -731,13 +741,13 @@ class DriverWrites:
             size = table_bytes(str(local_path(state_path)))
         # None: created by this batch.
         if size is None or size <= self.max_state_bytes:
-            rebuilt = cat.is_multiset or cat.identity_switches
+            rebuilt = (cat.is_multiset and not unique) or cat.identity_switches
             if self.deletion_vectors and not rebuilt and (size or 0) > self.DV_FROM_BYTES:
                 return "driver-dv"
             return "driver"
         # A multiset's state, and one whose identity changed, is rebuilt whole on the
-        # driver: a big one stays with Spark.
-        if cat.is_multiset or cat.identity_switches:
+        # driver: a big one stays with Spark (a unique one is MERGEd by its key).
+        if (cat.is_multiset and not (unique and self.deletion_vectors)) or cat.identity_switches:
             return None
         return "dv" if self.deletion_vectors else "spark"
 
@@ -748,10 +758,12 @@ class DriverWrites:
         expected: dict[str, int],
         sizes: dict[str, int] | None = None,
         appends: Collection[str] = (),
+        unique: Collection[str] = (),
     ) -> dict[str, StateMerge]:
         """The tables of a batch done on the driver (fewest changes first, within the
         driver's total), each with who merges its state (``sizes``: state bytes known
-        already, by table; ``appends``: the INSERT-only multisets)."""
+        already, by table; ``appends``: the INSERT-only multisets; ``unique``: the
+        multisets MERGEd by a key)."""
         picked: dict[str, StateMerge] = {}
         total = 0
         for cat in sorted(cats, key=lambda c: (expected[c.name], c.name)):
@@ -760,7 +772,7 @@ class DriverWrites:
                 break
             state = lake.path(Lake.table_path(STATE, cat.name))
             size = (sizes or {}).get(cat.name, -1)
-            merge = self.take(lake, cat, state, rows, size, cat.name in appends)
+            merge = self.take(lake, cat, state, rows, size, cat.name in appends, cat.name in unique)
             if merge is not None:
                 picked[cat.name] = merge
                 total += rows
@@ -857,7 +869,9 @@ def process_table(
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
     # Fast defaults are applied there to a keyed table whose state it merges (a re-based
     # one's only to its final rows: its state becomes the copy).
-    driver_defaults = state_merge in ON_DRIVER
+    # (A multiset's big state, MERGEd by its unique key, is not rebuilt here: Spark's.)
+    driver_defaults = state_merge == "driver" or (state_merge in ON_DRIVER and not cat.is_multiset)
+    local_done = None
     if local_raw is not None and (not defaults or driver_defaults):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
@@ -867,24 +881,38 @@ def process_table(
         fault = ddl_input.fault if ddl_input is not None else _no_fault
         # A state Spark MERGEs waits on its jobs, not the GIL: it takes no lane.
         lane = _DRIVER_LANE if state_merge != "spark" else contextlib.nullcontext()
-        with lane:
-            # The driver appends exactly when this does (DriverWrites.pick: appends_only).
-            assert (state_merge == "append") == appends, cat.name
-            c, s, commit.missing_toast = _process_local(
-                lazy,
-                lake,
-                cat,
-                bcat,
-                prior,
+        try:
+            with lane:
+                # The driver appends exactly when this does (DriverWrites.pick: appends_only).
+                assert (state_merge == "append") == appends, cat.name
+                local_done = _process_local(
+                    lazy,
+                    lake,
+                    cat,
+                    bcat,
+                    prior,
+                    batch,
+                    app_id,
+                    local_raw,
+                    truncs,
+                    held,
+                    state_merge,
+                    snap,
+                    (defaults, fault),
+                )
+        except Broken as exc:
+            # Nothing of the state written: Spark matches the batch's rows whole (the
+            # change log's append, if made, is skipped by its txn).
+            log.warning(
+                "batch %d: %s: no longer known unique on %s (%s): its rows are matched "
+                "whole from now on",
                 batch,
-                app_id,
-                local_raw,
-                truncs,
-                held,
-                state_merge,
-                snap,
-                (defaults, fault),
+                cat.name,
+                ", ".join(prior.unique_on if prior is not None else []),
+                exc,
             )
+    if local_done is not None:
+        c, s, commit.missing_toast, commit.unique_on = local_done
         merged_by = {
             "driver": "",
             "driver-dv": " (state MERGEd with deletion vectors)",
@@ -1163,15 +1191,18 @@ def _process_local(
     state_merge: StateMerge = "driver",
     snap: TableSnapshot | None = None,
     defaults: tuple[list[Any], Callable[[str], None]] = ([], _no_fault),
-) -> tuple[WriteResult, WriteResult, int]:
+) -> tuple[WriteResult, WriteResult, int, list[str]]:
     """A table's batch with few changes on the driver (see :mod:`slotlake.local_table`),
-    and its :attr:`TableCommit.missing_toast`;
+    its :attr:`TableCommit.missing_toast` and :attr:`TableCommit.unique_on`;
     with ``state_merge="spark"`` a keyed table's MERGE runs in Spark from the driver's
     final rows. A multiset's state (small, or it would not be here) is rebuilt whole;
     with ``state_merge="append"`` (:func:`appends_only`) the batch's rows are appended.
     ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`) and the fault
     hook to call once a keyed table's UPDATE of its state committed (a multiset's prior
-    rows take them in the one overwrite that rebuilds its state)."""
+    rows take them in the one overwrite that rebuilds its state). A multiset whose state
+    is unique on a key (:mod:`slotlake.unique_multiset`) is rebuilt whole while small,
+    else MERGEd by that key: :class:`Broken` (nothing of its state written) when the
+    batch cannot be."""
     import pyarrow as pa
 
     assert snap is None or (state_merge in ON_DRIVER and not cat.is_multiset), cat.name
@@ -1193,6 +1224,8 @@ def _process_local(
     fast, fault = defaults
     # Events of two identities (slotlake.identity_segments): the whole state is rebuilt.
     switched = cat.identity_switches and snap is None
+    unique: list[str] | None = None
+    keyed: unique_multiset.KeyedRows | None = None
     if switched:
         from slotlake.identity_segments import replay
 
@@ -1207,11 +1240,23 @@ def _process_local(
 
         at = events.schema.get_field_index("_missing_toast")
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
-        whole = None
-        if version is not None and not truncs and not appends:
-            whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
-        images = fastdefault.fill_events_arrow(events, fast)
-        finals = multiset_state(images, whole, cat, truncs, state_arrow)
+        unique = unique_key(cat, prior)
+        if state_merge in ("driver-dv", "dv") and not truncs:
+            # A big state, picked for its unique key (DriverWrites.take): MERGEd by it.
+            if unique is None or fast:
+                raise Broken("its key changed, or a fast default is to be applied")
+            keyed = unique_multiset.keyed_rows(events, unique, state_arrow)
+            finals = keyed.rows
+        else:
+            whole = None
+            if version is not None and not truncs and not appends:
+                whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
+            images = fastdefault.fill_events_arrow(events, fast)
+            finals = multiset_state(images, whole, cat, truncs, state_arrow)
+            # The whole new state at hand: whether it is still unique costs a grouping.
+            if unique is not None and not unique_multiset.holds(finals, unique):
+                unique = None
+            keyed = None
     elif snap is not None:
         # The changes before the copy's consistent point are logged, filled from the
         # previous state; those from it on are filled from the copy and make the finals.
@@ -1291,6 +1336,21 @@ def _process_local(
                 fault(fastdefault.FAULT_STEP)
         finals = fastdefault.fill_finals_arrow(finals, fast)
 
+    def merge_unique(rows: pa.Table) -> WriteResult:
+        from slotlake.dv_merge import merge_keyed
+
+        assert keyed is not None and unique is not None
+        rows = rows.set_column(
+            rows.schema.get_field_index(COPIES),
+            COPIES,
+            pa.repeat(pa.scalar(1, pa.int64()), rows.num_rows),
+        )
+        view = unique_multiset.keyed_view(cat, unique)
+        done = merge_keyed(state_path, rows, view, app_id, batch, fresh=keyed.fresh)
+        if done is None:
+            raise Broken("its state's MERGE is left to another writer")
+        return done
+
     def merge_state(rows: pa.Table) -> WriteResult:
         if state_merge != "spark":
             from slotlake.dv_merge import merge_keyed
@@ -1310,7 +1370,7 @@ def _process_local(
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
 
     c, s = local_table.write_local(
-        cat,
+        cat if keyed is None else unique_multiset.keyed_view(cat, unique or []),
         changes,
         finals,
         bool(truncs),
@@ -1320,12 +1380,12 @@ def _process_local(
         batch,
         held,
         (schemas[0], schemas[1]),
-        merge_state,
+        merge_state if keyed is None else merge_unique,
         concurrent=state_merge != "driver",
         whole=switched,
         append=appends and not truncs,
     )
-    return c, s, missing
+    return c, s, missing, unique or []
 
 
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:
@@ -1694,7 +1754,8 @@ def process_batch(
         for c in candidates
         if appends_only(c, prior_tables.get(c.name), bool(c.oids & scan.removing))
     }
-    local = driver.pick(lake, candidates, expected, copies, appending)
+    unique = {c.name for c in candidates if unique_key(c, prior_tables.get(c.name)) is not None}
+    local = driver.pick(lake, candidates, expected, copies, appending, unique)
     timings["pick"] = time.monotonic() - t_pick
     for name in [n for n, who in local.items() if n in snaps and who not in ON_DRIVER]:
         del local[name]

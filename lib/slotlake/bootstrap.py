@@ -201,6 +201,8 @@ class TablePlan:
     bytes: int = 0
     ranges: list[tuple[int | None, int | None]] = field(default_factory=list)
     natts: int | None = None  # pg_class.relnatts (recorded: see TableCommit.natts)
+    # FULL identity: its primary key's columns (TableCommit.unique_on), if it has one.
+    unique_on: list[str] = field(default_factory=list)
 
     @property
     def multiset(self) -> bool:
@@ -360,10 +362,11 @@ def read_plan(
         replident = entry["replident"]
         # Exactly the columns pgoutput's Relation message flags as key: all of them under
         # FULL, else those of the primary key (DEFAULT) or the identity index (INDEX).
-        if replident == "f":
-            keys = published
-        elif replident in ("d", "i"):
-            index_flag = "indisprimary" if replident == "d" else "indisreplident"
+        keys, unique_on = [], []
+        if replident in ("d", "i", "f"):
+            # FULL: the primary key, which the state is then kept unique on
+            # (slotlake.unique_multiset), though pgoutput flags every column as key.
+            index_flag = "indisreplident" if replident == "i" else "indisprimary"
             rows = conn.execute(
                 f"""
                 SELECT a.attname::text FROM pg_index i
@@ -375,8 +378,10 @@ def read_plan(
             ).fetchall()
             index_cols = {r[0] for r in rows}
             keys = [c for c in published if c in index_cols]
-        else:
-            keys = []
+            if replident == "f":
+                # A key column left out of the publication's column list: no key to keep.
+                unique_on = keys if index_cols <= set(keys) else []
+                keys = published
         # Heap blocks to split; a partitioned root spans its largest leaf (a ctid range
         # applies to every partition's scan alike). pg_partition_tree lists nothing for a
         # table that is neither partitioned nor a partition. The size (heap and TOAST of
@@ -400,6 +405,7 @@ def read_plan(
             replica_identity=replident,
             columns=columns,
             key_columns=keys,
+            unique_on=unique_on,
             row_filter=row_filter,
             blocks=int(blocks),
             bytes=int(nbytes),
@@ -1011,7 +1017,9 @@ def copy_table(
     n = len(task.plan.ranges)
     df = spark.range(0, n, 1, n).mapInArrow(run, schema)
     if task.plan.multiset:
-        df = multiset_rows(df, [c.name for c in task.plan.columns])
+        # A primary key makes each row distinct: one copy each, nothing to group.
+        grouped = not task.plan.unique_on
+        df = multiset_rows(df, [c.name for c in task.plan.columns], grouped=grouped)
     path = lake.path(state_rel)
     ensure_table(spark, path, parse_struct(_delta_state_ddl(task.plan)), drop_missing=True)
     steps("state table ready")
@@ -1141,8 +1149,9 @@ def streamed_on_driver(plan: TablePlan, limit_bytes: int) -> bool:
     """Whether a bigger table is streamed on the driver, its ranges copied at once: any
     keyed or INSERT-only table of a lake whose small tables go there (``limit_bytes`` >
     0). A multiset of FULL identity must be grouped whole, so one past the small tables'
-    bound goes through Spark."""
-    streams = not plan.multiset or plan.insert_only
+    bound goes through Spark, unless its primary key makes each row distinct already
+    (:attr:`TablePlan.unique_on`)."""
+    streams = not plan.multiset or plan.insert_only or bool(plan.unique_on)
     return limit_bytes > 0 and streams and not on_driver(plan, limit_bytes)
 
 
@@ -1177,6 +1186,7 @@ def _table_commit(
         state_version=state.version,
         written=True,
         spread=spread,
+        unique_on=list(plan.unique_on),
     )
 
 
@@ -1349,7 +1359,7 @@ class _DriverCopies:
         assert order is not None
         names = order.fieldNames()
         spread = plan.insert_only and not on_driver(plan, att.driver_bytes)
-        if plan.multiset and not spread:
+        if plan.multiset and not spread and not plan.unique_on:
             whole = pa.Table.from_batches(list(batches), schema=task.arrow_schema)
             from slotlake.multiset_arrow import multiset_table
 
@@ -1661,10 +1671,11 @@ def _make_key_indexes(
     from slotlake import dv_merge, key_index
 
     for t in copied:
-        if t.state is None or t.multiset or t.state_rows < key_index.AHEAD_MIN_ROWS:
+        key = t.unique_on if t.multiset else t.key_columns
+        if t.state is None or not key or t.state_rows < key_index.AHEAD_MIN_ROWS:
             continue
         t0 = time.monotonic()
-        made = dv_merge.make_key_indexes(_local(lake, t.state), t.key_columns)
+        made = dv_merge.make_key_indexes(_local(lake, t.state), key)
         if made:
             progress(
                 f"bootstrap: {t.state}: key indexes of {made} files made "

@@ -284,6 +284,7 @@ def _table_status(t: TableCommit) -> dict[str, object]:
         "changes": t.changes,
         "multiset": t.multiset,
         "multiset_spread": t.spread,
+        "unique_on": t.unique_on,
         "written_in_last_batch": t.written,
         "gone_since": t.gone_since,
     }

@@ -88,6 +88,7 @@ def merge_keyed(
     batch: int,
     deletion_vectors: bool = True,
     rewrite_up_to: int | None = None,
+    fresh: np.ndarray | None = None,
 ) -> WriteResult | None:
     """MERGE ``rows`` (a keyed table's final rows: the state's columns, ``_key`` and
     ``_deleted``) into the state at a local ``path`` as batch ``batch``; None, having
@@ -96,7 +97,9 @@ def merge_keyed(
     The files the keys hit are rewritten without their matched rows when they hold at
     most ``rewrite_up_to`` bytes together, or when ``deletion_vectors`` is off or the
     table does not take them; otherwise each gets a deletion vector (None: the module's
-    ``REWRITE_BYTES``)."""
+    ``REWRITE_BYTES``). ``fresh``: the rows whose key must not be live in the state (a
+    multiset kept unique on the key, :mod:`slotlake.unique_multiset`); one that is
+    raises :class:`slotlake.unique_multiset.Broken` before anything is written."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -136,6 +139,10 @@ def merge_keyed(
         if live.any():
             hit[sources[live]] = True
             touched[file] = (old, positions[live])
+    if fresh is not None and bool(np.any(hit & fresh)):
+        from slotlake.unique_multiset import Broken
+
+        raise Broken(f"{int(np.sum(hit & fresh))} row(s) added whose key is live in the state")
     inserts = rows.filter(pc.invert(rows.column("_deleted")))
     inserts = inserts.drop_columns([c for c in ("_key", "_deleted") if c in inserts.column_names])
     new_rows = delta_log.physical_table(inserts, schema)

@@ -113,6 +113,10 @@ class TableCommit:
     # against), cleared by a batch that rebuilt or overwrote the state. A MERGE on whole
     # rows needs one row per value, so the next batch that must match rows rebuilds it.
     spread: bool = False
+    # A FULL-identity table whose state is known to hold each value of these columns once
+    # (its primary key when copied; kept by induction, slotlake.unique_multiset): its
+    # rows are then matched by them, not whole. Empty: not known.
+    unique_on: list[str] = field(default_factory=list)
 
     @property
     def multiset(self) -> bool:

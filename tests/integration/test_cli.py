@@ -128,6 +128,7 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
             "changes": "changes/public.t",
             "multiset": False,
             "multiset_spread": False,
+            "unique_on": [],
             "written_in_last_batch": True,
             "gone_since": None,
         }

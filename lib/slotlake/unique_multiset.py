@@ -1,0 +1,170 @@
+"""A REPLICA IDENTITY FULL table with a primary key, MERGEd by that key.
+
+A FULL identity makes pgoutput send whole old rows, so the state is a multiset matched by
+whole rows (README, "State"): a big one costs Spark's whole-row MERGE each batch, which
+reads every file (no statistics prune a whole row), what the table weighs. Yet a table
+with a primary key holds each key once: its multiset is a set, each row one copy, and a
+batch's events by the key's values are a keyed table's. The state is then MERGEd by that
+key on the driver (:mod:`slotlake.dv_merge`, key indexes and deletion vectors), what the
+batch's changes cost.
+
+The key comes from the source's catalog when the table is copied
+(:attr:`slotlake.lake.TableCommit.unique_on`); nothing here trusts it to stay a key.
+Uniqueness is kept by induction instead: the state is unique on the key after the copy,
+and a batch keeps it unique when, in the order of its events, each key's copies go
+0 → 1 → 0 … (an INSERT or an UPDATE's new row adds one, a DELETE or an UPDATE's old row
+removes one) and no key the batch adds first is live in the state already. A batch that
+breaks that (the key dropped at the source and a duplicate inserted) is matched whole, by
+Spark, exactly as any multiset's, and the table no longer counts as unique.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from slotlake.catalog import TableCatalog
+    from slotlake.lake import TableCommit
+
+
+class Broken(Exception):
+    """The batch cannot be applied by the table's unique key (nothing was written for
+    its state): its rows are matched whole instead."""
+
+
+class KeyedRows(NamedTuple):
+    """A batch's final row per key: the state's columns, ``_key`` and ``_deleted``, and
+    ``fresh``, the rows whose key the batch adds before removing it (it must not be live
+    in the state: :func:`slotlake.dv_merge.merge_keyed`)."""
+
+    rows: pa.Table
+    fresh: np.ndarray
+
+
+def unique_key(cat: TableCatalog, prior: TableCommit | None) -> list[str] | None:
+    """The key a multiset's state is known unique on and that this batch's rows can be
+    matched by (None: its rows are matched whole): the table has the FULL identity in
+    every version of the batch, and the key's columns are in the state as they were,
+    neither renamed nor retyped."""
+    if prior is None or not prior.unique_on or not prior.state or not cat.versions:
+        return None
+    if cat.replica_identity != "f" or any(v.replica_identity != "f" for v in cat.versions):
+        return None
+    key = list(prior.unique_on)
+    types = dict(cat.columns)
+    before = {c[0]: c[1] for c in prior.columns}
+    moved = set(cat.renames) | set(cat.renames.values()) | set(cat.lake_names)
+    for k in key:
+        if k not in cat.state_columns or k in moved or k in cat.text_columns:
+            return None
+        if types.get(k) != before.get(k):
+            return None
+    return key
+
+
+def keyed_view(cat: TableCatalog, key: Sequence[str]) -> TableCatalog:
+    """``cat`` as a table keyed by ``key`` (for the writers of keyed rows)."""
+    return dataclasses.replace(cat, key_columns=list(key), replica_identity="d")
+
+
+def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedRows:
+    """Each key's final row of a FULL table's decoded ``events`` (the state's ``state``
+    columns, with ``_key`` and ``_deleted``); :class:`Broken` when the batch's own
+    events break the key's uniqueness, or an image lacks what matching by key needs."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from slotlake.lake import COPIES
+    from slotlake.multiset_arrow import _entries, _normalised
+
+    op = events.column("_op")
+    adds = events.filter(pc.is_in(op, pa.array(["I", "U"])))
+    removes = events.filter(pc.is_in(op, pa.array(["U", "D"])))
+    whole_old = pc.fill_null(pc.equal(removes.column("_old_kind"), "O"), False)
+    if removes.num_rows and not pc.all(whole_old).as_py():
+        raise Broken("an old row is not whole (its identity was not FULL when written)")
+    if adds.num_rows and pc.max(pc.list_value_length(adds.column("_unchanged"))).as_py():
+        raise Broken("a new row has an unchanged TOAST value its old row did not fill")
+    data = [f.name for f in state if f.name not in ("_fallback", "_missing_toast", COPIES)]
+    old = removes.column("_old").combine_chunks()
+    fields = dict(zip([f.name for f in old.type], old.flatten(), strict=True))
+    image = pa.schema([state.field(c) for c in [*data, "_fallback"]])
+    added = pa.Table.from_arrays(
+        [*(adds.column(c) for c in data), _entries(adds.column("_fallback"), old=False)],
+        schema=image,
+    )
+    removed = pa.Table.from_arrays(
+        [
+            *(fields[c] if c in fields else pa.nulls(len(old), image.field(c).type) for c in data),
+            _entries(removes.column("_fallback"), old=True),
+        ],
+        schema=image,
+    )
+    images = pa.concat_tables([added, removed])
+    # An UPDATE removes its old row before it adds its new one.
+    order = np.concatenate(
+        [
+            adds.column("_seq").to_numpy() * 2 + 1,
+            removes.column("_seq").to_numpy() * 2,
+        ]
+    )
+    sign = np.concatenate([np.ones(added.num_rows, np.int8), -np.ones(removed.num_rows, np.int8)])
+    keys = images.select(list(key))
+    if any(keys.column(k).null_count for k in key):
+        raise Broken("a row's key is NULL")
+    entries = keys.append_column("_order", pa.array(order, pa.int64()))
+    at = pc.sort_indices(entries, sort_keys=[(k, "ascending") for k in [*key, "_order"]]).to_numpy()
+    n = len(at)
+    starts = np.ones(n, dtype=bool)
+    if n > 1:
+        ordered = keys.take(pa.array(at))
+        same = np.ones(n - 1, dtype=bool)
+        for k in key:
+            col = ordered.column(k).combine_chunks()
+            same &= pc.equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        starts[1:] = ~same
+    signs = sign[at]
+    # Within a key the copies go 0 → 1 → 0 or 1 → 0 → 1: the signs alternate.
+    if n > 1 and np.any(~starts[1:] & (signs[1:] == signs[:-1])):
+        raise Broken("the batch adds a row whose key is live, or removes one that is not")
+    ends = np.r_[starts[1:], True] if n else starts
+    last = at[ends]
+    fresh = signs[starts] > 0
+    rows = images.take(pa.array(last))
+    rows = pa.Table.from_arrays(
+        [_normalised(rows.column(c)) if c not in key else rows.column(c) for c in data]
+        + [rows.column("_fallback")],
+        schema=image,
+    )
+    rows = rows.append_column(
+        state.field("_missing_toast"),
+        pa.array([[]] * len(last), state.field("_missing_toast").type),
+    )
+    rows = rows.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), len(last)))
+    key_struct = pa.StructArray.from_arrays(
+        [rows.column(k).combine_chunks() for k in key], names=list(key)
+    )
+    rows = rows.append_column("_key", key_struct)
+    rows = rows.append_column("_deleted", pa.array(sign[last] < 0))
+    return KeyedRows(rows, fresh)
+
+
+def holds(state: pa.Table, key: Sequence[str]) -> bool:
+    """Whether a multiset's whole state (rows with ``_copies``) is unique on ``key``."""
+    import pyarrow.compute as pc
+
+    from slotlake.lake import COPIES
+
+    if state.num_rows == 0:
+        return True
+    if pc.max(state.column(COPIES)).as_py() != 1:
+        return False
+    if any(state.column(k).null_count for k in key):
+        return False
+    return state.group_by(list(key)).aggregate([]).num_rows == state.num_rows

@@ -1,0 +1,197 @@
+"""REPLICA IDENTITY FULL tables with a primary key: their state is MERGEd by the key
+(slotlake.unique_multiset) while it stays unique, and matched whole once it is not."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from slotlake import dv_merge, unique_multiset
+from slotlake.batch import DriverWrites
+from slotlake.bootstrap import run_bootstrap
+from slotlake.cli import _table_status
+from slotlake.lake import Lake
+from slotlake.sync import run_sync
+
+from .sync_helpers import assert_mirror, make_config
+
+# name → (CREATE TABLE's columns, the row of g, a key moved)
+TABLES = {
+    "public.fi": (
+        "id int PRIMARY KEY, v text, big text",
+        "g, 'v' || g, CASE WHEN mod(g, 10) = 0 THEN repeat(md5(g::text), 400) END",
+        "id = id + 100000",
+    ),
+    "public.fc": (
+        "a bigint, b text, v text, f float8, PRIMARY KEY (a, b)",
+        "g, 'b' || mod(g, 7), 'v' || g, CASE WHEN mod(g, 5) = 0 THEN -0.0 ELSE g / 3.0 END",
+        "b = b || 'é'",
+    ),
+}
+
+
+def _merged_by_key(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tables whose state a driver MERGE by a unique key wrote, one entry a MERGE."""
+    seen: list[str] = []
+    real = dv_merge.merge_keyed
+
+    def spy(path: str, rows: Any, cat: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("fresh") is not None:
+            seen.append(cat.name)
+        return real(path, rows, cat, *args, **kwargs)
+
+    monkeypatch.setattr(dv_merge, "merge_keyed", spy)
+    return seen
+
+
+def _random_batch(c: psycopg.Connection, rng: random.Random, batch: int) -> None:
+    for name, (_, row, moved) in TABLES.items():
+        key = "id" if name == "public.fi" else "a, b"
+        rows = c.execute(f"SELECT {key} FROM {name} ORDER BY {key}").fetchall()
+        picked = rng.sample(rows, 40)
+        where = "id = %s" if name == "public.fi" else "a = %s AND b = %s"
+        with c.transaction():
+            for r in picked[:20]:
+                c.execute(f"UPDATE {name} SET v = %s WHERE {where}", (f"b{batch}", *r))
+            for r in picked[20:28]:
+                c.execute(f"DELETE FROM {name} WHERE {where}", r)
+            for r in picked[28:32]:  # the key itself moves
+                c.execute(f"UPDATE {name} SET {moved} WHERE {where}", r)
+            for r in picked[32:36]:  # deleted and inserted again in the batch
+                c.execute(f"DELETE FROM {name} WHERE {where}", r)
+                c.execute(f"INSERT INTO {name} SELECT {row} FROM (SELECT %s::int AS g) s", (r[0],))
+            c.execute(
+                f"INSERT INTO {name} SELECT {row} FROM generate_series(%s::int, %s::int) g",
+                (1000 * batch, 1000 * batch + 9),
+            )
+        # A new row, changed and changed back within one transaction: its key goes 0→1→0→1.
+        with c.transaction():
+            c.execute(
+                f"INSERT INTO {name} SELECT {row} FROM (SELECT %s::int AS g) s", (900 + batch,)
+            )
+            c.execute(f"DELETE FROM {name} WHERE {where}", _key_of(c, name, 900 + batch))
+            c.execute(
+                f"INSERT INTO {name} SELECT {row} FROM (SELECT %s::int AS g) s", (900 + batch,)
+            )
+
+
+def _key_of(c: psycopg.Connection, name: str, g: int) -> tuple[Any, ...]:
+    if name == "public.fi":
+        return (g,)
+    return (g, f"b{g % 7}")
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["vectors", "rebuilt", pytest.param("copied by spark", marks=pytest.mark.one_pg_version)],
+)
+def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Two FULL tables with a primary key (one integer column; a bigint and a text) and a
+    TOASTed column left unchanged by most UPDATEs: batches of updates, deletes, key moves
+    and keys deleted and inserted again keep the mirror exact and the state unique on the
+    key (``vectors``: MERGEd by the key with deletion vectors; ``rebuilt``: a small state
+    rebuilt whole, its uniqueness checked; ``copied by spark``: the bootstrap's copy made
+    by Spark, not grouped, then ``vectors``). Then the key is dropped at the source and a
+    row's key repeated: the batch is matched whole, the mirror holds both rows, and the
+    table is no longer counted unique (its later batches are matched whole too)."""
+    if mode != "rebuilt":
+        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+        monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    merged = _merged_by_key(monkeypatch)
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    if mode == "copied by spark":
+        cfg.lake.bootstrap_driver_mb = 0
+    rng = random.Random(7)
+    lake = Lake(root)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for name, (columns, row, _) in TABLES.items():
+            c.execute(f"CREATE TABLE {name} ({columns})")
+            c.execute(f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+            c.execute(f"INSERT INTO {name} SELECT {row} FROM generate_series(1, 300) g")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)
+        first = lake.last_commit()
+        assert first is not None
+        assert _table_status(first.tables["public.fi"])["unique_on"] == ["id"]
+        assert first.tables["public.fc"].unique_on == ["a", "b"]
+        for batch in range(1, 4):
+            _random_batch(c, rng, batch)
+            result = run_sync(cfg, spark=spark)
+            assert result.status == "committed", result
+            assert_mirror(c, root, list(TABLES))
+            tables = lake.read_commit(result.batch or 0).tables
+            assert tables["public.fi"].unique_on == ["id"]
+            assert tables["public.fc"].unique_on == ["a", "b"]
+        if mode != "rebuilt":
+            assert sorted(set(merged)) == sorted(TABLES) and len(merged) == 6, merged
+        else:
+            assert merged == []
+
+        # The key dropped, a row's key repeated (another row, and the same row again).
+        low, high = c.execute("SELECT min(id), max(id) FROM public.fi").fetchone() or (0, 0)
+        c.execute("ALTER TABLE public.fi DROP CONSTRAINT fi_pkey")
+        c.execute("INSERT INTO public.fi VALUES (%s, 'twin', NULL)", (low,))
+        c.execute("INSERT INTO public.fi SELECT * FROM public.fi WHERE id = %s", (high,))
+        c.execute("UPDATE public.fc SET v = 'still unique' WHERE a < 100")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, list(TABLES))
+        tables = lake.read_commit(result.batch or 0).tables
+        assert tables["public.fi"].unique_on == []
+        assert tables["public.fc"].unique_on == ["a", "b"]
+        # From now on fi's rows are matched whole: one of two equal rows deleted.
+        c.execute(
+            "DELETE FROM public.fi WHERE ctid = (SELECT min(ctid) FROM public.fi WHERE id = %s)",
+            (high,),
+        )
+        c.execute("UPDATE public.fi SET v = 'one twin' WHERE id = %s AND v = 'twin'", (low,))
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, list(TABLES))
+        assert lake.read_commit(result.batch or 0).tables["public.fi"].unique_on == []
+        assert c.execute("SELECT count(*) FROM public.fi WHERE id = %s", (low,)).fetchone() == (2,)
+
+
+@pytest.mark.one_pg_version  # the batch's own events are under test, not the source
+def test_a_batch_that_repeats_a_key_in_itself_is_matched_whole(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key dropped and a key inserted twice in one batch (never live in the state):
+    the batch's own events break uniqueness, the rows are matched whole and both kept."""
+    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    broken: list[str] = []
+    real = unique_multiset.keyed_rows
+
+    def spy(*args: Any) -> Any:
+        try:
+            return real(*args)
+        except unique_multiset.Broken as exc:
+            broken.append(str(exc))
+            raise
+
+    monkeypatch.setattr(unique_multiset, "keyed_rows", spy)
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+        c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 50) g")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)
+        c.execute("UPDATE public.t SET v = 'w' WHERE id < 5")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        c.execute("ALTER TABLE public.t DROP CONSTRAINT t_pkey")
+        c.execute("INSERT INTO public.t VALUES (77, 'a'), (77, 'b'), (3, 'w')")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, ["public.t"])
+        assert broken, "the batch's events were not found to break the key"
+        assert Lake(root).read_commit(result.batch or 0).tables["public.t"].unique_on == []
