@@ -1200,9 +1200,9 @@ def _process_local(
     ``defaults``: the table's fast defaults (:mod:`slotlake.fastdefault`) and the fault
     hook to call once a keyed table's UPDATE of its state committed (a multiset's prior
     rows take them in the one overwrite that rebuilds its state). A multiset whose state
-    is unique on a key (:mod:`slotlake.unique_multiset`) is rebuilt whole while small,
-    else MERGEd by that key: :class:`Broken` (nothing of its state written) when the
-    batch cannot be."""
+    is unique on a key (:mod:`slotlake.unique_multiset`) is MERGEd by that key; when the
+    batch cannot be, a small state is rebuilt whole, a big one raises :class:`Broken`
+    (nothing of its state written)."""
     import pyarrow as pa
 
     assert snap is None or (state_merge in ON_DRIVER and not cat.is_multiset), cat.name
@@ -1241,13 +1241,18 @@ def _process_local(
         at = events.schema.get_field_index("_missing_toast")
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
         unique = unique_key(cat, prior)
-        if state_merge in ("driver-dv", "dv") and not truncs:
-            # A big state, picked for its unique key (DriverWrites.take): MERGEd by it.
-            if unique is None or fast:
+        big = state_merge in ("driver-dv", "dv")  # picked for its key (DriverWrites.take)
+        if unique is not None and not truncs and not fast:
+            try:
+                keyed = unique_multiset.keyed_rows(events, unique, state_arrow)
+                finals = keyed.rows
+            except Broken:
+                if big:
+                    raise
+                unique = None  # a small state: rebuilt whole here instead
+        if keyed is None:
+            if big and not truncs:
                 raise Broken("its key changed, or a fast default is to be applied")
-            keyed = unique_multiset.keyed_rows(events, unique, state_arrow)
-            finals = keyed.rows
-        else:
             whole = None
             if version is not None and not truncs and not appends:
                 whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
@@ -1256,7 +1261,6 @@ def _process_local(
             # The whole new state at hand: whether it is still unique costs a grouping.
             if unique is not None and not unique_multiset.holds(finals, unique):
                 unique = None
-            keyed = None
     elif snap is not None:
         # The changes before the copy's consistent point are logged, filled from the
         # previous state; those from it on are filled from the copy and make the finals.
@@ -1346,7 +1350,11 @@ def _process_local(
             pa.repeat(pa.scalar(1, pa.int64()), rows.num_rows),
         )
         view = unique_multiset.keyed_view(cat, unique)
-        done = merge_keyed(state_path, rows, view, app_id, batch, fresh=keyed.fresh)
+        # A small state's touched files are rewritten, as a keyed one's.
+        vectors = state_merge != "driver"
+        done = merge_keyed(
+            state_path, rows, view, app_id, batch, deletion_vectors=vectors, fresh=keyed.fresh
+        )
         if done is None:
             raise Broken("its state's MERGE is left to another writer")
         return done

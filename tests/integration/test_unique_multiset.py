@@ -95,12 +95,13 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
     """Two FULL tables with a primary key (one integer column; a bigint and a text) and a
     TOASTed column left unchanged by most UPDATEs: batches of updates, deletes, key moves
     and keys deleted and inserted again keep the mirror exact and the state unique on the
-    key (``vectors``: MERGEd by the key with deletion vectors; ``rebuilt``: a small state
-    rebuilt whole, its uniqueness checked; ``copied by spark``: the bootstrap's copy made
-    by Spark, not grouped, then ``vectors``). Then the key is dropped at the source and a
+    key (``vectors``: MERGEd by the key with deletion vectors; ``rewritten``: a small
+    state, the files the keys hit rewritten; ``copied by spark``: the bootstrap's copy
+    made by Spark, not grouped, then ``vectors``). A TRUNCATE's batch rebuilds the state
+    whole, which is checked to be unique still. Then the key is dropped at the source and a
     row's key repeated: the batch is matched whole, the mirror holds both rows, and the
     table is no longer counted unique (its later batches are matched whole too)."""
-    if mode != "rebuilt":
+    if mode != "rewritten":
         monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
         monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
     merged = _merged_by_key(monkeypatch)
@@ -129,10 +130,18 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
             tables = lake.read_commit(result.batch or 0).tables
             assert tables["public.fi"].unique_on == ["id"]
             assert tables["public.fc"].unique_on == ["a", "b"]
-        if mode != "rebuilt":
-            assert sorted(set(merged)) == sorted(TABLES) and len(merged) == 6, merged
-        else:
-            assert merged == []
+        assert sorted(set(merged)) == sorted(TABLES) and len(merged) == 6, merged
+
+        with c.transaction():
+            c.execute("TRUNCATE public.fc")
+            c.execute(
+                f"INSERT INTO public.fc SELECT {TABLES['public.fc'][1]} FROM generate_series(1, 60) g"
+            )
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, list(TABLES))
+        assert lake.read_commit(result.batch or 0).tables["public.fc"].unique_on == ["a", "b"]
+        assert len(merged) == 6  # rebuilt whole, not MERGEd
 
         # The key dropped, a row's key repeated (another row, and the same row again).
         low, high = c.execute("SELECT min(id), max(id) FROM public.fi").fetchone() or (0, 0)
@@ -157,6 +166,16 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         assert_mirror(c, root, list(TABLES))
         assert lake.read_commit(result.batch or 0).tables["public.fi"].unique_on == []
         assert c.execute("SELECT count(*) FROM public.fi WHERE id = %s", (low,)).fetchone() == (2,)
+
+        # A fast default (ADD COLUMN … DEFAULT): a small state takes it in its rebuild and
+        # stays unique; a big one's batch goes to Spark, which matches whole rows.
+        c.execute("ALTER TABLE public.fc ADD COLUMN d int DEFAULT 5")
+        c.execute("UPDATE public.fc SET v = 'with d' WHERE a < 30")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, list(TABLES))
+        kept = lake.read_commit(result.batch or 0).tables["public.fc"].unique_on
+        assert kept == (["a", "b"] if mode == "rewritten" else [])
 
 
 @pytest.mark.one_pg_version  # the batch's own events are under test, not the source
