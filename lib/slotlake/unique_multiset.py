@@ -147,8 +147,12 @@ def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedR
         pa.array([[]] * len(last), state.field("_missing_toast").type),
     )
     rows = rows.append_column(COPIES, pa.repeat(pa.scalar(1, pa.int64()), len(last)))
+    # The keyed writers' shape: each key column beside its value kept as text, which no
+    # key here has (a NULL key, as such a value's typed column is, was refused above).
     key_struct = pa.StructArray.from_arrays(
-        [rows.column(k).combine_chunks() for k in key], names=list(key)
+        [rows.column(k).combine_chunks() for k in key]
+        + [pa.nulls(len(last), pa.string()) for _ in key],
+        names=[*key, *("~" + k for k in key)],
     )
     rows = rows.append_column("_key", key_struct)
     rows = rows.append_column("_deleted", pa.array(sign[last] < 0))

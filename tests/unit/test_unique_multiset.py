@@ -49,7 +49,7 @@ def _events(rows: list[tuple[str, Any, Any]], kind: str = "O") -> pa.Table:
 def _finals(events: pa.Table) -> tuple[list[tuple[Any, ...]], list[bool]]:
     out = keyed_rows(events, ["id"], STATE)
     rows = out.rows.sort_by("id").to_pylist()
-    assert all(r["_copies"] == 1 and r["_key"] == {"id": r["id"]} for r in rows)
+    assert all(r["_copies"] == 1 and r["_key"] == {"id": r["id"], "~id": None} for r in rows)
     fresh = dict(zip(out.rows.column("id").to_pylist(), out.fresh.tolist(), strict=True))
     return [(r["id"], r["v"], r["f"], r["_deleted"]) for r in rows], [fresh[r["id"]] for r in rows]
 
