@@ -543,8 +543,11 @@ def run_maintain(
             )
             if spark is None:
                 spark = _session(cfg)
+            # A multiset kept unique on its key (slotlake.unique_multiset) is MERGEd by it.
             keys = {
-                t.state: t.key_columns for t in last.tables.values() if t.state and not t.multiset
+                t.state: t.unique_on if t.multiset else t.key_columns
+                for t in last.tables.values()
+                if t.state and (t.unique_on or not t.multiset)
             }
             workers = max(1, min(cfg.lake.table_workers, len(tables) or 1))
             with ThreadPoolExecutor(workers, thread_name_prefix="slotlake-maintain") as pool:

@@ -49,11 +49,13 @@ class KeyedRows(NamedTuple):
 def unique_key(cat: TableCatalog, prior: TableCommit | None) -> list[str] | None:
     """The key a multiset's state is known unique on and that this batch's rows can be
     matched by (None: its rows are matched whole): the table has the FULL identity in
-    every version of the batch, and the key's columns are in the state as they were,
-    neither renamed nor retyped."""
+    every version of the batch, is the relation the lake last wrote it from, and the
+    key's columns are in the state as they were, neither renamed nor retyped."""
     if prior is None or not prior.unique_on or not prior.state or not cat.versions:
         return None
     if cat.replica_identity != "f" or any(v.replica_identity != "f" for v in cat.versions):
+        return None
+    if cat.oids != {prior.oid}:  # another relation of that name now (created again)
         return None
     key = list(prior.unique_on)
     types = dict(cat.columns)
@@ -119,16 +121,22 @@ def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedR
     if any(keys.column(k).null_count for k in key):
         raise Broken("a row's key is NULL")
     entries = keys.append_column("_order", pa.array(order, pa.int64()))
-    at = pc.sort_indices(entries, sort_keys=[(k, "ascending") for k in [*key, "_order"]]).to_numpy()
-    n = len(at)
-    starts = np.ones(n, dtype=bool)
-    if n > 1:
-        ordered = keys.take(pa.array(at))
-        same = np.ones(n - 1, dtype=bool)
-        for k in key:
-            col = ordered.column(k).combine_chunks()
-            same &= pc.equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-        starts[1:] = ~same
+    try:
+        at = pc.sort_indices(
+            entries, sort_keys=[(k, "ascending") for k in [*key, "_order"]]
+        ).to_numpy()
+        n = len(at)
+        starts = np.ones(n, dtype=bool)
+        if n > 1:
+            ordered = keys.take(pa.array(at))
+            same = np.ones(n - 1, dtype=bool)
+            for k in key:
+                col = ordered.column(k).combine_chunks()
+                equal = pc.equal(col.slice(1), col.slice(0, n - 1))
+                same &= equal.to_numpy(zero_copy_only=False)
+            starts[1:] = ~same
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise Broken(f"its key's values cannot be ordered in Arrow ({exc})") from exc
     signs = sign[at]
     # Within a key the copies go 0 → 1 → 0 or 1 → 0 → 1: the signs alternate.
     if n > 1 and np.any(~starts[1:] & (signs[1:] == signs[:-1])):
@@ -161,6 +169,7 @@ def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedR
 
 def holds(state: pa.Table, key: Sequence[str]) -> bool:
     """Whether a multiset's whole state (rows with ``_copies``) is unique on ``key``."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from slotlake.lake import COPIES
@@ -171,4 +180,7 @@ def holds(state: pa.Table, key: Sequence[str]) -> bool:
         return False
     if any(state.column(k).null_count for k in key):
         return False
-    return state.group_by(list(key)).aggregate([]).num_rows == state.num_rows
+    try:
+        return state.group_by(list(key)).aggregate([]).num_rows == state.num_rows
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return False  # a key Arrow cannot group: not known unique

@@ -63,7 +63,7 @@ def _merged_by_key(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _random_batch(c: psycopg.Connection, rng: random.Random, batch: int) -> None:
     for name, (_, row, moved, key, g_column) in TABLES.items():
-        cols = ', '.join(key)
+        cols = ", ".join(key)
         rows = c.execute(f"SELECT {cols} FROM {name} ORDER BY {cols}").fetchall()
         picked = rng.sample(rows, 40)
         where = " AND ".join(f"{k} = %s" for k in key)
@@ -219,3 +219,40 @@ def test_a_batch_that_repeats_a_key_in_itself_is_matched_whole(
         assert_mirror(c, root, ["public.t"])
         assert broken, "the batch's events were not found to break the key"
         assert Lake(root).read_commit(result.batch or 0).tables["public.t"].unique_on == []
+
+
+@pytest.mark.one_pg_version  # the lake's upkeep is under test, not the source
+def test_maintain_makes_the_key_indexes_of_a_unique_multiset(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``slotlake maintain`` compacts a FULL table kept unique on its key and makes the
+    compacted file's key index on that key, which the next batch's MERGE then uses."""
+    from slotlake import key_index
+    from slotlake.maintain import run_maintain
+
+    from .sync_helpers import key_indexes_made
+
+    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    merged = _merged_by_key(monkeypatch)
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE public.t (id bigint PRIMARY KEY, v text)")
+        c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 500) g")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)
+        for i in range(3):
+            c.execute("UPDATE public.t SET v = %s WHERE id %% 7 = %s", (f"w{i}", i))
+            assert run_sync(cfg, spark=spark).status == "committed"
+        monkeypatch.setattr(key_index, "AHEAD_MIN_ROWS", 1)
+        result = run_maintain(cfg, spark=spark)
+        assert result.status == "done"
+        (state,) = [t for t in result.tables if t.path == "state/public.t"]
+        assert state.key_indexes == 1 and state.files_compacted > 1, state
+        made = key_indexes_made(monkeypatch)
+        c.execute("UPDATE public.t SET v = 'after' WHERE id < 50")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, root, ["public.t"])
+        assert merged == ["public.t"] * 4 and not made, (merged, made)

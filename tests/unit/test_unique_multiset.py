@@ -153,7 +153,11 @@ def test_the_key_is_kept_only_while_the_batch_leaves_it_as_it_was() -> None:
         return base
 
     prior = TableCommit(
-        "c", "s", columns=[["id", "int", "state"], ["v", "string", "state"]], unique_on=["id"]
+        "c",
+        "s",
+        columns=[["id", "int", "state"], ["v", "string", "state"]],
+        unique_on=["id"],
+        oid=7,
     )
     assert unique_key(cat(), prior) == ["id"]
     assert unique_key(cat(), TableCommit("c", "s", columns=prior.columns)) is None
@@ -162,3 +166,27 @@ def test_the_key_is_kept_only_while_the_batch_leaves_it_as_it_was() -> None:
     assert unique_key(cat(columns=[("id", "bigint"), ("v", "string")]), prior) is None
     assert unique_key(cat(state_columns=["v"]), prior) is None
     assert unique_key(cat(replica_identity="d"), prior) is None
+    created_again = TableCommit(**{**prior.__dict__, "oid": 8})
+    assert unique_key(cat(), created_again) is None
+
+
+def test_a_key_arrow_cannot_order_is_broken() -> None:
+    """An array key (PostgreSQL orders arrays; Arrow sorts no lists): matched whole."""
+    ints = pa.list_(pa.int32())
+    state = pa.schema(
+        [("k", ints), ("_fallback", FB), ("_missing_toast", pa.list_(pa.string()))]
+    ).append(pa.field("_copies", pa.int64()))
+    events = pa.table(
+        {
+            "k": pa.array([[1, 2], [3]], ints),
+            "_op": ["I", "I"],
+            "_old_kind": pa.array([None, None], pa.string()),
+            "_unchanged": pa.array([[], []], pa.list_(pa.string())),
+            "_fallback": pa.array([[], []], FB),
+            "_old": pa.array([None, None], pa.struct([("k", ints)])),
+            "_seq": pa.array([1, 2], pa.int64()),
+        }
+    )
+    with pytest.raises(Broken, match="cannot be ordered"):
+        keyed_rows(events, ["k"], state)
+    assert not holds(pa.table({"k": pa.array([[1]], ints), "_copies": [1]}), ["k"])
