@@ -861,6 +861,10 @@ def process_table(
             # An earlier attempt of this batch wrote both tables: nothing to recompute.
             c, s = (local_last_commit(p) for p in paths)
             _finish(commit, c, s, prior)
+            # A key the earlier attempt's MERGE was done by is still kept.
+            key = prior.unique_on if prior is not None and cat.is_multiset else []
+            if key and unique_multiset.merged_by(paths[1], s.version, key):
+                commit.unique_on = list(key)
             if snap is not None or commit.spread:  # not a MERGE's delta, maybe not appended
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
             commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)

@@ -69,6 +69,30 @@ def unique_key(cat: TableCatalog, prior: TableCommit | None) -> list[str] | None
     return key
 
 
+def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
+    """Whether version ``version`` of the local state at ``state_path`` is the driver's
+    MERGE by ``key`` (:func:`slotlake.dv_merge.merge_keyed` of :func:`keyed_rows`): a
+    rerun of a batch whose tables an earlier attempt wrote then knows the key was kept
+    (that MERGE commits only rows whose key was not live)."""
+    import json
+    import os
+
+    from slotlake import delta_log
+
+    log_dir = os.path.join(state_path, "_delta_log")
+    try:
+        for action in delta_log.entry_actions(log_dir, version):
+            info = action.get("commitInfo")
+            if info is not None:
+                predicate = (info.get("operationParameters") or {}).get("predicate")
+                return info.get("operation") == "MERGE" and predicate == json.dumps(
+                    [f"replica identity {list(key)}"]
+                )
+    except (OSError, ValueError):  # a checkpointed-away entry: not known
+        return False
+    return False
+
+
 def keyed_view(cat: TableCatalog, key: Sequence[str]) -> TableCatalog:
     """``cat`` as a table keyed by ``key`` (for the writers of keyed rows)."""
     return dataclasses.replace(cat, key_columns=list(key), replica_identity="d")

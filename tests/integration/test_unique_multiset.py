@@ -256,3 +256,45 @@ def test_maintain_makes_the_key_indexes_of_a_unique_multiset(
         assert run_sync(cfg, spark=spark).status == "committed"
         assert_mirror(c, root, ["public.t"])
         assert merged == ["public.t"] * 4 and not made, (merged, made)
+
+
+@pytest.mark.one_pg_version  # the lake's exactly-once path is under test, not the source
+@pytest.mark.parametrize("rewritten", [False, True], ids=["merged", "rebuilt"])
+def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rewritten: bool,
+) -> None:
+    """A run killed after its tables' commits and before its commit record: the rerun
+    finds the batch written and knows the key still holds when the state's commit was
+    the MERGE by it; after a whole rebuild (a TRUNCATE's batch) it cannot tell, and the
+    key is forgotten. The mirror is exact either way."""
+    from slotlake.sync import FAULT_ENV, InjectedFault
+
+    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+        c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 50) g")
+        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        run_bootstrap(cfg, spark=spark)
+        if rewritten:
+            c.execute("TRUNCATE public.t")
+            c.execute("INSERT INTO public.t SELECT g, 'again' FROM generate_series(1, 9) g")
+        else:
+            c.execute("UPDATE public.t SET v = 'w' WHERE id < 5")
+        monkeypatch.setenv(FAULT_ENV, "changes_written")
+        with pytest.raises(InjectedFault):
+            run_sync(cfg, spark=spark)
+        monkeypatch.delenv(FAULT_ENV)
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, ["public.t"])
+        kept = Lake(root).read_commit(result.batch or 0).tables["public.t"].unique_on
+        assert kept == ([] if rewritten else ["id"])
