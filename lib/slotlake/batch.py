@@ -1044,7 +1044,14 @@ def process_table(
             df.unpersist()
     _finish(commit, c, s, prior)
     if snap is not None:
-        commit.state_rows = _snapshot_rows(session, lake, state_rel, s.version)
+        from slotlake.snapshot import unique_state_rows
+
+        # A FULL table's copy is unique on its primary key: kept if still so after the
+        # batch's changes (its later batches are MERGEd by it: slotlake.unique_multiset).
+        key = snap.unique_on if cat.is_multiset and not cat.identity_switches else []
+        path = lake.path(state_rel)
+        commit.state_rows, unique = unique_state_rows(session, path, s.version, key)
+        commit.unique_on = list(key) if unique else []
     return commit
 
 
@@ -1403,12 +1410,6 @@ def _process_local(
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:
     """Rows of a Delta table of a lake on local disk as of ``version`` (no Spark)."""
     return int(read_delta(lake.uri, rel, version, "SELECT count(*) FROM t").column(0)[0].as_py())
-
-
-def _snapshot_rows(session: SparkSession, lake: Lake, state_rel: str, version: int) -> int:
-    from slotlake.snapshot import state_rows
-
-    return state_rows(session, lake.path(state_rel), version)
 
 
 TRANSACTIONS_DDL = (

@@ -63,6 +63,7 @@ import psycopg
 from slotlake.ddl import DDL_PREFIX
 from slotlake.ddltypes import parse_struct
 from slotlake.lake import (
+    COPIES,
     STATE,
     CommitRecord,
     Lake,
@@ -114,6 +115,8 @@ class TableSnapshot:
     # name → attnum of the copy's columns: matches them to the target's (a rename after
     # the copy, or a DROP and an ADD: copy_names); a plan written before it has none.
     attnums: dict[str, int] = field(default_factory=dict)
+    # FULL identity: the primary key the copy is unique on (TableCommit.unique_on).
+    unique_on: list[str] = field(default_factory=list)
 
     @property
     def cp_signed(self) -> int:
@@ -912,6 +915,7 @@ def _table_snapshot(plan: TablePlan, reason: str, cp: Lsn, rel: str, rows: int) 
         key_columns=list(plan.key_columns),
         replica_identity=plan.replica_identity,
         attnums={c.name: c.attnum for c in plan.columns if c.attnum is not None},
+        unique_on=list(plan.unique_on),
     )
 
 
@@ -1349,7 +1353,8 @@ def rebase(
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         after = fastdefault.fill_events(after, defaults)
         state_source = multiset_delta(after, cat, truncs_after)
-        base = multiset_rows(copy, cat.state_columns, grouped=not spread)
+        # A primary key makes each copied row distinct: one copy each, nothing to group.
+        base = multiset_rows(copy, cat.state_columns, grouped=not (spread or snap.unique_on))
     else:
         logged_before, _ = fill_keyed(
             before, prior, cat, truncs_before, expected_rows, persisted=persisted
@@ -1375,9 +1380,29 @@ def write_base(
     _fault("snapshot_rebased")
 
 
-def state_rows(session: SparkSession, path: str, version: int | None) -> int:
-    """Rows of the state as of ``version`` (the re-based state's count is not a MERGE delta)."""
+def unique_state_rows(
+    session: SparkSession, path: str, version: int | None, key: Sequence[str]
+) -> tuple[int, bool]:
+    """Rows of the state as of ``version`` (a re-based state's count is not a MERGE delta),
+    and whether the multiset state holds each value of ``key`` once
+    (every row one copy, no key NULL): a copy of a FULL table with a primary key, with the
+    batch's changes from its consistent point on applied, as the table's later batches
+    are then MERGEd by that key (:mod:`slotlake.unique_multiset`). One scan for both."""
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+
     reader = session.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    return int(reader.load(path).count())
+    state = reader.load(path)
+    if not key or any(k not in state.columns for k in key):
+        return int(state.count()), False
+    row = state.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.count_distinct(*[F.col(quote(k)) for k in key]).alias("keys"),
+        F.max(COPIES).alias("copies"),
+    ).first()
+    assert row is not None
+    n = int(row["n"])
+    return n, n == 0 or (int(row["keys"]) == n and row["copies"] == 1)

@@ -303,3 +303,41 @@ def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
         assert_mirror(c, root, ["public.t"])
         kept = Lake(root).read_commit(result.batch or 0).tables["public.t"].unique_on
         assert kept == ([] if rewritten else ["id"])
+
+
+@pytest.mark.one_pg_version  # the lake's copy is under test, not the source
+def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FULL table with a primary key added to the publication is copied for a batch
+    (a per-table snapshot, through Spark): its copy is not grouped, the batch's changes
+    after the copy's consistent point are applied, the state is found unique on the key
+    and recorded so, and the next batch is MERGEd by the key."""
+    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    merged = _merged_by_key(monkeypatch)
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    lake = Lake(root)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE public.a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE public.f (id int PRIMARY KEY, v text)")
+        c.execute("ALTER TABLE public.f REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO public.f SELECT g, 'v' || g FROM generate_series(1, 300) g")
+        c.execute("CREATE PUBLICATION pub FOR TABLE public.a")
+        run_bootstrap(cfg, spark=spark)
+        c.execute("ALTER PUBLICATION pub ADD TABLE public.f")
+        c.execute("UPDATE public.f SET v = 'after the add' WHERE id < 20")
+        c.execute("INSERT INTO public.a VALUES (1, 'a')")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, ["public.a", "public.f"])
+        copied = lake.read_commit(result.batch or 0).tables["public.f"]
+        assert copied.unique_on == ["id"] and copied.state_rows == 300
+        c.execute("UPDATE public.f SET v = 'next' WHERE id > 250")
+        c.execute("DELETE FROM public.f WHERE id = 7")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, ["public.a", "public.f"])
+        assert "public.f" in merged
+        assert lake.read_commit(result.batch or 0).tables["public.f"].unique_on == ["id"]
