@@ -873,8 +873,7 @@ def process_table(
     # process_batch hands a snapshot table its raw rows only for a re-base on the driver.
     # Fast defaults are applied there to a keyed table whose state it merges (a re-based
     # one's only to its final rows: its state becomes the copy).
-    # (A multiset's big state, MERGEd by its unique key, is not rebuilt here: Spark's.)
-    driver_defaults = state_merge == "driver" or (state_merge in ON_DRIVER and not cat.is_multiset)
+    driver_defaults = state_merge in ON_DRIVER
     local_done = None
     if local_raw is not None and (not defaults or driver_defaults):
         # None may be a log that could not be read: the writer then reads it again itself.
@@ -1253,7 +1252,7 @@ def _process_local(
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
         unique = unique_key(cat, prior)
         big = state_merge in ("driver-dv", "dv")  # picked for its key (DriverWrites.take)
-        if unique is not None and not truncs and not fast:
+        if unique is not None and not truncs:
             try:
                 keyed = unique_multiset.keyed_rows(events, unique, state_arrow)
                 finals = keyed.rows
@@ -1263,7 +1262,7 @@ def _process_local(
                 unique = None  # a small state: rebuilt whole here instead
         if keyed is None:
             if big and not truncs:
-                raise Broken("its key changed, or a fast default is to be applied")
+                raise Broken("its key's columns changed")
             whole = None
             if version is not None and not truncs and not appends:
                 whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
@@ -1343,7 +1342,7 @@ def _process_local(
         del copy, base
         _fault("snapshot_rebased")
 
-    if fast and not cat.is_multiset and not switched:
+    if fast and (not cat.is_multiset or keyed is not None) and not switched:
         assert state_merge in ON_DRIVER, cat.name
         if snap is None:  # a re-based state is the copy: no older row to update
             state_now = arrow_schema_for(schemas[1])

@@ -100,7 +100,7 @@ def keyed_view(cat: TableCatalog, key: Sequence[str]) -> TableCatalog:
 
 def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedRows:
     """Each key's final row of a FULL table's decoded ``events`` (the state's ``state``
-    columns, with ``_key`` and ``_deleted``); :class:`Broken` when the batch's own
+    columns, with ``_key``, ``_deleted`` and ``_seq``, the final image's raw row); :class:`Broken` when the batch's own
     events break the key's uniqueness, or an image lacks what matching by key needs."""
     import numpy as np
     import pyarrow as pa
@@ -187,7 +187,11 @@ def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedR
         names=[*key, *("~" + k for k in key)],
     )
     rows = rows.append_column("_key", key_struct)
-    rows = rows.append_column("_deleted", pa.array(sign[last] < 0))
+    deleted = sign[last] < 0
+    rows = rows.append_column("_deleted", pa.array(deleted))
+    # The final image's raw row (a fast default applies to images from before its ADD).
+    seqs = np.concatenate([adds.column("_seq").to_numpy(), removes.column("_seq").to_numpy()])
+    rows = rows.append_column("_seq", pa.array(seqs[last], pa.int64(), mask=deleted))
     return KeyedRows(rows, fresh)
 
 
