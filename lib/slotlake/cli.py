@@ -394,6 +394,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 rows = f"{t.state_rows} rows"
             elif t.spread:  # an INSERT-only table's batches, each appended as rows of its own
                 rows = f"{t.state_rows} rows with their copies (multiset)"
+            elif t.unique_on:  # FULL identity, MERGEd by its primary key
+                rows = f"{t.state_rows} rows (multiset unique on {', '.join(t.unique_on)})"
             else:
                 rows = f"{t.state_rows} distinct rows (multiset)"
             gone = (

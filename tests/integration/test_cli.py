@@ -251,6 +251,16 @@ def test_status_and_inspect_of_a_bootstrap_batch(pg_dsn: str, slot: str, tmp_pat
                     state_version=1,
                     written=True,
                 ),
+                "public.fk": TableCommit(
+                    changes="changes/public.fk",
+                    state="state/public.fk",
+                    state_rows=4,
+                    replica_identity="f",
+                    changes_version=0,
+                    state_version=1,
+                    written=True,
+                    unique_on=["a", "b"],
+                ),
             },
         )
     )
@@ -262,8 +272,10 @@ def test_status_and_inspect_of_a_bootstrap_batch(pg_dsn: str, slot: str, tmp_pat
         "public.t: 5 rows (0 changes in the last batch); Delta state v1, changes v0" in text.stdout
     )
     assert "public.f: 3 distinct rows (multiset)" in text.stdout
+    assert "public.fk: 4 rows (multiset unique on a, b)" in text.stdout
     status = json.loads(slotlake("status", "--config", str(conf), "--json").stdout)
     assert status["tables"]["public.f"]["multiset"] is True
+    assert status["tables"]["public.fk"]["unique_on"] == ["a", "b"]
     assert status["last_batch"]["txn_app_id"] == app_id
 
     boot = slotlake("inspect", "--config", str(conf), "--batch", "1")

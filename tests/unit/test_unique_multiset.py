@@ -54,22 +54,21 @@ def _finals(events: pa.Table) -> tuple[list[tuple[Any, ...]], list[bool]]:
     return [(r["id"], r["v"], r["f"], r["_deleted"]) for r in rows], [fresh[r["id"]] for r in rows]
 
 
+EVENTS = [
+    ("U", (1, "b", 1.0), (1, "a", 1.0)),
+    ("U", (1, "c", -0.0), (1, "b", 1.0)),
+    ("D", None, (2, "x", 2.0)),
+    ("I", (3, "n", 3.0), None),
+    ("U", (5, "moved", 4.0), (4, "m", 4.0)),  # the key moves: 4 goes, 5 comes
+    ("I", (6, "gone", 6.0), None),
+    ("D", None, (6, "gone", 6.0)),
+    ("D", None, (7, "back", 7.0)),
+    ("I", (7, "again", 7.0), None),
+]
+
+
 def test_each_keys_last_event_makes_its_row() -> None:
-    rows, fresh = _finals(
-        _events(
-            [
-                ("U", (1, "b", 1.0), (1, "a", 1.0)),
-                ("U", (1, "c", -0.0), (1, "b", 1.0)),
-                ("D", None, (2, "x", 2.0)),
-                ("I", (3, "n", 3.0), None),
-                ("U", (5, "moved", 4.0), (4, "m", 4.0)),  # the key moves: 4 goes, 5 comes
-                ("I", (6, "gone", 6.0), None),
-                ("D", None, (6, "gone", 6.0)),
-                ("D", None, (7, "back", 7.0)),
-                ("I", (7, "again", 7.0), None),
-            ]
-        )
-    )
+    rows, fresh = _finals(_events(EVENTS))
     assert rows == [
         (1, "c", 0.0, False),  # -0.0 as a multiset's grouping holds it
         (2, "x", 2.0, True),
@@ -81,6 +80,9 @@ def test_each_keys_last_event_makes_its_row() -> None:
     ]
     # A key the batch adds before removing it must not be live in the state.
     assert fresh == [False, False, True, False, True, True, False]
+    # Each row's final image's raw row (for a fast default), none for a deleted key.
+    out = keyed_rows(_events(EVENTS), ["id"], STATE).rows.sort_by("id")
+    assert out.column("_seq").to_pylist() == [11, None, 13, None, 14, None, 18]
 
 
 @pytest.mark.parametrize(
