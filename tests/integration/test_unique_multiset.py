@@ -47,6 +47,24 @@ TABLES = {
 }
 
 
+def _vectors_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every state MERGEd by the driver with deletion vectors, however small."""
+    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
+    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+
+
+def _bootstrap_full_table(
+    c: psycopg.Connection, cfg: Any, spark: Any, rows: int, key_type: str = "int"
+) -> None:
+    """``public.t (id PRIMARY KEY, v text)`` of REPLICA IDENTITY FULL with ``rows`` rows,
+    published and bootstrapped."""
+    c.execute(f"CREATE TABLE public.t (id {key_type} PRIMARY KEY, v text)")
+    c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
+    c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, %s) g", (rows,))
+    c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    run_bootstrap(cfg, spark=spark)
+
+
 def _merged_by_key(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The tables whose state a driver MERGE by a unique key wrote, one entry a MERGE."""
     seen: list[str] = []
@@ -112,8 +130,7 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
     row's key repeated: the batch is matched whole, the mirror holds both rows, and the
     table is no longer counted unique (its later batches are matched whole too)."""
     if mode != "rewritten":
-        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
-        monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+        _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
@@ -195,8 +212,7 @@ def test_a_batch_that_repeats_a_key_in_itself_is_matched_whole(
 ) -> None:
     """The key dropped and a key inserted twice in one batch (never live in the state):
     the batch's own events break uniqueness, the rows are matched whole and both kept."""
-    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
-    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    _vectors_always(monkeypatch)
     broken: list[str] = []
     real = unique_multiset.keyed_rows
 
@@ -211,11 +227,7 @@ def test_a_batch_that_repeats_a_key_in_itself_is_matched_whole(
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-        c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
-        c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 50) g")
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        run_bootstrap(cfg, spark=spark)
+        _bootstrap_full_table(c, cfg, spark, 50)
         c.execute("UPDATE public.t SET v = 'w' WHERE id < 5")
         assert run_sync(cfg, spark=spark).status == "committed"
         c.execute("ALTER TABLE public.t DROP CONSTRAINT t_pkey")
@@ -238,17 +250,12 @@ def test_maintain_makes_the_key_indexes_of_a_unique_multiset(
 
     from .sync_helpers import key_indexes_made
 
-    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
-    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE public.t (id bigint PRIMARY KEY, v text)")
-        c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
-        c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 500) g")
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        run_bootstrap(cfg, spark=spark)
+        _bootstrap_full_table(c, cfg, spark, 500, "bigint")
         for i in range(3):
             c.execute("UPDATE public.t SET v = %s WHERE id %% 7 = %s", (f"w{i}", i))
             assert run_sync(cfg, spark=spark).status == "committed"
@@ -280,16 +287,11 @@ def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
     key is forgotten. The mirror is exact either way."""
     from slotlake.sync import FAULT_ENV, InjectedFault
 
-    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
-    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    _vectors_always(monkeypatch)
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-        c.execute("ALTER TABLE public.t REPLICA IDENTITY FULL")
-        c.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 50) g")
-        c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        run_bootstrap(cfg, spark=spark)
+        _bootstrap_full_table(c, cfg, spark, 50)
         if rewritten:
             c.execute("TRUNCATE public.t")
             c.execute("INSERT INTO public.t SELECT g, 'again' FROM generate_series(1, 9) g")
@@ -314,8 +316,7 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
     (a per-table snapshot, through Spark): its copy is not grouped, the batch's changes
     after the copy's consistent point are applied, the state is found unique on the key
     and recorded so, and the next batch is MERGEd by the key."""
-    monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
-    monkeypatch.setattr(dv_merge, "REWRITE_BYTES", 0)
+    _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
