@@ -905,10 +905,9 @@ def process_table(
                 )
         except Broken as exc:
             # Nothing of the state written: Spark matches the batch's rows whole (the
-            # change log's append, if made, is skipped by its txn).
-            log.warning(
-                "batch %d: %s: no longer known unique on %s (%s): its rows are matched "
-                "whole from now on",
+            # change log's append, if made, is skipped by its txn), then checks the key.
+            log.info(
+                "batch %d: %s: not MERGEd by %s (%s): its rows are matched whole by Spark",
                 batch,
                 cat.name,
                 ", ".join(prior.unique_on if prior is not None else []),
@@ -1051,6 +1050,22 @@ def process_table(
         path = lake.path(state_rel)
         commit.state_rows, unique = unique_state_rows(session, path, s.version, key)
         commit.unique_on = list(key) if unique else []
+    elif lake.on_local_disk and cat.is_multiset and (key := unique_key(cat, prior) or []):
+        from slotlake.snapshot import unique_state_rows
+
+        # Matched whole here (a batch past the driver's bounds, or one its key could not
+        # take): one aggregation over the state, which this MERGE read whole anyway, tells
+        # whether later batches, on the driver again, can still be MERGEd by the key.
+        path = lake.path(state_rel)
+        if unique_state_rows(session, path, s.version, key)[1]:
+            commit.unique_on = list(key)
+        else:
+            log.warning(
+                "batch %d: %s: no longer unique on %s: its rows are matched whole from now on",
+                batch,
+                cat.name,
+                ", ".join(key),
+            )
     return commit
 
 

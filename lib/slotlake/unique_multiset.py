@@ -15,7 +15,9 @@ and a batch keeps it unique when, in the order of its events, each key's copies 
 0 → 1 → 0 … (an INSERT or an UPDATE's new row adds one, a DELETE or an UPDATE's old row
 removes one) and no key the batch adds first is live in the state already. A batch that
 breaks that (the key dropped at the source and a duplicate inserted) is matched whole, by
-Spark, exactly as any multiset's, and the table no longer counts as unique.
+Spark, exactly as any multiset's; so is a batch past the driver's bounds. The state Spark
+wrote is then checked whole once (:func:`slotlake.snapshot.unique_state_rows`): still
+unique, the key is kept; else the table no longer counts as unique.
 """
 
 from __future__ import annotations

@@ -343,3 +343,33 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
         assert_mirror(c, root, ["public.a", "public.f"])
         assert "public.f" in merged
         assert lake.read_commit(result.batch or 0).tables["public.f"].unique_on == ["id"]
+
+
+@pytest.mark.one_pg_version  # the lake's paths are under test, not the source
+def test_a_batch_past_the_drivers_bounds_is_matched_whole_and_the_key_checked(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch with more changes than the driver takes goes to Spark, which matches its
+    rows whole; the state is then found unique still, so the key is kept and the next
+    small batch is MERGEd by it on the driver."""
+    _vectors_always(monkeypatch)
+    merged = _merged_by_key(monkeypatch)
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    cfg.lake.driver_write_rows = 10
+    lake = Lake(root)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        _bootstrap_full_table(c, cfg, spark, 50)
+        c.execute("UPDATE public.t SET v = 'many' WHERE id <= 30")
+        c.execute("DELETE FROM public.t WHERE id > 45")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, ["public.t"])
+        assert merged == []  # Spark's
+        assert lake.read_commit(result.batch or 0).tables["public.t"].unique_on == ["id"]
+        c.execute("UPDATE public.t SET v = 'few' WHERE id < 4")
+        result = run_sync(cfg, spark=spark)
+        assert result.status == "committed", result
+        assert_mirror(c, root, ["public.t"])
+        assert merged == ["public.t"]
+        assert lake.read_commit(result.batch or 0).tables["public.t"].unique_on == ["id"]
