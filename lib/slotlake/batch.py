@@ -1041,25 +1041,24 @@ def process_table(
         for df in persisted:
             df.unpersist()
     _finish(commit, c, s, prior)
-    if snap is not None:
+    # The key a multiset's state may still be unique on (slotlake.unique_multiset): a FULL
+    # table's copy is unique on its primary key; a batch matched whole here (past the
+    # driver's bounds, or one its key could not take) leaves the one it had. One
+    # aggregation over the state, which the copy or this MERGE wrote whole anyway, tells
+    # whether later batches, on the driver, can be MERGEd by it.
+    key: list[str] = []
+    if cat.is_multiset and snap is not None and not cat.identity_switches:
+        key = snap.unique_on
+    elif cat.is_multiset and snap is None and lake.on_local_disk:
+        key = unique_key(cat, prior) or []
+    if snap is not None or key:
         from slotlake.snapshot import unique_state_rows
 
-        # A FULL table's copy is unique on its primary key: kept if still so after the
-        # batch's changes (its later batches are MERGEd by it: slotlake.unique_multiset).
-        key = snap.unique_on if cat.is_multiset and not cat.identity_switches else []
-        path = lake.path(state_rel)
-        commit.state_rows, unique = unique_state_rows(session, path, s.version, key)
+        rows, unique = unique_state_rows(session, lake.path(state_rel), s.version, key)
+        if snap is not None:  # the re-based state's rows are not a MERGE's delta
+            commit.state_rows = rows
         commit.unique_on = list(key) if unique else []
-    elif lake.on_local_disk and cat.is_multiset and (key := unique_key(cat, prior) or []):
-        from slotlake.snapshot import unique_state_rows
-
-        # Matched whole here (a batch past the driver's bounds, or one its key could not
-        # take): one aggregation over the state, which this MERGE read whole anyway, tells
-        # whether later batches, on the driver again, can still be MERGEd by the key.
-        path = lake.path(state_rel)
-        if unique_state_rows(session, path, s.version, key)[1]:
-            commit.unique_on = list(key)
-        else:
+        if key and not unique and snap is None:
             log.warning(
                 "batch %d: %s: no longer unique on %s: its rows are matched whole from now on",
                 batch,
@@ -1365,20 +1364,17 @@ def _process_local(
                 fault(fastdefault.FAULT_STEP)
         finals = fastdefault.fill_finals_arrow(finals, fast)
 
+    # A multiset kept unique on a key is written as a table keyed by it.
+    writes_as = cat if keyed is None else unique_multiset.keyed_view(cat, unique or [])
+
     def merge_unique(rows: pa.Table) -> WriteResult:
         from slotlake.dv_merge import merge_keyed
 
-        assert keyed is not None and unique is not None
-        rows = rows.set_column(
-            rows.schema.get_field_index(COPIES),
-            COPIES,
-            pa.repeat(pa.scalar(1, pa.int64()), rows.num_rows),
-        )
-        view = unique_multiset.keyed_view(cat, unique)
+        assert keyed is not None
         # A small state's touched files are rewritten, as a keyed one's.
         vectors = state_merge != "driver"
         done = merge_keyed(
-            state_path, rows, view, app_id, batch, deletion_vectors=vectors, fresh=keyed.fresh
+            state_path, rows, writes_as, app_id, batch, deletion_vectors=vectors, fresh=keyed.fresh
         )
         if done is None:
             raise Broken("its state's MERGE is left to another writer")
@@ -1403,7 +1399,7 @@ def _process_local(
         return _write_state(session, lake, cat, state_rel, source, False, app_id, batch)
 
     c, s = local_table.write_local(
-        cat if keyed is None else unique_multiset.keyed_view(cat, unique or []),
+        writes_as,
         changes,
         finals,
         bool(truncs),

@@ -246,12 +246,17 @@ def _regrown(add: dict[str, Any], vector: dict[str, Any], now: int) -> list[dict
     return [delta_log.removal(add, now), {"add": grown}]
 
 
+def merge_predicate(key_columns: Sequence[str]) -> str:
+    """The ``predicate`` parameter of a MERGE here, as its ``commitInfo`` records it."""
+    return json.dumps([f"replica identity {list(key_columns)}"])
+
+
 def _commit_info(
     cat: TableCatalog, version: int, metrics: dict[str, str], now: int
 ) -> dict[str, Any]:
     """The commit's ``commitInfo``, shaped as Spark's MERGE writes it (history readers)."""
     parameters = {
-        "predicate": json.dumps([f"replica identity {cat.key_columns}"]),
+        "predicate": merge_predicate(cat.key_columns),
         "matchedPredicates": json.dumps([{"actionType": "delete"}, {"actionType": "update"}]),
         "notMatchedPredicates": json.dumps([{"actionType": "insert"}]),
     }

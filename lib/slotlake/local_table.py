@@ -443,9 +443,14 @@ def write_local(
     data = list(cat.state_columns)
     whole = whole or cat.is_multiset
     if merge_state is not None and not truncated and not whole:
-        rows = finals.select([*data, "_fallback", "_missing_toast", "_key", "_deleted"])
+        from slotlake.lake import COPIES
+
         state_cols = arrow_schema_for(schemas[1])
-        typed = conform_arrow(rows.select([*data, "_fallback", "_missing_toast"]), state_cols)
+        # A multiset kept unique on a key (slotlake.unique_multiset) counts its copies.
+        kept = [*data, "_fallback", "_missing_toast"]
+        kept += [COPIES] if COPIES in finals.column_names and COPIES in state_cols.names else []
+        rows = finals.select([*kept, "_key", "_deleted"])
+        typed = conform_arrow(rows.select(kept), state_cols)
         for name in ("_key", "_deleted"):
             typed = typed.append_column(name, rows.column(name))
         if not concurrent:

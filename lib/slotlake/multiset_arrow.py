@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slotlake.lake import COPIES
 
@@ -48,7 +48,7 @@ def multiset_table(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    data = {c: _normalised(table.column(c)) for c in columns}
+    data = {c: normalised(table.column(c)) for c in columns}
     keys: dict[str, Any] = {f"k{i}": _groupable(col) for i, col in enumerate(data.values())}
     keys["kfb"] = _map_text(table.column("_fallback"))
     keys["row"] = pa.array(np.arange(table.num_rows, dtype=np.int64))
@@ -106,6 +106,37 @@ def multiset_state(
         )
         events = events.filter(pc.fill_null(after, False))
         prior = None
+    split = images(events, columns, state)
+    added, removed = split.added, split.removed
+    parts = [added, removed]
+    weights = [pa.repeat(1, added.num_rows), pa.repeat(-1, removed.num_rows)]
+    if prior is not None and prior.num_rows:
+        image = added.schema
+        parts.insert(0, prior.select(image.names).cast(image))
+        weights.insert(0, pc.cast(prior.column(COPIES), pa.int64()))
+    whole = pa.concat_tables(parts)
+    copies = pa.chunked_array(weights, pa.int64())
+    return multiset_table(whole, columns, copies).select(state.names).cast(state)
+
+
+class Images(NamedTuple):
+    """A batch's events split by what they do to a multiset, in their order: ``adds``
+    (INSERT, UPDATE) and ``removes`` (UPDATE, DELETE), and their images as rows of the
+    state's columns and ``_fallback``: ``added`` the new ones, ``removed`` the old ones
+    (the ``_fallback`` entries under ``_old.``, the prefix stripped)."""
+
+    adds: pa.Table
+    removes: pa.Table
+    added: pa.Table
+    removed: pa.Table
+
+
+def images(events: pa.Table, columns: Sequence[str], state: pa.Schema) -> Images:
+    """The batch's new and old images of a multiset (:class:`Images`), typed as the
+    ``state``'s ``columns``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     image = pa.schema([state.field(c) for c in [*columns, "_fallback"]])
     op = events.column("_op")
     adds = events.filter(pc.is_in(op, pa.array(["I", "U"])))
@@ -127,14 +158,7 @@ def multiset_state(
         ],
         schema=image,
     )
-    parts = [added, removed]
-    weights = [pa.repeat(1, added.num_rows), pa.repeat(-1, removed.num_rows)]
-    if prior is not None and prior.num_rows:
-        parts.insert(0, prior.select(image.names).cast(image))
-        weights.insert(0, pc.cast(prior.column(COPIES), pa.int64()))
-    whole = pa.concat_tables(parts)
-    copies = pa.chunked_array(weights, pa.int64())
-    return multiset_table(whole, columns, copies).select(state.names).cast(state)
+    return Images(adds, removes, added, removed)
 
 
 def _entries(col: pa.ChunkedArray, old: bool) -> pa.Array:
@@ -176,7 +200,7 @@ def _map_text(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pa.array(texts, pa.string())
 
 
-def _normalised(col: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+def normalised(col: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
     """A column as Spark's grouping keys hold it: -0.0 is 0.0 (NaN is one value in both),
     inside arrays and maps too."""
     import pyarrow as pa

@@ -76,10 +76,10 @@ def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
     MERGE by ``key`` (:func:`slotlake.dv_merge.merge_keyed` of :func:`keyed_rows`): a
     rerun of a batch whose tables an earlier attempt wrote then knows the key was kept
     (that MERGE commits only rows whose key was not live)."""
-    import json
     import os
 
     from slotlake import delta_log
+    from slotlake.dv_merge import merge_predicate
 
     log_dir = os.path.join(state_path, "_delta_log")
     try:
@@ -87,9 +87,7 @@ def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
             info = action.get("commitInfo")
             if info is not None:
                 predicate = (info.get("operationParameters") or {}).get("predicate")
-                return info.get("operation") == "MERGE" and predicate == json.dumps(
-                    [f"replica identity {list(key)}"]
-                )
+                return info.get("operation") == "MERGE" and predicate == merge_predicate(key)
     except (OSError, ValueError):  # a checkpointed-away entry: not known
         return False
     return False
@@ -102,39 +100,24 @@ def keyed_view(cat: TableCatalog, key: Sequence[str]) -> TableCatalog:
 
 def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedRows:
     """Each key's final row of a FULL table's decoded ``events`` (the state's ``state``
-    columns, with ``_key``, ``_deleted`` and ``_seq``, the final image's raw row); :class:`Broken` when the batch's own
-    events break the key's uniqueness, or an image lacks what matching by key needs."""
+    columns, with ``_key``, ``_deleted`` and ``_seq``, the final image's raw row);
+    :class:`Broken` when the batch's own events break the key's uniqueness, or an image
+    lacks what matching by key needs."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from slotlake.lake import COPIES
-    from slotlake.multiset_arrow import _entries, _normalised
+    from slotlake.multiset_arrow import images, normalised
 
-    op = events.column("_op")
-    adds = events.filter(pc.is_in(op, pa.array(["I", "U"])))
-    removes = events.filter(pc.is_in(op, pa.array(["U", "D"])))
+    data = [f.name for f in state if f.name not in ("_fallback", "_missing_toast", COPIES)]
+    adds, removes, added, removed = images(events, data, state)
     whole_old = pc.fill_null(pc.equal(removes.column("_old_kind"), "O"), False)
     if removes.num_rows and not pc.all(whole_old).as_py():
         raise Broken("an old row is not whole (its identity was not FULL when written)")
     if adds.num_rows and pc.max(pc.list_value_length(adds.column("_unchanged"))).as_py():
         raise Broken("a new row has an unchanged TOAST value its old row did not fill")
-    data = [f.name for f in state if f.name not in ("_fallback", "_missing_toast", COPIES)]
-    old = removes.column("_old").combine_chunks()
-    fields = dict(zip([f.name for f in old.type], old.flatten(), strict=True))
-    image = pa.schema([state.field(c) for c in [*data, "_fallback"]])
-    added = pa.Table.from_arrays(
-        [*(adds.column(c) for c in data), _entries(adds.column("_fallback"), old=False)],
-        schema=image,
-    )
-    removed = pa.Table.from_arrays(
-        [
-            *(fields[c] if c in fields else pa.nulls(len(old), image.field(c).type) for c in data),
-            _entries(removes.column("_fallback"), old=True),
-        ],
-        schema=image,
-    )
-    images = pa.concat_tables([added, removed])
+    both = pa.concat_tables([added, removed])
     # An UPDATE removes its old row before it adds its new one.
     order = np.concatenate(
         [
@@ -143,7 +126,7 @@ def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedR
         ]
     )
     sign = np.concatenate([np.ones(added.num_rows, np.int8), -np.ones(removed.num_rows, np.int8)])
-    keys = images.select(list(key))
+    keys = both.select(list(key))
     if any(keys.column(k).null_count for k in key):
         raise Broken("a row's key is NULL")
     entries = keys.append_column("_order", pa.array(order, pa.int64()))
@@ -170,11 +153,11 @@ def keyed_rows(events: pa.Table, key: Sequence[str], state: pa.Schema) -> KeyedR
     ends = np.r_[starts[1:], True] if n else starts
     last = at[ends]
     fresh = signs[starts] > 0
-    rows = images.take(pa.array(last))
+    rows = both.take(pa.array(last))
     rows = pa.Table.from_arrays(
-        [_normalised(rows.column(c)) if c not in key else rows.column(c) for c in data]
+        [normalised(rows.column(c)) if c not in key else rows.column(c) for c in data]
         + [rows.column("_fallback")],
-        schema=image,
+        schema=both.schema,
     )
     rows = rows.append_column(
         state.field("_missing_toast"),
