@@ -955,24 +955,87 @@ def _raw_messages(
     rows."""
     from slotlake.pgoutput import decode
 
-    cols = ["msg_type", "data", "stream_xid", "commit_lsn", "xid"]
-    rows: list[dict[str, Any]]
-    if lake.on_local_disk:
-        from slotlake.lake import local_path
-        from slotlake.raw import raw_rows_of_types
-
-        raw_dir = str(local_path(lake.path(raw_rel)))
-        rows = raw_rows_of_types(raw_dir, ("T", "M"), cols).to_pylist()
-    else:
-        assert spark is not None
-        from pyspark.sql import functions as F
-
-        df = spark.read.parquet(lake.path(raw_rel)).filter(F.col("msg_type").isin("T", "M"))
-        rows = [r.asDict() for r in df.select(*cols).collect()]
+    rows = _raw_rows(
+        spark, lake, raw_rel, ("T", "M"), ["msg_type", "data", "stream_xid", "commit_lsn", "xid"]
+    )
     out = []
     for r in rows:
         msg = decode(bytes(r["data"]), in_stream=r["stream_xid"] is not None)
         out.append((r["msg_type"], r["commit_lsn"], msg, int(r["xid"])))
+    return out
+
+
+def _raw_rows(
+    spark: SparkSession | None,
+    lake: Lake,
+    raw_rel: str,
+    types: Sequence[str],
+    columns: Sequence[str],
+    rel_oids: Sequence[int] | None = None,
+) -> list[dict[str, Any]]:
+    """``columns`` of the raw batch's rows of message ``types`` (of ``rel_oids`` only,
+    when given), in peek order."""
+    if lake.on_local_disk:
+        import pyarrow.compute as pc
+
+        from slotlake.lake import local_path
+        from slotlake.raw import raw_rows_of_types
+
+        raw_dir = str(local_path(lake.path(raw_rel)))
+        table = raw_rows_of_types(raw_dir, types, [*columns, "rel_oid"])
+        if rel_oids is not None:
+            table = table.filter(
+                pc.is_in(table.column("rel_oid"), pc.cast(list(rel_oids), "int64"))
+            )
+        return table.select(list(columns)).to_pylist()
+    assert spark is not None
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(lake.path(raw_rel)).filter(F.col("msg_type").isin(*types))
+    if rel_oids is not None:
+        df = df.filter(F.col("rel_oid").isin(*rel_oids))
+    return [r.asDict() for r in df.orderBy("seq").select(*columns).collect()]
+
+
+def refilled_roots(
+    spark: SparkSession | None,
+    lake: Lake,
+    raw_rel: str,
+    roots: Mapping[str, int],
+) -> dict[str, int | None]:
+    """The partitioned tables published through their root (``roots``: name → oid) that a
+    transaction of the batch truncated and then wrote through the root (name → its commit
+    LSN). Its partitions' relfilenodes were then new in that transaction, and PostgreSQL
+    truncates such a table in place: a partition it truncated alone after the writes
+    (which pgoutput does not send either) leaves no trace in the catalog, and the rows
+    it removed stay in the mirror unless the root is copied. A TRUNCATE and refill of
+    such a table in one transaction therefore costs a copy of it.
+
+    Rows of the raw batch are read only when it truncated one of ``roots``."""
+    from slotlake.pgoutput import decode
+
+    by_oid = {oid: name for name, oid in roots.items()}
+    seq_of: dict[tuple[int, int], int] = {}
+    for r in _raw_rows(spark, lake, raw_rel, ("T",), ["data", "stream_xid", "xid", "seq"]):
+        m = decode(bytes(r["data"]), in_stream=r["stream_xid"] is not None)
+        for oid in m.relation_oids:
+            if oid in by_oid:
+                key = (oid, int(r["xid"]))
+                seq_of[key] = min(int(r["seq"]), seq_of.get(key, int(r["seq"])))
+    if not seq_of:
+        return {}
+    out: dict[str, int | None] = {}
+    for r in _raw_rows(
+        spark,
+        lake,
+        raw_rel,
+        ("I", "U", "D"),
+        ["rel_oid", "xid", "seq", "commit_lsn"],
+        sorted({oid for oid, _ in seq_of}),
+    ):
+        first = seq_of.get((int(r["rel_oid"]), int(r["xid"])))
+        if first is not None and int(r["seq"]) > first:
+            out[by_oid[int(r["rel_oid"])]] = r["commit_lsn"]
     return out
 
 
@@ -1086,6 +1149,23 @@ def for_record(
         where = "" if commit_lsn is None else f" at {Lsn.from_signed(commit_lsn)}"
         wanted[name] = f"rewritten (DDL message{where})"
     truncations = _truncations(messages)
+    oids = plan_snapshot.get("published", {})
+    roots = {name: oids[name] for name in plan_snapshot.get("leaves", {}) if name in oids}
+    if any(oid in truncations for oid in roots.values()):
+        for name, commit_lsn in refilled_roots(spark, lake, raw_rel, roots).items():
+            snap = taken.get(name)
+            if name in wanted or (
+                snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed
+            ):
+                continue
+            log.info(
+                "partitioned table %s was truncated and written through its root by one "
+                "transaction: the next batch copies it (a partition truncated alone after "
+                "the writes is not told)",
+                name,
+            )
+            where = "" if commit_lsn is None else f" at {Lsn.from_signed(commit_lsn)}"
+            wanted[name] = f"truncated and written by one transaction{where}"
     truncated_now = set(truncations)
     truncated_before = set((last.snapshot.get("truncated_oids") if last else None) or [])
     # The xids of those TRUNCATEs, this batch's and the previous one's (None: a record
@@ -1098,7 +1178,6 @@ def for_record(
             truncating.setdefault(int(k), set()).update(v)
     before = (last.snapshot.get("relfilenodes") if last else None) or {}
     now = plan_snapshot.get("relfilenodes", {})
-    oids = plan_snapshot.get("published", {})
     # Rewritten by the TRUNCATE's own transaction after it wrote rows: not explained.
     after_writes = {int(o) for o in plan_snapshot.get("rewritten_oids", [])}
     for name, node in sorted(now.items()):
@@ -1161,7 +1240,6 @@ def for_record(
     if out["complete"]:
         wanted.update(unseen_rows(missing_toast or {}, wanted))
     out["wanted"] = wanted
-    roots = {name: oids[name] for name in plan_snapshot.get("leaves", {}) if name in oids}
     out["leaves_seen"] = leaves_in_ddl(
         messages, roots, {name: snap.cp_signed for name, snap in taken.items()}
     )
