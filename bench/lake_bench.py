@@ -46,6 +46,8 @@ SparkSession (the issue's targets in brackets):
           random: statistics of the key's first column prune nothing either
   full    the same on tables with a primary key and REPLICA IDENTITY FULL (a multiset
           kept unique on its key, slotlake.unique_multiset: MERGEd by it)
+  full_spark  ``full`` with every table done by Spark (``driver_write_rows = 0``), as on
+          a lake off the local disk: Spark's MERGE by the key (not in the default steps)
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
           ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
@@ -820,13 +822,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"median of batches 3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs "
                 f"{args.small:,} rows {small:.2f}s = {big / small:.2f}×"
             )
-        for kind in ("uuid", "composite", "full"):
+        for kind in ("uuid", "composite", "full", "full_spark"):
             if kind not in steps:
                 continue
             keyed: dict[str, Any] = {
                 "uuid": {"uuid_key": True, "write": uuid_changes},
                 "composite": {"composite": True},
                 "full": {"full_key": True},
+                "full_spark": {"full_key": True, "driver_rows": 0},
             }[kind]
             sides = {}
             steps_s = {}
@@ -845,6 +848,7 @@ def main(argv: list[str] | None = None) -> int:
                 "uuid": "a random uuid",
                 "composite": "(tenant, id)",
                 "full": "id with REPLICA IDENTITY FULL",
+                "full_spark": "id with REPLICA IDENTITY FULL, by Spark",
             }[kind]
             log(
                 f"{kind}: the size's batch on tables keyed by {keyed_by}, median of batches "

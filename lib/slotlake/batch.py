@@ -74,6 +74,7 @@ from slotlake.delta import (
     ensure_local,
     ensure_table,
     handing_back,
+    last_user_metadata,
     local_last_commit,
     merge,
     overwrite,
@@ -108,6 +109,7 @@ from slotlake.state import (
     multiset_condition,
     multiset_delta,
     state_schema_ddl,
+    unique_rows,
 )
 from slotlake.table_processes import NeedsParent, TableProcesses, processes_for
 from slotlake.unique_multiset import Broken, unique_key
@@ -583,6 +585,61 @@ def _write_state(
     )
 
 
+def _merge_unique(
+    session: SparkSession,
+    lake: Lake,
+    cat: TableCatalog,
+    state_rel: str,
+    delta: DataFrame,
+    key: list[str],
+    app_id: str,
+    batch: int,
+) -> tuple[WriteResult, bool]:
+    """Spark's MERGE of a multiset unique on ``key`` by that key
+    (:func:`slotlake.state.unique_rows` of its net change ``delta``), what its changes
+    cost instead of what it weighs, and whether the state's commit of the batch is that
+    MERGE (a rerun finds the batch's commit an earlier attempt made, which may have
+    matched rows whole); :class:`Broken`, nothing written, when the batch would leave a
+    key twice (a key added twice, or added while live in the state: the MERGE's own rows
+    raise it, so that the check costs no job of its own)."""
+    path = lake.path(state_rel)
+    data = [quote(c) for c in cat.state_columns]
+    values = {c: f"s.{c}" for c in [*data, "_fallback"]}
+    values.update({"_missing_toast": "array()", COPIES: "1"})
+    inserted = dict(values)
+    inserted[COPIES] = f"CASE WHEN s._bad THEN raise_error('{_NOT_UNIQUE}') ELSE 1 END"
+    text = unique_multiset.merged_by_key_text(key)
+    try:
+        written = merge(
+            session,
+            path,
+            unique_rows(delta, cat, key),
+            merge_condition(unique_multiset.keyed_view(cat, key)),
+            lambda m: (
+                m.whenMatchedUpdate(
+                    condition="s._fresh OR s._bad",
+                    set={COPIES: f"raise_error('{_NOT_UNIQUE}')"},
+                )
+                .whenMatchedDelete("s._deleted")
+                .whenMatchedUpdate(set=values)
+                .whenNotMatchedInsert(condition="NOT s._deleted", values=inserted)
+            ),
+            app_id,
+            batch,
+            metadata=text,
+        )
+    except Exception as exc:  # raised in a task, it reaches here wrapped in the write's error
+        if _NOT_UNIQUE not in str(exc):
+            raise
+        raise Broken("a key added twice, or added while live in the state") from None
+    return written, last_user_metadata(session, path) == text
+
+
+# The message of the error Spark's MERGE of a unique multiset raises from the rows that
+# would leave a key twice (_merge_unique).
+_NOT_UNIQUE = "slotlake: the batch leaves a key twice"
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -1024,33 +1081,51 @@ def process_table(
         if counted is None:  # no job ran: the change log held the batch already
             counted = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
         commit.missing_toast = counted
-        s = _write_state(
-            session,
-            lake,
-            cat,
-            state_rel,
-            state_source,
-            truncated,
-            app_id,
-            batch,
-            appends=appends,
-            spread=spread_base if snap is not None else prior is not None and prior.spread,
-        )
+        # A multiset unique on a key is MERGEd by it (slotlake.unique_multiset).
+        by_key = unique_key(cat, prior) if cat.is_multiset and snap is None else None
+        s = None
+        if by_key is not None and not truncated:
+            try:
+                s, kept = _merge_unique(
+                    session, lake, cat, state_rel, state_source, by_key, app_id, batch
+                )
+                commit.unique_on = list(by_key) if kept else []
+            except Broken as exc:
+                log.info(
+                    "batch %d: %s: not MERGEd by %s (%s): its rows are matched whole",
+                    batch,
+                    cat.name,
+                    ", ".join(by_key),
+                    exc,
+                )
+        if s is None:
+            s = _write_state(
+                session,
+                lake,
+                cat,
+                state_rel,
+                state_source,
+                truncated,
+                app_id,
+                batch,
+                appends=appends,
+                spread=spread_base if snap is not None else prior is not None and prior.spread,
+            )
         steps("state written")
     finally:
         for df in persisted:
             df.unpersist()
     _finish(commit, c, s, prior)
     # The key a multiset's state may still be unique on (slotlake.unique_multiset): a FULL
-    # table's copy is unique on its primary key; a batch matched whole here (past the
-    # driver's bounds, or one its key could not take) leaves the one it had. One
-    # aggregation over the state, which the copy or this MERGE wrote whole anyway, tells
-    # whether later batches, on the driver, can be MERGEd by it.
+    # table's copy is unique on its primary key; a batch matched whole here (a TRUNCATE's,
+    # or one that broke the key) leaves the one it had. One aggregation over the state,
+    # which the copy or this write wrote whole anyway, tells whether later batches can
+    # be MERGEd by it.
     key: list[str] = []
     if cat.is_multiset and snap is not None and not cat.identity_switches:
         key = snap.unique_on
-    elif cat.is_multiset and snap is None and lake.on_local_disk:
-        key = unique_key(cat, prior) or []
+    elif cat.is_multiset and snap is None and not commit.unique_on:
+        key = by_key or []
     if snap is not None or key:
         from slotlake.snapshot import unique_state_rows
 

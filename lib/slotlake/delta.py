@@ -49,6 +49,7 @@ TABLE_PROPERTIES: dict[str, str] = {
 }
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 @dataclass
@@ -619,6 +620,32 @@ def last_commit(spark: SparkSession, path: str) -> WriteResult:
     return WriteResult(int(row["version"]), spark_metrics(row["operationMetrics"]))
 
 
+def last_user_metadata(spark: SparkSession, path: str) -> str | None:
+    """The ``userMetadata`` of the table's newest commit (see :func:`merge`), read as
+    :func:`last_commit` reads it."""
+    from py4j.protocol import Py4JError
+
+    if has_open_source_delta_log(spark):
+        try:
+            snapshot = jvm_snapshot(spark, path)
+            delta_log = snapshot.deltaLog()
+            commit = spark._jvm.org.apache.hadoop.fs.Path(  # type: ignore[attr-defined]
+                delta_log.logPath(), f"{int(snapshot.version()):020d}.json"
+            )
+            info = spark._jvm.org.apache.spark.sql.delta.DeltaHistoryManager.getCommitInfoOpt(  # type: ignore[attr-defined]
+                delta_log.store(), commit, delta_log.newDeltaHadoopConf()
+            )
+            if not info.isDefined() or not info.get().userMetadata().isDefined():
+                return None
+            return str(info.get().userMetadata().get())
+        except Py4JError as exc:
+            log.debug("commit of %s read through DeltaTable.history: %s", path, exc)
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).history(1).select("userMetadata").first()
+    return None if row is None else row["userMetadata"]
+
+
 def has_open_source_delta_log(spark: SparkSession) -> bool:
     """Whether Spark's JVM has open-source Delta's DeltaLog class (py4j answers a name it
     cannot find as a package, which is not callable)."""
@@ -693,22 +720,27 @@ def merge(
     build: Any,
     app_id: str,
     batch: int,
+    metadata: str | None = None,
 ) -> WriteResult:
     """MERGE ``source`` (alias ``s``) into the table (alias ``t``) as batch ``batch``.
 
     ``build`` adds the WHEN clauses to the merge builder. ``session`` must be the
-    table's own session: the txn pair lives in its SQL conf for the duration of the MERGE.
+    table's own session: the txn pair (and ``metadata``, the commit's ``userMetadata``)
+    lives in its SQL conf for the duration of the MERGE.
     """
     from delta.tables import DeltaTable
 
     target = DeltaTable.forPath(session, path)
     session.conf.set(TXN_APP_ID, app_id)
     session.conf.set(TXN_VERSION, str(batch))
+    if metadata is not None:
+        session.conf.set(USER_METADATA, metadata)
     try:
         build(target.alias("t").merge(source.alias("s"), condition)).execute()
     finally:
         session.conf.unset(TXN_APP_ID)
         session.conf.unset(TXN_VERSION)
+        session.conf.unset(USER_METADATA)
     return last_commit(session, path)
 
 

@@ -13,6 +13,7 @@ Small functions from DataFrame to DataFrame:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -434,6 +435,44 @@ def multiset_delta(
         F.from_json("_fbj", "map<string,string>").alias("_fallback"),
         "_fbj",
         "_d",
+    )
+
+
+def unique_rows(delta: DataFrame, cat: TableCatalog, key: Sequence[str]) -> DataFrame:
+    """Each key's final row of a multiset unique on ``key`` (:mod:`slotlake.unique_multiset`)
+    from its batch's net change by value (:func:`multiset_delta`): the state's columns,
+    ``_key`` (as :func:`merge_condition` of the table keyed by ``key`` matches it),
+    ``_deleted`` (the key's row removed, none added), ``_fresh`` (a row added, none
+    removed: the key must not be live in the state) and ``_bad`` (more than one copy of
+    the key added or removed: the batch does not keep the state unique).
+
+    The net change is what the state ends with whatever the order of the batch's events:
+    with each key at most once in the state before, at most one row removed and one added
+    by the key leaves it at most once after, the fresh ones checked by the MERGE."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = [F.col(f"`{k}`") for k in key]
+    by_key = Window.partitionBy(*keys)
+    d = F.col("_d")
+    ranked = delta.select(
+        "*",
+        F.sum(F.greatest(d, F.lit(0))).over(by_key).alias("_adds"),
+        F.sum(F.greatest(-d, F.lit(0))).over(by_key).alias("_removes"),
+        # The added row is the key's final one; a removed one stands for a deletion.
+        F.row_number().over(by_key.orderBy(d.desc())).alias("_rank"),
+    )
+    return ranked.filter(F.col("_rank") == 1).select(
+        *[F.col(f"`{c}`") for c in cat.state_columns],
+        "_fallback",
+        _key_struct(keys, list(key), F.col("_fallback"), "").alias("_key"),
+        (F.col("_adds") == 0).alias("_deleted"),
+        (F.col("_removes") == 0).alias("_fresh"),
+        functools.reduce(
+            lambda a, b: a | b,
+            [k.isNull() for k in keys],
+            (F.col("_adds") > 1) | (F.col("_removes") > 1),
+        ).alias("_bad"),
     )
 
 

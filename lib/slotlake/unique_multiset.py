@@ -13,11 +13,14 @@ The key comes from the source's catalog when the table is copied
 Uniqueness is kept by induction instead: the state is unique on the key after the copy,
 and a batch keeps it unique when, in the order of its events, each key's copies go
 0 → 1 → 0 … (an INSERT or an UPDATE's new row adds one, a DELETE or an UPDATE's old row
-removes one) and no key the batch adds first is live in the state already. A batch that
-breaks that (the key dropped at the source and a duplicate inserted) is matched whole, by
-Spark, exactly as any multiset's; so is a batch past the driver's bounds. The state Spark
-wrote is then checked whole once (:func:`slotlake.snapshot.unique_state_rows`): still
-unique, the key is kept; else the table no longer counts as unique.
+removes one) and no key the batch adds first is live in the state already. A batch past
+the driver's bounds (or any batch of a lake off the local disk) is MERGEd by the key by
+Spark (:func:`slotlake.state.unique_rows`: each key's net change, at most one row removed
+and one added, a fresh key raising the MERGE's error if live). A batch that breaks that
+(the key dropped at the source and a duplicate inserted) is matched whole, by Spark,
+exactly as any multiset's; the state Spark wrote is then checked whole once
+(:func:`slotlake.snapshot.unique_state_rows`): still unique, the key is kept; else the
+table no longer counts as unique.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ def unique_key(cat: TableCatalog, prior: TableCommit | None) -> list[str] | None
 
 
 def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
-    """Whether version ``version`` of the local state at ``state_path`` is the driver's
-    MERGE by ``key`` (:func:`slotlake.dv_merge.merge_keyed` of :func:`keyed_rows`): a
+    """Whether version ``version`` of the local state at ``state_path`` is a MERGE by
+    ``key`` (the driver's :func:`slotlake.dv_merge.merge_keyed` of :func:`keyed_rows`, or
+    Spark's, :func:`slotlake.batch._merge_unique`): a
     rerun of a batch whose tables an earlier attempt wrote then knows the key was kept
     (that MERGE commits only rows whose key was not live)."""
     import os
@@ -86,11 +90,21 @@ def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
         for action in delta_log.entry_actions(log_dir, version):
             info = action.get("commitInfo")
             if info is not None:
+                if info.get("operation") != "MERGE":
+                    return False
                 predicate = (info.get("operationParameters") or {}).get("predicate")
-                return info.get("operation") == "MERGE" and predicate == merge_predicate(key)
+                return predicate == merge_predicate(key) or (
+                    info.get("userMetadata") == merged_by_key_text(key)
+                )
     except (OSError, ValueError):  # a checkpointed-away entry: not known
         return False
     return False
+
+
+def merged_by_key_text(key: Sequence[str]) -> str:
+    """The ``userMetadata`` of Spark's MERGE of a multiset by ``key`` (Spark records its
+    predicate with the plan's expression ids, which no later run can compare)."""
+    return f"slotlake: MERGE by unique key {list(key)}"
 
 
 def keyed_view(cat: TableCatalog, key: Sequence[str]) -> TableCatalog:

@@ -17,7 +17,9 @@ from slotlake.state import (
     empty_state,
     fill_and_merge_keyed,
     merge_multiset,
+    multiset_delta,
     state_schema_ddl,
+    unique_rows,
     with_keys,
 )
 
@@ -271,6 +273,43 @@ def test_merge_multiset_rows_differing_only_by_fallback_stay_apart(spark) -> Non
         spark, cat, [(1, None, {"ts": "-infinity"}, []), (2, None, {"ts": "infinity"}, [])]
     )
     assert_same(state, expected)
+
+
+def test_unique_rows_one_final_row_per_key(spark) -> None:  # type: ignore[no-untyped-def]
+    """A multiset unique on ``a``: each key's net change as one row to MERGE by the key."""
+    from pyspark.sql import functions as F
+
+    rows = [
+        event(FULL, "U", 10, 1, {"a": 1, "b": "y"}, old={"a": 1, "b": "x"}, old_kind="O"),
+        event(FULL, "D", 10, 2, old={"a": 2, "b": "two"}, old_kind="O"),
+        event(FULL, "I", 11, 1, {"a": 3, "b": "new"}),
+        event(FULL, "I", 11, 2, {"a": 4, "b": "gone"}),
+        event(FULL, "D", 11, 3, old={"a": 4, "b": "gone"}, old_kind="O"),
+        event(FULL, "U", 12, 1, {"a": 7, "b": "moved"}, old={"a": 6, "b": "moved"}, old_kind="O"),
+        event(FULL, "I", 13, 1, {"a": 5, "b": "one"}),  # the key added twice: not unique
+        event(FULL, "I", 13, 2, {"a": 5, "b": "two"}),
+        event(FULL, "I", 14, 1, {"a": None, "b": "no key"}),  # a NULL in the key
+    ]
+    delta = multiset_delta(events_df(spark, FULL, rows), FULL, [])
+    out = unique_rows(delta, FULL, ["a"])
+    assert out.columns == ["a", "b", "_fallback", "_key", "_deleted", "_fresh", "_bad"]
+    picked = out.filter("a IS NULL OR a != 5").select(
+        "a", "b", F.col("_key.a").alias("key_a"), "_deleted", "_fresh", "_bad"
+    )
+    expected = spark.createDataFrame(
+        [
+            (1, "y", 1, False, False, False),
+            (2, "two", 2, True, False, False),
+            (3, "new", 3, False, True, False),
+            (6, "moved", 6, True, False, False),
+            (7, "moved", 7, False, True, False),
+            (None, "no key", None, False, True, True),
+        ],
+        "a int, b string, key_a int, _deleted boolean, _fresh boolean, _bad boolean",
+    )
+    assert_df_equality(picked, expected, ignore_row_order=True, ignore_nullable=True)
+    twice = out.filter("a = 5").select("_deleted", "_fresh", "_bad").collect()
+    assert [tuple(r) for r in twice] == [(False, True, True)]
 
 
 # -- fill_and_merge_keyed --------------------------------------------------------------------

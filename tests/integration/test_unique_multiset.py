@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from slotlake import dv_merge, unique_multiset
+from slotlake import batch as batch_module
+from slotlake import delta, dv_merge, unique_multiset
 from slotlake.batch import DriverWrites
 from slotlake.bootstrap import run_bootstrap
 from slotlake.cli import _table_status
@@ -66,7 +67,8 @@ def _bootstrap_full_table(
 
 
 def _merged_by_key(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The tables whose state a driver MERGE by a unique key wrote, one entry a MERGE."""
+    """The tables whose state a MERGE by a unique key wrote (the driver's, or Spark's:
+    ``spark:`` and the name), one entry a MERGE."""
     seen: list[str] = []
     real = dv_merge.merge_keyed
 
@@ -75,7 +77,15 @@ def _merged_by_key(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(cat.name)
         return real(path, rows, cat, *args, **kwargs)
 
+    by_spark = batch_module._merge_unique
+
+    def spark_spy(session: Any, lake: Any, cat: Any, *args: Any) -> Any:
+        written = by_spark(session, lake, cat, *args)
+        seen.append("spark:" + cat.name)
+        return written
+
     monkeypatch.setattr(dv_merge, "merge_keyed", spy)
+    monkeypatch.setattr(batch_module, "_merge_unique", spark_spy)
     return seen
 
 
@@ -115,6 +125,7 @@ def _random_batch(c: psycopg.Connection, rng: random.Random, batch: int) -> None
         # The source's part (whole old rows, TOAST) is the same as above's.
         pytest.param("rewritten", marks=pytest.mark.one_pg_version),
         pytest.param("copied by spark", marks=pytest.mark.one_pg_version),
+        pytest.param("by spark", marks=pytest.mark.one_pg_version),
     ],
 )
 def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
@@ -125,7 +136,8 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
     and keys deleted and inserted again keep the mirror exact and the state unique on the
     key (``vectors``: MERGEd by the key with deletion vectors; ``rewritten``: a small
     state, the files the keys hit rewritten; ``copied by spark``: the bootstrap's copy
-    made by Spark, not grouped, then ``vectors``). A TRUNCATE's batch rebuilds the state
+    made by Spark, not grouped, then ``vectors``; ``by spark``: every table copied and
+    MERGEd by Spark, as on a lake off the local disk). A TRUNCATE's batch rebuilds the state
     whole, which is checked to be unique still. Then the key is dropped at the source and a
     row's key repeated: the batch is matched whole, the mirror holds both rows, and the
     table is no longer counted unique (its later batches are matched whole too)."""
@@ -133,9 +145,12 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     root = str(tmp_path / "lake")
+    by = ""
     cfg = make_config(pg_dsn, root, slot)
-    if mode == "copied by spark":
+    if mode in ("copied by spark", "by spark"):
         cfg.lake.bootstrap_driver_mb = 0
+    if mode == "by spark":
+        cfg.lake.driver_write_rows, by = 0, "spark:"
     rng = random.Random(7)
     lake = Lake(root)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -150,14 +165,16 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         assert _table_status(first.tables["public.fi"])["unique_on"] == ["id"]
         assert first.tables["public.fc"].unique_on == ["a", "b"]
         assert first.tables["public.fd"].unique_on == ["d", "n"]
-        for batch in range(1, 4):
+        batches = 1 if mode == "by spark" else 3  # (Spark's jobs cost seconds a table)
+        for batch in range(1, batches + 1):
             _random_batch(c, rng, batch)
             result = run_sync(cfg, spark=spark)
             assert result.status == "committed", result
             assert_mirror(c, root, list(TABLES))
             tables = lake.read_commit(result.batch or 0).tables
             assert {n: tables[n].unique_on for n in TABLES} == {n: t[3] for n, t in TABLES.items()}
-        assert sorted(set(merged)) == sorted(TABLES) and len(merged) == 9, merged
+        assert sorted(set(merged)) == sorted(by + n for n in TABLES), merged
+        assert len(merged) == 3 * batches, merged
 
         with c.transaction():
             c.execute("TRUNCATE public.fc")
@@ -168,7 +185,7 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         assert result.status == "committed", result
         assert_mirror(c, root, list(TABLES))
         assert lake.read_commit(result.batch or 0).tables["public.fc"].unique_on == ["a", "b"]
-        assert len(merged) == 9  # rebuilt whole, not MERGEd
+        assert len(merged) == 3 * batches  # rebuilt whole, not MERGEd
 
         # The key dropped, a row's key repeated (another row, and the same row again).
         low, high = c.execute("SELECT min(id), max(id) FROM public.fi").fetchone() or (0, 0)
@@ -203,7 +220,7 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         assert result.status == "committed", result
         assert_mirror(c, root, list(TABLES))
         assert lake.read_commit(result.batch or 0).tables["public.fc"].unique_on == ["a", "b"]
-        assert merged[-1] == "public.fc"
+        assert merged[-1] == by + "public.fc"
 
 
 @pytest.mark.one_pg_version  # the batch's own events are under test, not the source
@@ -272,7 +289,11 @@ def test_maintain_makes_the_key_indexes_of_a_unique_multiset(
 
 
 @pytest.mark.one_pg_version  # the lake's exactly-once path is under test, not the source
-@pytest.mark.parametrize("rewritten", [False, True], ids=["merged", "rebuilt"])
+@pytest.mark.parametrize(
+    ("rewritten", "by_spark"),
+    [(False, False), (True, False), (False, True)],
+    ids=["merged", "rebuilt", "merged by spark"],
+)
 def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
     pg_dsn: str,
     slot: str,
@@ -280,16 +301,19 @@ def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     rewritten: bool,
+    by_spark: bool,
 ) -> None:
     """A run killed after its tables' commits and before its commit record: the rerun
     finds the batch written and knows the key still holds when the state's commit was
-    the MERGE by it; after a whole rebuild (a TRUNCATE's batch) it cannot tell, and the
-    key is forgotten. The mirror is exact either way."""
+    the MERGE by it (the driver's, or Spark's); after a whole rebuild (a TRUNCATE's
+    batch) it cannot tell, and the key is forgotten. The mirror is exact either way."""
     from slotlake.sync import FAULT_ENV, InjectedFault
 
     _vectors_always(monkeypatch)
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
+    if by_spark:
+        cfg.lake.driver_write_rows = 0
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         _bootstrap_full_table(c, cfg, spark, 50)
         if rewritten:
@@ -346,12 +370,12 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
 
 
 @pytest.mark.one_pg_version  # the lake's paths are under test, not the source
-def test_a_batch_past_the_drivers_bounds_is_matched_whole_and_the_key_checked(
+def test_a_batch_past_the_drivers_bounds_is_merged_by_spark_by_the_key(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch with more changes than the driver takes goes to Spark, which matches its
-    rows whole; the state is then found unique still, so the key is kept and the next
-    small batch is MERGEd by it on the driver."""
+    """A batch with more changes than the driver takes goes to Spark, which MERGEs it by
+    the key too (the commit says so, for a rerun); the key is kept and the next small
+    batch is MERGEd by it on the driver."""
     _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     root = str(tmp_path / "lake")
@@ -365,11 +389,17 @@ def test_a_batch_past_the_drivers_bounds_is_matched_whole_and_the_key_checked(
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
         assert_mirror(c, root, ["public.t"])
-        assert merged == []  # Spark's
-        assert lake.read_commit(result.batch or 0).tables["public.t"].unique_on == ["id"]
+        assert merged == ["spark:public.t"]
+        table = lake.read_commit(result.batch or 0).tables["public.t"]
+        assert table.unique_on == ["id"]
+        state = f"{root}/{table.state}"
+        assert unique_multiset.merged_by(state, table.state_version or 0, ["id"])
+        # What tells the MERGE made the batch's commit, not an earlier attempt's.
+        made = unique_multiset.merged_by_key_text(["id"])
+        assert delta.last_user_metadata(spark, state) == made
         c.execute("UPDATE public.t SET v = 'few' WHERE id < 4")
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
         assert_mirror(c, root, ["public.t"])
-        assert merged == ["public.t"]
+        assert merged == ["spark:public.t", "public.t"]
         assert lake.read_commit(result.batch or 0).tables["public.t"].unique_on == ["id"]
