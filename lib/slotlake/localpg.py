@@ -251,6 +251,7 @@ class LocalPostgres:
         )
         conf = dict(SERVER_SETTINGS)
         conf.update(self.settings)
+        chosen = not self.port
         self.port = self.port or free_port()
         conf["port"] = str(self.port)
         conf["unix_socket_directories"] = f"'{self._tmp}'"
@@ -260,19 +261,29 @@ class LocalPostgres:
                 fh.write(f"{key} = {value}\n")
         with open(self.data_dir / "pg_hba.conf", "a") as fh:
             fh.write("host replication all 127.0.0.1/32 trust\n")
-        self._run(
-            [
-                str(self.bin_dir / "pg_ctl"),
-                "-D",
-                str(self.data_dir),
-                "-l",
-                str(self._tmp / "server.log"),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ]
-        )
+        start = [
+            str(self.bin_dir / "pg_ctl"),
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(self._tmp / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ]
+        for attempt in range(3):
+            try:
+                self._run(start)
+                break
+            except LocalPostgresError as exc:
+                # A port picked free can be taken before the server binds it (another
+                # process starting a cluster at once): pick another.
+                if not chosen or attempt == 2 or "already in use" not in str(exc):
+                    raise
+                self.port = free_port()
+                with open(self.data_dir / "postgresql.conf", "a") as fh:
+                    fh.write(f"port = {self.port}\n")
         self._started = True
         log.info("PostgreSQL %s started on 127.0.0.1:%s (%s)", self.version, self.port, self._tmp)
         return self

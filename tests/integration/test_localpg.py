@@ -103,3 +103,29 @@ def test_a_cluster_left_by_a_killed_process_is_stopped_and_removed(
         if server is not None:  # the sweep failed: no server may outlive the test
             _stop_server(server)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.one_pg_version  # the cluster's start is under test, not the server
+def test_a_port_taken_before_the_server_binds_it_is_picked_again(
+    pg_cluster: LocalPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes starting clusters at once (the suite's workers) may pick the same
+    free port: the one whose server finds it taken picks another."""
+    import socket
+
+    from slotlake import localpg
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = iter([busy])
+        real = localpg.free_port
+        monkeypatch.setattr(localpg, "free_port", lambda: next(ports, None) or real())
+        cluster = LocalPostgres(version=pg_cluster.version, base_dir=_memory_dir()).start()
+        try:
+            assert cluster.port != busy
+            with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+                assert c.execute("SHOW port").fetchone() == (str(cluster.port),)
+        finally:
+            cluster.stop()
