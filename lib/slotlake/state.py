@@ -444,7 +444,8 @@ def unique_rows(delta: DataFrame, cat: TableCatalog, key: Sequence[str]) -> Data
     ``_key`` (as :func:`merge_condition` of the table keyed by ``key`` matches it),
     ``_deleted`` (the key's row removed, none added), ``_fresh`` (a row added, none
     removed: the key must not be live in the state) and ``_bad`` (more than one copy of
-    the key added or removed: the batch does not keep the state unique).
+    the key added or removed, or a NULL in it: the batch does not keep the state unique,
+    as :func:`slotlake.snapshot.unique_state_rows` counts it).
 
     The net change is what the state ends with whatever the order of the batch's events:
     with each key at most once in the state before, at most one row removed and one added

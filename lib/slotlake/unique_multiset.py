@@ -77,9 +77,9 @@ def unique_key(cat: TableCatalog, prior: TableCommit | None) -> list[str] | None
 def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
     """Whether version ``version`` of the local state at ``state_path`` is a MERGE by
     ``key`` (the driver's :func:`slotlake.dv_merge.merge_keyed` of :func:`keyed_rows`, or
-    Spark's, :func:`slotlake.batch._merge_unique`): a
-    rerun of a batch whose tables an earlier attempt wrote then knows the key was kept
-    (that MERGE commits only rows whose key was not live)."""
+    Spark's, :func:`slotlake.batch._merge_unique`): a rerun of a batch whose tables an
+    earlier attempt wrote then knows the key was kept (that MERGE commits only rows whose
+    key was not live)."""
     import os
 
     from slotlake import delta_log
