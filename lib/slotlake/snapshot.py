@@ -982,7 +982,8 @@ def _raw_rows(
         from slotlake.raw import raw_rows_of_types
 
         raw_dir = str(local_path(lake.path(raw_rel)))
-        table = raw_rows_of_types(raw_dir, types, [*columns, "rel_oid"])
+        wanted = list(columns) if "rel_oid" in columns else [*columns, "rel_oid"]
+        table = raw_rows_of_types(raw_dir, types, wanted)
         if rel_oids is not None:
             table = table.filter(
                 pc.is_in(table.column("rel_oid"), pc.cast(list(rel_oids), "int64"))

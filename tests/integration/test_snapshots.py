@@ -1061,6 +1061,13 @@ def test_a_rewrite_after_a_truncate_is_copied_by_the_same_run(
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         c.execute(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 5) g")
         run_sync(cfg)
+        # A batch of a TRUNCATE and nothing else: no copy, no row to read.
+        c.execute(f"TRUNCATE {table}")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.followed is None, result
+        assert_mirror(c, lake, [name])
+        c.execute(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 5) g")
+        run_sync(cfg)
         rewrite = f"ALTER TABLE {table} ALTER COLUMN v TYPE text USING v || 'x'"
         refill = table == "r"  # a root truncated and written by one transaction: copied
         steps = [
