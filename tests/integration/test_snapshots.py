@@ -1147,3 +1147,49 @@ def test_rows_written_before_a_new_relfilenode_are_found_in_its_first_blocks(
             r[0] for r in c.execute("EXPLAIN SELECT 1 FROM ONLY t WHERE ctid < '(32,0)'::tid")
         )
         assert "Tid Range Scan" in plan, plan
+
+
+@pytest.mark.one_pg_version  # the lake's readers are under test, not the source
+def test_the_raw_rows_read_with_and_without_spark_are_the_same(
+    pg_dsn: str, slot: str, tmp_path: Path, spark: Any
+) -> None:
+    """The raw rows the snapshot checks read (TRUNCATE and message rows, a root's DML
+    rows) are the same whether pyarrow reads a local lake or Spark a lake off the local
+    disk, in peek order; a batch without such rows gives none either way."""
+    from slotlake.snapshot import _raw_rows
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE u (id int PRIMARY KEY)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t, u")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        with c.transaction():
+            c.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 30) g")
+            c.execute("TRUNCATE t")
+            c.execute("INSERT INTO t VALUES (1, 'a')")
+            c.execute("INSERT INTO u VALUES (1)")
+        c.execute("SELECT pg_logical_emit_message(true, 'x', 'y')")
+        result = run_sync(cfg)
+        (t_oid,) = c.execute("SELECT 't'::regclass::oid::int").fetchone() or (0,)
+    raw = Lake(root).read_commit(result.batch or 0).raw
+
+    class Off:  # the same files, read as a lake off the local disk is
+        on_local_disk = False
+
+        def path(self, rel: str) -> str:
+            return Lake(root).path(rel)
+
+    reads = [
+        (("T", "M"), ["msg_type", "xid", "seq"], None),
+        (("I", "U", "D"), ["rel_oid", "xid", "seq", "commit_lsn"], [t_oid]),
+        (("I", "U", "D"), ["seq"], None),
+        (("R",), ["rel_oid", "seq"], [-1]),
+    ]
+    for types, columns, oids in reads:
+        local = _raw_rows(None, Lake(root), raw, types, columns, oids)
+        assert local == _raw_rows(spark, Off(), raw, types, columns, oids), types  # type: ignore[arg-type]
+        assert [r["seq"] for r in local] == sorted(r["seq"] for r in local)
+    counts = [len(_raw_rows(None, Lake(root), raw, *read)) for read in reads]
+    assert counts == [2, 31, 32, 0], counts
