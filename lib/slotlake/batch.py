@@ -74,7 +74,6 @@ from slotlake.delta import (
     ensure_local,
     ensure_table,
     handing_back,
-    last_user_metadata,
     local_last_commit,
     merge,
     overwrite,
@@ -632,7 +631,7 @@ def _merge_unique(
         if _NOT_UNIQUE not in str(exc):
             raise
         raise Broken("a key added twice, or added while live in the state") from None
-    return written, last_user_metadata(session, path) == text
+    return written, written.user_metadata == text
 
 
 # The message of the error Spark's MERGE of a unique multiset raises from the rows that

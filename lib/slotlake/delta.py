@@ -56,6 +56,8 @@ USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 class WriteResult:
     version: int  # the table's version holding this batch
     metrics: dict[str, str]  # operationMetrics of that commit
+    # The commit's userMetadata (:func:`merge`'s ``metadata``), where Spark wrote it.
+    user_metadata: str | None = None
 
 
 # --- Reused table handles -----------------------------------------------------------------
@@ -599,7 +601,7 @@ def jvm_snapshot(spark: SparkSession, path: str, version: int | None = None) -> 
 
 
 def last_commit(spark: SparkSession, path: str) -> WriteResult:
-    """The table's newest commit: its version and operationMetrics.
+    """The table's newest commit: its version, operationMetrics and userMetadata.
 
     Read from the commit's own file through the JVM's DeltaLog and log store (any file
     system Spark reaches): ``DeltaTable.history(1)`` runs a Spark job for it, 0.4-0.5 s a
@@ -615,35 +617,12 @@ def last_commit(spark: SparkSession, path: str) -> WriteResult:
             log.debug("commit of %s read through DeltaTable.history: %s", path, exc)
     from delta.tables import DeltaTable
 
-    row = DeltaTable.forPath(spark, path).history(1).select("version", "operationMetrics").first()
+    history = DeltaTable.forPath(spark, path).history(1)
+    row = history.select("version", "operationMetrics", "userMetadata").first()
     assert row is not None
-    return WriteResult(int(row["version"]), spark_metrics(row["operationMetrics"]))
-
-
-def last_user_metadata(spark: SparkSession, path: str) -> str | None:
-    """The ``userMetadata`` of the table's newest commit (see :func:`merge`), read as
-    :func:`last_commit` reads it."""
-    from py4j.protocol import Py4JError
-
-    if has_open_source_delta_log(spark):
-        try:
-            snapshot = jvm_snapshot(spark, path)
-            delta_log = snapshot.deltaLog()
-            commit = spark._jvm.org.apache.hadoop.fs.Path(  # type: ignore[attr-defined]
-                delta_log.logPath(), f"{int(snapshot.version()):020d}.json"
-            )
-            info = spark._jvm.org.apache.spark.sql.delta.DeltaHistoryManager.getCommitInfoOpt(  # type: ignore[attr-defined]
-                delta_log.store(), commit, delta_log.newDeltaHadoopConf()
-            )
-            if not info.isDefined() or not info.get().userMetadata().isDefined():
-                return None
-            return str(info.get().userMetadata().get())
-        except Py4JError as exc:
-            log.debug("commit of %s read through DeltaTable.history: %s", path, exc)
-    from delta.tables import DeltaTable
-
-    row = DeltaTable.forPath(spark, path).history(1).select("userMetadata").first()
-    return None if row is None else row["userMetadata"]
+    return WriteResult(
+        int(row["version"]), spark_metrics(row["operationMetrics"]), row["userMetadata"]
+    )
 
 
 def has_open_source_delta_log(spark: SparkSession) -> bool:
@@ -665,10 +644,14 @@ def _commit_from_log(spark: SparkSession, path: str) -> WriteResult:
         delta_log.store(), commit, delta_log.newDeltaHadoopConf()
     )
     metrics: dict[str, Any] = {}
-    if info.isDefined() and info.get().operationMetrics().isDefined():
-        as_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
-        metrics = dict(as_java(info.get().operationMetrics().get()))
-    return WriteResult(version, spark_metrics(metrics))
+    user_metadata = None
+    if info.isDefined():
+        if info.get().operationMetrics().isDefined():
+            as_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
+            metrics = dict(as_java(info.get().operationMetrics().get()))
+        if info.get().userMetadata().isDefined():
+            user_metadata = str(info.get().userMetadata().get())
+    return WriteResult(version, spark_metrics(metrics), user_metadata)
 
 
 def txn_version(path: str, app_id: str) -> int | None:

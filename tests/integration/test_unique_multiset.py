@@ -396,7 +396,7 @@ def test_a_batch_past_the_drivers_bounds_is_merged_by_spark_by_the_key(
         assert unique_multiset.merged_by(state, table.state_version or 0, ["id"])
         # What tells the MERGE made the batch's commit, not an earlier attempt's.
         made = unique_multiset.merged_by_key_text(["id"])
-        assert delta.last_user_metadata(spark, state) == made
+        assert delta.last_commit(spark, state).user_metadata == made
         c.execute("UPDATE public.t SET v = 'few' WHERE id < 4")
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
