@@ -950,18 +950,16 @@ def _copy_table(lake: Lake, task: Any, rel: str, status: dict[str, Any], name: s
 
 def _raw_messages(
     spark: SparkSession | None, lake: Lake, raw_rel: str
-) -> list[tuple[str, int | None, Any, int]]:
-    """(msg_type, commit_lsn, decoded message, xid) of the raw batch's Truncate and Message
-    rows."""
+) -> list[tuple[str, int | None, Any, int, int]]:
+    """(msg_type, commit_lsn, decoded message, xid, seq) of the raw batch's Truncate and
+    Message rows, in peek order."""
     from slotlake.pgoutput import decode
 
-    rows = _raw_rows(
-        spark, lake, raw_rel, ("T", "M"), ["msg_type", "data", "stream_xid", "commit_lsn", "xid"]
-    )
+    columns = ["msg_type", "data", "stream_xid", "commit_lsn", "xid", "seq"]
     out = []
-    for r in rows:
+    for r in _raw_rows(spark, lake, raw_rel, ("T", "M"), columns):
         msg = decode(bytes(r["data"]), in_stream=r["stream_xid"] is not None)
-        out.append((r["msg_type"], r["commit_lsn"], msg, int(r["xid"])))
+        out.append((r["msg_type"], r["commit_lsn"], msg, int(r["xid"]), int(r["seq"])))
     return out
 
 
@@ -1002,6 +1000,7 @@ def refilled_roots(
     spark: SparkSession | None,
     lake: Lake,
     raw_rel: str,
+    messages: list[tuple[str, int | None, Any, int, int]],
     roots: Mapping[str, int],
 ) -> dict[str, int | None]:
     """The partitioned tables published through their root (``roots``: name → oid) that a
@@ -1012,17 +1011,15 @@ def refilled_roots(
     it removed stay in the mirror unless the root is copied. A TRUNCATE and refill of
     such a table in one transaction therefore costs a copy of it.
 
-    Rows of the raw batch are read only when it truncated one of ``roots``."""
-    from slotlake.pgoutput import decode
-
+    ``messages``: the batch's (:func:`_raw_messages`); its DML rows are read only when
+    it truncated one of ``roots``."""
     by_oid = {oid: name for name, oid in roots.items()}
     seq_of: dict[tuple[int, int], int] = {}
-    for r in _raw_rows(spark, lake, raw_rel, ("T",), ["data", "stream_xid", "xid", "seq"]):
-        m = decode(bytes(r["data"]), in_stream=r["stream_xid"] is not None)
-        for oid in m.relation_oids:
-            if oid in by_oid:
-                key = (oid, int(r["xid"]))
-                seq_of[key] = min(int(r["seq"]), seq_of.get(key, int(r["seq"])))
+    for t, _, m, xid, seq in messages:  # in peek order: each xid's first TRUNCATE counts
+        if t == "T":
+            for oid in m.relation_oids:
+                if oid in by_oid:
+                    seq_of.setdefault((oid, xid), seq)
     if not seq_of:
         return {}
     out: dict[str, int | None] = {}
@@ -1040,10 +1037,10 @@ def refilled_roots(
     return out
 
 
-def _truncations(messages: list[tuple[str, int | None, Any, int]]) -> dict[int, set[int]]:
+def _truncations(messages: list[tuple[str, int | None, Any, int, int]]) -> dict[int, set[int]]:
     """Relation oid → the xids of the transactions that truncated it in the batch."""
     out: dict[int, set[int]] = {}
-    for t, _, m, xid in messages:
+    for t, _, m, xid, _ in messages:
         if t == "T":
             for oid in m.relation_oids:
                 out.setdefault(oid, set()).add(xid)
@@ -1153,7 +1150,7 @@ def for_record(
     oids = plan_snapshot.get("published", {})
     roots = {name: oids[name] for name in plan_snapshot.get("leaves", {}) if name in oids}
     if any(oid in truncations for oid in roots.values()):
-        for name, commit_lsn in refilled_roots(spark, lake, raw_rel, roots).items():
+        for name, commit_lsn in refilled_roots(spark, lake, raw_rel, messages, roots).items():
             snap = taken.get(name)
             if name in wanted or (
                 snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed
