@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from unittest import mock
 
 import psycopg
 
 from slotlake.config import Config, LakeConfig, SourceConfig
-from slotlake.lake import read_changes
+from slotlake.lake import Lake, read_changes, read_delta
 from slotlake.source import SlotSource
 from slotlake.verify import compare_table
 
@@ -84,6 +85,15 @@ def make_config(
     )
 
 
+def spark_writers_by_hand(cfg: Config) -> None:
+    """``SLOTLAKE_RANDOM_SPARK=1`` (a random workload run by hand): every batch and copy
+    through Spark's writers, the path of a lake off the local disk, on the local lake
+    that reprocessing and the checks read."""
+    if os.environ.get("SLOTLAKE_RANDOM_SPARK"):
+        cfg.lake.driver_write_rows = 0
+        cfg.lake.bootstrap_driver_mb = 0
+
+
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:
     """Table ``l`` partitioned into ``l1`` and ``l2`` (itself partitioned: ``l2a``), 12
     rows, published as its leaves (publication ``pub``), and slot ``slot``: the leaves'
@@ -102,6 +112,32 @@ def assert_mirror(conn: psycopg.Connection, root: str, tables: list[str]) -> Non
     for table in tables:
         cmp = compare_table(conn, root, table)
         assert cmp.equal, cmp.describe()
+
+
+def assert_rows_recorded(root: str, batches: Iterable[int | None]) -> None:
+    """Each table's counts in these batches' commit records are what its Delta tables hold
+    as of the versions the record names: ``state_rows`` the state's rows (a multiset's
+    stored rows: ``status`` and ``inspect`` print it, reprocessing orders the tables by
+    it), ``change_rows`` the change log's rows of that batch."""
+    lake = Lake(root)
+    for batch in batches:
+        if batch is None:
+            continue
+        for name, t in lake.read_commit(batch).tables.items():
+            if t.gone_since is not None:
+                continue
+            if t.state and t.state_version is not None:
+                stored = read_delta(root, t.state, t.state_version, "SELECT count(*) FROM t")
+                rows = stored.column(0)[0].as_py()
+                assert t.state_rows == rows, (
+                    f"batch {batch}: {name}: state_rows {t.state_rows}, the state {rows}"
+                )
+            if t.changes and t.changes_version is not None:
+                query = f"SELECT count(*) FROM t WHERE _batch = {batch}"
+                logged = read_delta(root, t.changes, t.changes_version, query).column(0)[0]
+                assert t.change_rows == logged.as_py(), (
+                    f"batch {batch}: {name}: change_rows {t.change_rows}, the log {logged}"
+                )
 
 
 def assert_log_matches_audit(conn: psycopg.Connection, root: str, tables: dict[str, str]) -> None:

@@ -14,7 +14,8 @@ next run; or what that one more batch names in turn), which the check after that
 waits for. The oracle is the source itself (:func:`slotlake.verify.compare_table`).
 
 A failure names the seed and round and the statements of the round;
-``SLOTLAKE_RANDOM_SEED`` and ``SLOTLAKE_RANDOM_ROUNDS`` replay or widen a run by hand.
+``SLOTLAKE_RANDOM_SEED`` and ``SLOTLAKE_RANDOM_ROUNDS`` replay or widen a run by hand,
+``SLOTLAKE_RANDOM_SPARK=1`` sends every batch and copy through Spark's writers.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from slotlake.lake import Lake
 from slotlake.snapshot import partition_trees, partitions_left, published_catalog
 from slotlake.sync import run_sync
 
-from .sync_helpers import assert_mirror, make_config
+from .sync_helpers import (
+    assert_mirror,
+    assert_rows_recorded,
+    make_config,
+    spark_writers_by_hand,
+)
 
 ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "12"))
 # Each variant's seed covers every case the test checks for (COVERED).
@@ -280,7 +286,7 @@ def play(
     for round_no in range(1, rounds + 1):
         work.statements = []
         work.round()
-        run_sync(cfg, spark=spark)
+        result = run_sync(cfg, spark=spark)
         work.synced()
         last = Lake(cfg.lake.path).last_commit()
         assert last is not None
@@ -306,6 +312,7 @@ def play(
             assert_mirror(
                 c, cfg.lake.path, [t for t in published if t in last.tables and t not in wanted]
             )
+            assert_rows_recorded(cfg.lake.path, [result.followed, result.batch])
         except AssertionError as exc:
             raise AssertionError(f"{where}\n{exc}") from None
     return work
@@ -319,6 +326,7 @@ def test_random_partition_changes_mirror_equals_source(
     cfg = make_config(
         pg_dsn, str(tmp_path / "lake"), slot, ("pub_root", "pub_leaf"), capture_ddl=trigger
     )
+    spark_writers_by_hand(cfg)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         work = play(c, cfg, seed, ROUNDS, spark)
         assert ddl.installed(c) == trigger

@@ -23,6 +23,7 @@ from .sync_helpers import (
     AUDIT_SQL,
     assert_log_matches_audit,
     assert_mirror,
+    assert_rows_recorded,
     audit,
     audited_schema,
     make_config,
@@ -253,6 +254,8 @@ def test_varied_workload_in_batches(
         run_sync(cfg, spark=spark)
         assert_mirror(c, lake, tables)
         assert_log_matches_audit(c, lake, KEYS)
+        # Every batch's record counts the rows its tables held, whichever writer wrote them.
+        assert_rows_recorded(lake, Lake(lake).commit_batches())
 
     # Nothing was ever left unknown: the prior state always had the TOAST values.
     for table in tables:
