@@ -22,7 +22,7 @@ from slotlake.lake import Lake, read_changes, read_delta
 from slotlake.snapshot import waiting
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
 
-from .sync_helpers import assert_mirror, make_config
+from .sync_helpers import assert_mirror, assert_rows_recorded, make_config
 
 SCHEMA = """
 -- keyed, then FULL between batches (the keyed state's rows count once each)
@@ -140,6 +140,8 @@ def test_identity_changes_keep_the_mirror_exact(
         assert copied == ({"public.key_moved"} if writer == "spark" else set()), copied
         assert not waiting(Lake(lake), None)
 
+    # Every record, the rerun's batch and the copies' among them, counts what was written.
+    assert_rows_recorded(lake, Lake(lake).commit_batches())
     # The state's shape follows the final identity.
     last = Lake(lake).last_commit()
     assert last is not None

@@ -25,7 +25,7 @@ from slotlake.delta import DRIVER_ENGINE
 from slotlake.lake import COPIES, Lake, read_delta
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
 
-from .sync_helpers import assert_mirror, make_config
+from .sync_helpers import assert_mirror, assert_rows_recorded, make_config
 from .test_readers import duckdb_delta
 
 TABLE = "public.ev"
@@ -202,6 +202,8 @@ def test_insert_only_and_full_identity_batches_in_random_order_keep_the_mirror(
                 seen["spread" if t.spread else "one row per value"] += 1
     # Both shapes of the state were there to be checked.
     assert seen["spread"] and seen["one row per value"], seen
+    # Every record counts what was written: appended batches' rows included.
+    assert_rows_recorded(root, lake.commit_batches())
 
 
 @pytest.mark.parametrize(
@@ -311,6 +313,7 @@ def test_an_append_interrupted_and_run_again_is_written_once(
             {(1, "a", 1): 2, (2, "b", 1): 1, (3, "c", 2): 1}
         )
         assert_mirror(c, root, [TABLE])
+        assert_rows_recorded(root, lake.commit_batches())
 
 
 @pytest.mark.one_pg_version  # the copy goes through Spark: the same on both versions

@@ -48,6 +48,7 @@ from slotlake.sync import (
 from .sync_helpers import (
     assert_log_matches_audit,
     assert_mirror,
+    assert_rows_recorded,
     audited_schema,
     logged_ops,
     make_config,
@@ -152,6 +153,8 @@ def assert_exactly_once(c: psycopg.Connection[Any], lake: str, slot: str) -> Non
     last = Lake(lake).last_commit()
     assert last is not None
     assert confirmed(c, slot) == last.end
+    # The newest records (a rerun's finished batch among them) count what was written.
+    assert_rows_recorded(lake, Lake(lake).commit_batches()[-3:])
 
 
 def log_snapshot(lake: str) -> dict[str, pa.Table]:

@@ -18,7 +18,7 @@ from slotlake.cli import _table_status
 from slotlake.lake import Lake
 from slotlake.sync import run_sync
 
-from .sync_helpers import assert_mirror, make_config
+from .sync_helpers import assert_mirror, assert_rows_recorded, make_config
 
 # name → (CREATE TABLE's columns, the row of g, a key moved, the key, its column that is g)
 TABLES = {
@@ -221,6 +221,8 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         assert_mirror(c, root, list(TABLES))
         assert lake.read_commit(result.batch or 0).tables["public.fc"].unique_on == ["a", "b"]
         assert merged[-1] == by + "public.fc"
+        # Every record counts what its MERGEs (by the key or whole) and copies wrote.
+        assert_rows_recorded(root, lake.commit_batches())
 
 
 @pytest.mark.one_pg_version  # the batch's own events are under test, not the source
