@@ -140,6 +140,21 @@ def assert_rows_recorded(root: str, batches: Iterable[int | None]) -> None:
                 )
 
 
+def assert_no_version_past_the_record(root: str) -> None:
+    """After a run, no Delta table of the lake has a version newer than the one the newest
+    commit record names: the next batch builds on what the record names, so anything
+    past it would be work no record accounts for."""
+    from deltalake import DeltaTable
+
+    last = Lake(root).last_commit()
+    assert last is not None
+    for name, t in last.tables.items():
+        for rel, version in ((t.changes, t.changes_version), (t.state, t.state_version)):
+            if rel and version is not None:
+                newest = DeltaTable(f"{root}/{rel}").version()
+                assert newest == version, f"{name}: {rel} at version {newest}, the record {version}"
+
+
 def assert_log_matches_audit(conn: psycopg.Connection, root: str, tables: dict[str, str]) -> None:
     """tables: qualified name → key column."""
     for qualified, key in tables.items():

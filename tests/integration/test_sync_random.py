@@ -42,6 +42,7 @@ from slotlake.sync import run_sync
 from .sync_helpers import (
     assert_log_matches_audit,
     assert_mirror,
+    assert_no_version_past_the_record,
     assert_rows_recorded,
     audit,
     audited_schema,
@@ -579,6 +580,7 @@ def _sync_and_check(
         assert_mirror(c, lake, [t for t in present if not wanted.get(t, "").startswith("renamed")])
         assert_log_matches_audit(c, lake, {t: KEYS[t] for t in present})
         assert_rows_recorded(lake, [result.followed, result.batch])
+        assert_no_version_past_the_record(lake)
     except AssertionError as exc:
         raise AssertionError(f"{where}: {exc}") from None
 
