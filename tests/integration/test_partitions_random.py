@@ -40,9 +40,9 @@ from slotlake.sync import run_sync
 
 from .sync_helpers import (
     assert_mirror,
-    assert_no_version_past_the_record,
     assert_rows_recorded,
     make_config,
+    off_record,
     spark_writers_by_hand,
 )
 
@@ -314,7 +314,7 @@ def play(
                 c, cfg.lake.path, [t for t in published if t in last.tables and t not in wanted]
             )
             assert_rows_recorded(cfg.lake.path, [result.followed, result.batch])
-            assert_no_version_past_the_record(cfg.lake.path)
+            assert off_record(Lake(cfg.lake.path)) == []
         except AssertionError as exc:
             raise AssertionError(f"{where}\n{exc}") from None
     return work

@@ -52,6 +52,7 @@ from .sync_helpers import (
     audited_schema,
     logged_ops,
     make_config,
+    off_record,
     slot_confirmed,
 )
 
@@ -123,22 +124,6 @@ def uncommitted(lake: Lake) -> list[str]:
     ]
     plans = [p.relative_to(root).as_posix() for p in (root / "_pending").glob("*.json")]
     return sorted(raw + plans)
-
-
-def ahead_of_record(lake: Lake) -> list[str]:
-    """Delta tables whose newest version is past the one the last commit record names."""
-    from deltalake import DeltaTable
-
-    last = lake.last_commit()
-    assert last is not None
-    out = []
-    for name, t in last.tables.items():
-        for rel, version in ((t.changes, t.changes_version), (t.state, t.state_version)):
-            if not rel or not (lake.root / rel / "_delta_log").is_dir():
-                continue
-            if version is None or DeltaTable(str(lake.root / rel)).version() > version:
-                out.append(f"{rel} ({name})")
-    return out
 
 
 def confirmed(c: psycopg.Connection[Any], slot: str) -> Lsn:
@@ -271,7 +256,7 @@ def crash_then_rerun(chain: Chain, step: str, spark: Any, monkeypatch: pytest.Mo
         assert any(p.startswith("_pending/") for p in leftovers), leftovers
         if step in ("table_written", "changes_written", "before_commit"):
             # Tables already hold batch N, yet readers saw only the last commit (above).
-            assert ahead_of_record(lake), "no Delta table was written before the crash"
+            assert off_record(lake), "no Delta table was written before the crash"
 
     # The source keeps changing while nobody syncs: the rerun must finish batch N with the
     # content its first attempt fixed (tables that already hold N would otherwise miss the

@@ -42,12 +42,12 @@ from slotlake.sync import run_sync
 from .sync_helpers import (
     assert_log_matches_audit,
     assert_mirror,
-    assert_no_version_past_the_record,
     assert_rows_recorded,
     audit,
     audited_schema,
     before_the_target,
     make_config,
+    off_record,
     slot_confirmed,
     spark_writers_by_hand,
 )
@@ -580,7 +580,7 @@ def _sync_and_check(
         assert_mirror(c, lake, [t for t in present if not wanted.get(t, "").startswith("renamed")])
         assert_log_matches_audit(c, lake, {t: KEYS[t] for t in present})
         assert_rows_recorded(lake, [result.followed, result.batch])
-        assert_no_version_past_the_record(lake)
+        assert off_record(Lake(lake)) == []
     except AssertionError as exc:
         raise AssertionError(f"{where}: {exc}") from None
 
