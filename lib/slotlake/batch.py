@@ -380,6 +380,31 @@ def read_prior_state(
     return align_prior(df, cat)
 
 
+def read_whole_prior(
+    spark: SparkSession,
+    lake: Lake,
+    cat: TableCatalog,
+    prior: TableCommit | None,
+    defaults: list[fastdefault.FastDefault],
+) -> DataFrame:
+    """The prior state as plain rows (a multiset's repeated by ``_copies``), aligned to this
+    batch, with the fast defaults its rows read: what
+    :func:`slotlake.identity_segments.replay_frames` starts from."""
+    from pyspark.sql import functions as F
+
+    if prior is None or not prior.state or prior.state_version is None:
+        return empty_state(spark, cat)
+    df = (
+        spark.read.format("delta")
+        .option("versionAsOf", prior.state_version)
+        .load(lake.path(prior.state))
+    )
+    if COPIES in df.columns:
+        copy = F.explode(F.sequence(F.lit(1), F.col(COPIES).cast("int"))).alias("_copy")
+        df = df.select("*", copy).drop("_copy", COPIES)
+    return fastdefault.fill_rows(align_prior(df, cat), [d for d in defaults if d.update_prior])
+
+
 def change_log_columns(
     lake: Lake, spark: LazySession, prior: CommitRecord | None, table: str
 ) -> dict[str, str]:
@@ -983,8 +1008,8 @@ def process_table(
         if snap is not None:  # the re-based state's rows are not a MERGE's delta
             commit.state_rows = local_table_rows(lake, state_rel, s.version)
         return commit
-    if cat.identity_switches and snap is None:
-        _resnapshot_after_identity_change(lake, cat, batch)
+    # Events of two identities (slotlake.identity_segments): the whole state is rebuilt.
+    switched = cat.identity_switches and snap is None
     session = table_session(lazy())
     if cat.versions:
         events = decode_table(raw_dml(session.read.parquet(lake.path(raw_rel))), cat, bcat, batch)
@@ -1012,6 +1037,13 @@ def process_table(
             spread_base,
         )
         changes, state_source, truncated = rebased.changes, rebased.state_source, rebased.truncated
+    elif switched:
+        from slotlake.identity_segments import replay_frames
+
+        whole = read_whole_prior(session, lake, cat, prior, defaults)
+        changes, state_source = replay_frames(
+            events, whole, cat, truncs, defaults, expected_rows, persisted
+        )
     elif cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state_source = multiset_delta(fastdefault.fill_events(events, defaults), cat, truncs)
@@ -1020,11 +1052,6 @@ def process_table(
             events, prior_df, cat, truncs, expected_rows, persisted=persisted
         )
         state_source = fastdefault.fill_finals(state_source, events, cat.key_columns, defaults)
-        if cat.identity_switches:
-            # An image of another identity may lack this one's key: such a row cannot be
-            # merged (the next run's copy repairs the table: _resnapshot_after_identity_change).
-            keyed = [F.col(f"_key.{quote(k)}").isNotNull() for k in cat.key_columns]
-            state_source = state_source.filter(functools.reduce(lambda a, b: a & b, keyed))
     steps("planned")
     markers = _markers(session, cat, bcat, batch)
     if markers is not None:
@@ -1058,11 +1085,14 @@ def process_table(
                 marker=marker,
             )
         target = session.read.format("delta").load(changes_path).schema
-        _count_keyed_rows_once(session, lake, cat, prior, state_path)
-        # A copied table's state is replaced by its copy (which takes the defaults it
-        # lacks in rebase): an UPDATE of the prior rows first would be overwritten.
+        # A copied or rebuilt state is replaced whole (a copy takes the defaults it lacks
+        # in rebase, a rebuilt one's prior rows in read_whole_prior): neither needs its
+        # stored rows updated first.
+        if not switched:
+            _count_keyed_rows_once(session, lake, cat, prior, state_path)
         if (
             snap is None
+            and not switched
             and fastdefault.update_state(session, state_path, defaults, app_id, batch) is not None
         ):
             assert ddl_input is not None
@@ -1081,9 +1111,17 @@ def process_table(
             counted = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
         commit.missing_toast = counted
         # A multiset unique on a key is MERGEd by it (slotlake.unique_multiset).
-        by_key = unique_key(cat, prior) if cat.is_multiset and snap is None else None
+        # A rebuilt state is unique on no key, as the driver's (a later copy finds one).
+        by_key = (
+            unique_key(cat, prior) if cat.is_multiset and snap is None and not switched else None
+        )
         s = None
-        if by_key is not None and not truncated:
+        if switched:
+            data = [quote(c) for c in cat.state_columns]
+            meta = [COPIES] if cat.is_multiset else []
+            whole_rows = state_source.select(*data, "_fallback", "_missing_toast", *meta)
+            s = overwrite(whole_rows, state_path, app_id, batch)
+        elif by_key is not None and not truncated:
             try:
                 s, kept = _merge_unique(
                     session, lake, cat, state_rel, state_source, by_key, app_id, batch
@@ -1210,24 +1248,6 @@ def _missing_toast_logged(
 
     log_rows = session.read.format("delta").option("versionAsOf", version).load(lake.path(rel))
     return log_rows.where((F.col("_batch") == batch) & _missing_toast_row(snap)).count()
-
-
-def _resnapshot_after_identity_change(lake: Lake, cat: TableCatalog, batch: int) -> None:
-    """Spark applies a batch with the table's final identity: the events of another one
-    (slotlake.identity_segments, which the driver runs on states it can hold) may leave
-    rows off. The next run copies the table again (a request file, written before the
-    table, so a rerun that finds the table written has it already)."""
-    from slotlake.snapshot import request
-
-    reason = f"replica identity changed within batch {batch} (a state Spark merges)"
-    log.warning(
-        "batch %d: %s: the replica identity changed within the batch; its state is merged by "
-        "Spark with the final identity, so rows changed before the change may be off until "
-        "the next sync re-snapshots the table",
-        batch,
-        cat.name,
-    )
-    request(lake, cat.name, reason)
 
 
 def _count_keyed_rows_once(

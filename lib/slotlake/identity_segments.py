@@ -15,6 +15,9 @@ one, held in Arrow: only tables small enough for the driver come here), each wit
 replay — :func:`slotlake.replay_duckdb.fill_keyed_local` or
 :func:`slotlake.multiset_arrow.multiset_state` — and returns the whole new state in the
 table's final shape, which the caller writes as one overwrite commit.
+:func:`replay_frames` is the same replay in Spark SQL, for a state too big for the driver
+(or a lake off the local disk): a batch that changes a table's identity rewrites its
+state whole, once, whatever its changes alone would cost.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from slotlake.lake import expand_copies, one_copy_each
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
 
     from slotlake.fastdefault import FastDefault
 
@@ -142,3 +146,130 @@ def replay(
     names = changes[0].column_names
     logged = pa.concat_tables([c.select(names) for c in changes], promote_options="permissive")
     return logged, final
+
+
+def _version_index(seq: Column, cat: TableCatalog) -> Column:
+    """The index (in ``seq`` order) of the Relation version an event at ``seq`` was decoded
+    with: the latest one before it; -1 before the first."""
+    from pyspark.sql import functions as F
+
+    out = F.lit(-1)
+    for i, v in enumerate(sorted(cat.versions, key=lambda v: v.seq)):
+        out = F.when(seq >= F.lit(v.seq), F.lit(i)).otherwise(out)
+    return out
+
+
+FrameRun = tuple[tuple[str, ...] | None, list[int], Position]
+
+
+def frame_runs(events: DataFrame, cat: TableCatalog) -> tuple[DataFrame, list[FrameRun]]:
+    """:func:`runs` for a DataFrame: the events tagged ``_v`` (their version's index) and,
+    per run, (identity, its versions' indexes, its first position in commit order).
+
+    One small aggregation job. A table's events never go back to an older version in
+    commit order (the DDL behind a new Relation message waited, under its lock, for every
+    transaction that had changed the table to end), so each run is consecutive versions
+    of one identity, as :func:`runs` cuts them."""
+    from pyspark.sql import functions as F
+
+    versions = sorted(cat.versions, key=lambda v: v.seq)
+    tagged = events.withColumn("_v", _version_index(F.col("_seq"), cat))
+    firsts = (
+        tagged.groupBy("_v")
+        .agg(F.min(F.struct("_commit_lsn", "_tx_ordinal")).alias("_first"))
+        .collect()
+    )
+    seen = sorted((int(r["_v"]), (int(r["_first"][0]), int(r["_first"][1]))) for r in firsts)
+    if seen and seen[0][0] < 0:
+        raise ValueError(f"{cat.name}: an event before the batch's first Relation message")
+    out: list[FrameRun] = []
+    for v, first in seen:
+        key = identity(versions[v])
+        if out and out[-1][0] == key:
+            out[-1][1].append(v)
+        else:
+            out.append((key, [v], first))
+    return tagged, out
+
+
+def replay_frames(
+    events: DataFrame,
+    prior: DataFrame,
+    cat: TableCatalog,
+    truncations: Sequence[Position],
+    defaults: Sequence[FastDefault] = (),
+    expected_rows: int = 0,
+    persisted: list[DataFrame] | None = None,
+) -> tuple[DataFrame, DataFrame]:
+    """(change rows, the whole new state) of one table's batch, run by run, in Spark:
+    :func:`replay` with :func:`slotlake.state.fill_keyed` and
+    :func:`slotlake.state.merge_multiset` as the runs' replays.
+
+    ``prior``: the whole prior state as plain rows (a multiset's repeated by its
+    ``_copies``), aligned to this batch's columns, with the defaults its rows read
+    already applied. The state comes back in the table's final shape: the state's
+    columns, ``_fallback``, ``_missing_toast`` and, for a multiset, ``_copies`` (one row
+    per distinct value). Each run's state but the last is persisted (and appended to
+    ``persisted``, for the caller to release): the next run reads it, and so do the
+    change log's job and the state's."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from slotlake import fastdefault
+    from slotlake.state import apply_finals, fill_keyed, merge_multiset
+
+    tagged, parts = frame_runs(events, cat)
+    state = prior
+    changes: list[DataFrame] = []
+    for i, (key, versions, first) in enumerate(parts):
+        rows = tagged.filter(F.col("_v").isin(versions)).drop("_v")
+        # A TRUNCATE goes with the run in force when it ran (as in replay).
+        start = first if i else None
+        stop = parts[i + 1][2] if i + 1 < len(parts) else None
+        truncs = [
+            t for t in truncations if (start is None or t >= start) and (stop is None or t < stop)
+        ]
+        if key is None:
+            images = fastdefault.fill_events(rows, list(defaults))
+            state = merge_multiset(images, state, cat, truncs)
+            changes.append(rows.withColumn("_missing_toast", F.col("_unchanged")))
+        else:
+            run_cat = dataclasses.replace(cat, key_columns=list(key), replica_identity="d")
+            logged, finals = fill_keyed(rows, state, run_cat, truncs, expected_rows, persisted)
+            finals = fastdefault.fill_finals(finals, rows, list(key), list(defaults))
+            state = apply_finals(state, finals, run_cat, bool(truncs))
+            changes.append(logged)
+        if i + 1 < len(parts):
+            state = state.persist(StorageLevel.DISK_ONLY)
+            if persisted is not None:
+                persisted.append(state)
+    if not parts and truncations:  # truncated, and no change of it after
+        state = state.limit(0)
+    final = _counted(state, cat) if cat.is_multiset else state
+    if not changes:
+        return events.withColumn("_missing_toast", F.col("_unchanged")).limit(0), final
+    logged = changes[0]
+    for more in changes[1:]:
+        logged = logged.unionByName(more, allowMissingColumns=True)
+    return logged, final
+
+
+def _counted(rows: DataFrame, cat: TableCatalog) -> DataFrame:
+    """Plain rows as a multiset's state: one row per distinct value, with ``_copies``."""
+    from pyspark.sql import functions as F
+
+    from slotlake.lake import COPIES
+    from slotlake.state import sorted_json
+
+    data = [F.col(f"`{c}`") for c in cat.state_columns]
+    grouped = (
+        rows.withColumn("_fbj", sorted_json(F.col("_fallback")))
+        .groupBy(*data, "_fbj")
+        .agg(F.count(F.lit(1)).alias(COPIES))
+    )
+    return grouped.select(
+        *data,
+        F.from_json("_fbj", "map<string,string>").alias("_fallback"),
+        F.array().cast("array<string>").alias("_missing_toast"),
+        COPIES,
+    )

@@ -4,10 +4,10 @@ or distinct rows with ``_copies``), and the events of a batch may carry two iden
 Each table below is one scenario; all of them run in one database and are synced
 together: the identity changes between batches, inside a batch between the table's
 changes (a batch that first dies after its first table), and once more after that (the
-mirror must still be exact). The driver
-replays a batch whose events carry two identities one identity at a time
-(:mod:`slotlake.identity_segments`); Spark, which merges with the final identity, leaves
-such a table to a snapshot by the next run.
+mirror must still be exact). A batch whose events carry two identities is replayed one
+identity at a time (:mod:`slotlake.identity_segments`): on the driver in Arrow, through
+Spark in Spark SQL; either way the table's state is rewritten whole in one commit, exact
+as of that batch, with no copy from the source.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ TABLES = [
     "public.to_key_inside",
     "public.key_moved",
 ]
-# Inside one batch, changes of two identities: Spark's MERGE leaves these to a snapshot.
+# Inside one batch, changes of two identities: the state rewritten whole.
 INSIDE = {"public.to_full_inside", "public.to_key_inside", "public.key_moved"}
 
 FIRST = """
@@ -90,6 +90,21 @@ UPDATE key_moved SET v = 'r' WHERE id = 7;
 """
 
 
+def _assert_rewritten_whole(lake: str, batch: int, tables: set[str]) -> None:
+    """The tables whose identity changed inside ``batch`` had their state rewritten in one
+    commit: an overwrite, by the driver's replay and by Spark's alike."""
+    from deltalake import DeltaTable
+
+    record = Lake(lake).read_commit(batch)
+    for name in tables:
+        t = record.tables[name]
+        assert t.state and t.state_version is not None
+        history = DeltaTable(f"{lake}/{t.state}").history()
+        entry = next(h for h in history if h["version"] == t.state_version)
+        assert entry["operation"] == "WRITE", (name, entry)
+        assert entry["operationParameters"]["mode"] == "Overwrite", (name, entry)
+
+
 def _sync_and_check(conn: Any, cfg: Any, spark: Any, exact: list[str]) -> None:
     result = run_sync(cfg, spark=spark)
     assert result.status == "committed"
@@ -103,8 +118,8 @@ def test_identity_changes_keep_the_mirror_exact(
     pg_dsn: str, slot: str, spark: Any, tmp_path: Path, writer: str, monkeypatch: Any
 ) -> None:
     """The second batch first dies after its first table is written: the rerun finishes
-    it (and, through Spark, re-bases the tables that changed identity inside it), and no
-    change is logged twice."""
+    it, and no change is logged twice. Every batch leaves every table exact, as of that
+    batch: nothing is left to a copy."""
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     if writer == "spark":
@@ -119,25 +134,18 @@ def test_identity_changes_keep_the_mirror_exact(
         with pytest.raises(InjectedFault):
             run_sync(cfg, spark=spark)
         monkeypatch.delenv(FAULT_ENV)
-        # The rerun finishes batch 2, then goes on with a batch of its own. Under Spark
-        # batch 2 asked for copies of the tables it could not apply exactly, and that
-        # batch takes them: either way every table is exact when the run ends.
+        # The rerun finishes batch 2 (and may go on with a batch of its own).
         _sync_and_check(c, cfg, spark, TABLES)
-        last = Lake(lake).last_commit()
-        assert last is not None
-        copied = set(last.snapshot.get("tables", {}))
-        assert copied == (INSIDE if writer == "spark" else set()), copied
-        assert not waiting(Lake(lake), None)
-        # key_moved's identity moves back inside the third batch: under Spark that batch
-        # asks for a copy (a request file), which the run takes in one more batch.
+        _assert_rewritten_whole(lake, 2, INSIDE)
+        # key_moved's identity moves back inside the third batch.
         c.execute(THIRD)
         result = run_sync(cfg, spark=spark)
         assert_mirror(c, lake, TABLES)
-        assert (result.followed is not None) == (writer == "spark")
-        last = Lake(lake).last_commit()
-        assert last is not None
-        copied = set(last.snapshot.get("tables", {}))
-        assert copied == ({"public.key_moved"} if writer == "spark" else set()), copied
+        assert result.followed is None and result.batch is not None
+        _assert_rewritten_whole(lake, result.batch, {"public.key_moved"})
+        # No table was ever copied from the source.
+        for b in Lake(lake).commit_batches():
+            assert not Lake(lake).read_commit(b).snapshot.get("tables"), b
         assert not waiting(Lake(lake), None)
 
     # Every record, the rerun's batch and the copies' among them, counts what was written.

@@ -8,9 +8,8 @@ stopped from the reprocessing's point of view: nothing here passes it a DSN.
 from __future__ import annotations
 
 import json
-import re
 import shutil
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -81,13 +80,10 @@ def _sortable(df):  # type: ignore[no-untyped-def]
     return df.orderBy(*[f.name for f in df.schema.fields if not isinstance(f.dataType, MapType)])
 
 
-def assert_batch_equal(  # type: ignore[no-untyped-def]
-    spark, orig: str, new: str, batch: int, first: int = 1, off: Collection[str] = ()
-) -> None:
+def assert_batch_equal(spark, orig: str, new: str, batch: int, first: int = 1) -> None:  # type: ignore[no-untyped-def]
     """Batch ``batch`` of ``new`` (rebuilt from batch ``first`` on) equals the original:
     its record, and every Delta table read as of the versions the two records name.
-    Without a session (``spark_reads`` on an older PostgreSQL) only the record. ``off``:
-    tables whose original state of that batch is not compared (``identity_merged_off``)."""
+    Without a session (``spark_reads`` on an older PostgreSQL) only the record."""
 
     a, b = Lake(orig).read_commit(batch), Lake(new).read_commit(batch)
     assert (b.kind, b.start_lsn, b.end_lsn, b.target_lsn) == (
@@ -100,21 +96,19 @@ def assert_batch_equal(  # type: ignore[no-untyped-def]
     assert sorted(a.tables) == sorted(b.tables)
     for name, ta in a.tables.items():
         tb = b.tables[name]
-        assert (tb.change_rows, tb.columns, tb.key_columns, tb.renames) == (
+        assert (tb.change_rows, tb.state_rows, tb.columns, tb.key_columns, tb.renames) == (
             ta.change_rows,
+            ta.state_rows,
             ta.columns,
             ta.key_columns,
             ta.renames,
         ), f"batch {batch} {name}"
-        assert name in off or tb.state_rows == ta.state_rows, f"batch {batch} {name}"
         assert tb.written == ta.written, f"batch {batch} {name}"
     if spark is not None:
-        _assert_spark_reads_equal(spark, a, b, orig, new, first, off)
+        _assert_spark_reads_equal(spark, a, b, orig, new, first)
 
 
-def _assert_spark_reads_equal(  # type: ignore[no-untyped-def]
-    spark, a, b, orig: str, new: str, first: int, off: Collection[str]
-) -> None:
+def _assert_spark_reads_equal(spark, a, b, orig: str, new: str, first: int) -> None:  # type: ignore[no-untyped-def]
     from pyspark.sql import functions as F
 
     for name, ta in a.tables.items():
@@ -132,8 +126,6 @@ def _assert_spark_reads_equal(  # type: ignore[no-untyped-def]
         )
         assert ta.state and tb.state and ta.state_version is not None
         assert tb.state_version is not None
-        if name in off:
-            continue
         assert_df_equality(
             _sortable(_delta(spark, orig, ta.state, ta.state_version)),
             _sortable(_delta(spark, new, tb.state, tb.state_version)),
@@ -148,9 +140,7 @@ def _assert_spark_reads_equal(  # type: ignore[no-untyped-def]
     )
 
 
-def assert_batch_files_equal(
-    orig: str, new: str, batch: int, first: int = 1, off: Collection[str] = ()
-) -> None:
+def assert_batch_files_equal(orig: str, new: str, batch: int, first: int = 1) -> None:
     """The same comparison without Spark: the deltalake readers, as of batch ``batch``."""
     a, b = Lake(orig).read_commit(batch), Lake(new).read_commit(batch)
     assert (b.kind, b.start_lsn, b.end_lsn, b.target_lsn) == (
@@ -162,35 +152,17 @@ def assert_batch_files_equal(
     assert sorted(a.tables) == sorted(b.tables)
     for name, ta in a.tables.items():
         tb = b.tables[name]
-        assert (tb.change_rows, tb.columns, tb.gone_since) == (
+        assert (tb.change_rows, tb.state_rows, tb.columns, tb.gone_since) == (
             ta.change_rows,
+            ta.state_rows,
             ta.columns,
             ta.gone_since,
         ), f"batch {batch} {name}"
         assert _log(new, name, batch) == _log(orig, name, batch, first), f"batch {batch} {name}"
-        if name in off:
-            continue
-        assert tb.state_rows == ta.state_rows, f"batch {batch} {name}"
         if ta.gone_since is None:  # (a gone table's state is refused, and unchanged since)
             assert _rows(read_state(new, name, batch)) == _rows(read_state(orig, name, batch)), (
                 f"batch {batch} {name}"
             )
-
-
-def identity_merged_off(root: str) -> dict[int, set[str]]:
-    """Batch → the tables whose state Spark merged with their final identity across a
-    replica identity change inside that batch, which the run's next batch copied again
-    (README, "Schema changes"): until that copy the state may be off, where a reprocess
-    on the driver replays the batch one identity at a time."""
-    lake, off = Lake(root), {}
-    for b in lake.commit_batches():
-        for name, table in (lake.read_commit(b).snapshot.get("tables") or {}).items():
-            reason = re.fullmatch(
-                r"replica identity changed within batch (\d+) .*", table.get("reason", "")
-            )
-            if reason:
-                off.setdefault(int(reason.group(1)), set()).add(name)
-    return off
 
 
 def _log(root: str, table: str, batch: int | None = None, first: int = 1) -> list[dict]:
