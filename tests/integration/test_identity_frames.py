@@ -73,7 +73,7 @@ def _third_run() -> list[tuple[Any, ...]]:
     ]
 
 
-def _arrow_replay(spark, cat, events, prior, truncs):  # type: ignore[no-untyped-def]
+def _arrow_replay(spark, cat, events, prior, truncs, defaults=()):  # type: ignore[no-untyped-def]
     """The driver's replay of the same events and prior state (one copy each)."""
     import pyarrow as pa
 
@@ -81,7 +81,7 @@ def _arrow_replay(spark, cat, events, prior, truncs):  # type: ignore[no-untyped
     counted = arrow_schema_for(_state_schema(cat, counted=True))
     whole = prior.toArrow().cast(keyed)
     whole = whole.append_column("_copies", pa.repeat(pa.scalar(1, pa.int64()), whole.num_rows))
-    return replay(events.toArrow(), whole, cat, truncs, keyed, counted)
+    return replay(events.toArrow(), whole, cat, truncs, keyed, counted, defaults)
 
 
 def _rows(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
@@ -174,3 +174,22 @@ def test_a_truncate_goes_with_the_run_it_ran_in(spark) -> None:  # type: ignore[
     ]
     _, whole = _arrow_replay(spark, cat, events, prior, truncs)
     assert _arrow_rows(whole, state.columns) == _rows(state)
+
+
+def test_a_column_added_with_a_default_inside_the_batch(spark) -> None:  # type: ignore[no-untyped-def]
+    """``big`` (re-)added with a default between the first run's two events: the final
+    rows and multiset images decoded before that point take the default, in Spark as on
+    the driver."""
+    from slotlake.fastdefault import FastDefault
+
+    cat = KEYED_FULL_CODE
+    default = FastDefault("big", 10002, "D", "D", None, "string", "catalog", False)
+    events = events_df(spark, cat, _events(cat) + _third_run())
+    prior = state_df(spark, cat, PRIOR)
+    _, state = replay_frames(events, prior, cat, [], [default])
+    rows = _rows(state)
+    # The first run's UPDATE (before the point) keeps the default, and the third run's
+    # UPDATE of that row fills its unchanged value from it.
+    assert (10, "a2", "D", "{}", []) in rows and len(rows) == 4
+    _, whole = _arrow_replay(spark, cat, events, prior, [], [default])
+    assert _arrow_rows(whole, state.columns) == rows
