@@ -7,6 +7,7 @@ stopped from the reprocessing's point of view: nothing here passes it a DSN.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -31,10 +32,15 @@ from .test_sync_e2e import KEYS, SCHEMA, _batch1, _batch2, _batch3, _batch5
 TABLES = list(KEYS)
 
 
+_DB_COUNTER = itertools.count()
+
+
 @pytest.fixture(scope="module")
 def synced_lake(pg_cluster: LocalPostgres, spark, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """Five committed batches: the e2e workload, an idle batch, and a last one."""
-    dbname = f"reprocess_pg{pg_cluster.version}"
+    # Named afresh each time: xdist's work stealing may set a module's fixture up twice
+    # in one worker, on the worker's one cluster.
+    dbname = f"reprocess_pg{pg_cluster.version}_{next(_DB_COUNTER)}"
     dsn = pg_cluster.create_database(dbname)
     slot = f"s_{dbname}"
     lake = str(tmp_path_factory.mktemp("reprocess") / "lake")
