@@ -942,10 +942,18 @@ def process_table(
             # An earlier attempt of this batch wrote both tables: nothing to recompute.
             c, s = (local_last_commit(p) for p in paths)
             _finish(commit, c, s, prior)
-            # A key the earlier attempt's MERGE was done by is still kept.
+            # A key the earlier attempt's MERGE was done by is still kept; one a copy's or
+            # a rebuilt state may be unique on is checked again, as the attempt did.
             key = prior.unique_on if prior is not None and cat.is_multiset else []
             if key and unique_multiset.merged_by(paths[1], s.version, key):
                 commit.unique_on = list(key)
+            elif cat.is_multiset:
+                if snap is not None:
+                    fresh = [] if cat.identity_switches else snap.unique_on
+                else:
+                    fresh = unique_multiset.switched_key(cat) if cat.identity_switches else []
+                if fresh and _local_unique(lake, state_rel, s.version, fresh):
+                    commit.unique_on = list(fresh)
             if snap is not None or commit.spread:  # not a MERGE's delta, maybe not appended
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
             commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)
@@ -1111,7 +1119,6 @@ def process_table(
             counted = _missing_toast_logged(session, lake, cat, c.version, batch, snap)
         commit.missing_toast = counted
         # A multiset unique on a key is MERGEd by it (slotlake.unique_multiset).
-        # A rebuilt state is unique on no key, as the driver's (a later copy finds one).
         by_key = (
             unique_key(cat, prior) if cat.is_multiset and snap is None and not switched else None
         )
@@ -1155,14 +1162,15 @@ def process_table(
     _finish(commit, c, s, prior)
     # The key a multiset's state may still be unique on (slotlake.unique_multiset): a FULL
     # table's copy is unique on its primary key; a batch matched whole here (a TRUNCATE's,
-    # or one that broke the key) leaves the one it had. One aggregation over the state,
-    # which the copy or this write wrote whole anyway, tells whether later batches can
-    # be MERGEd by it.
+    # or one that broke the key) leaves the one it had; a state rebuilt across an
+    # identity change may be unique on the table's old key. One aggregation over the
+    # state, which the copy or this write wrote whole anyway, tells whether later batches
+    # can be MERGEd by it.
     key: list[str] = []
     if cat.is_multiset and snap is not None and not cat.identity_switches:
         key = snap.unique_on
     elif cat.is_multiset and snap is None and not commit.unique_on:
-        key = by_key or []
+        key = (unique_multiset.switched_key(cat) if switched else by_key) or []
     if snap is not None or key:
         from slotlake.snapshot import unique_state_rows
 
@@ -1170,7 +1178,7 @@ def process_table(
         if snap is not None:  # the re-based state's rows are not a MERGE's delta
             commit.state_rows = rows
         commit.unique_on = list(key) if unique else []
-        if key and not unique and snap is None:
+        if key and not unique and snap is None and not switched:
             log.warning(
                 "batch %d: %s: no longer unique on %s: its rows are matched whole from now on",
                 batch,
@@ -1353,6 +1361,10 @@ def _process_local(
         if version is not None:
             whole = _whole_prior(lake, state_rel, version, cat, counted_arrow, fast)
         changes, finals = replay(events, whole, cat, truncs, keyed_arrow, counted_arrow, fast)
+        # A table made FULL may be unique on its old key: later batches MERGE by it.
+        unique = unique_multiset.switched_key(cat)
+        if unique is not None and not unique_multiset.holds(finals, unique):
+            unique = None
     elif cat.is_multiset:
         from slotlake.multiset_arrow import multiset_state
 
@@ -1509,6 +1521,14 @@ def _process_local(
         append=appends and not truncs,
     )
     return c, s, missing, unique or []
+
+
+def _local_unique(lake: Lake, rel: str, version: int, key: Sequence[str]) -> bool:
+    """Whether a multiset state of a lake on local disk holds each value of ``key`` once
+    as of ``version`` (no Spark: its key columns and ``_copies`` read)."""
+    names = ", ".join('"' + k.replace('"', '""') + '"' for k in key)
+    rows = read_delta(lake.uri, rel, version, f"SELECT {names}, {COPIES} FROM t")
+    return unique_multiset.holds(rows, key)
 
 
 def local_table_rows(lake: Lake, rel: str, version: int) -> int:

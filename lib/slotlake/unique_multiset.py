@@ -74,6 +74,27 @@ def unique_key(cat: TableCatalog, prior: TableCommit | None) -> list[str] | None
     return key
 
 
+def switched_key(cat: TableCatalog) -> list[str] | None:
+    """The key a multiset's state rebuilt across an identity change inside the batch
+    (:mod:`slotlake.identity_segments`) may be unique on: the last key its versions had
+    (the primary key or identity index of a table made FULL), its columns still the
+    state's under their names. Only a candidate: the rebuilt state is checked whole
+    before the key is kept (:attr:`slotlake.lake.TableCommit.unique_on`), as a copy's
+    is, so that later batches are MERGEd by it instead of by whole rows."""
+    from slotlake.catalog import identity
+
+    if not cat.is_multiset or cat.replica_identity != "f":
+        return None
+    keys = [k for k in (identity(v) for v in sorted(cat.versions, key=lambda v: v.seq)) if k]
+    if not keys:
+        return None
+    key = list(keys[-1])
+    moved = set(cat.renames) | set(cat.renames.values()) | set(cat.lake_names)
+    if any(k not in cat.state_columns or k in moved or k in cat.text_columns for k in key):
+        return None
+    return key
+
+
 def merged_by(state_path: str, version: int, key: Sequence[str]) -> bool:
     """Whether version ``version`` of the local state at ``state_path`` is a MERGE by
     ``key`` (the driver's :func:`slotlake.dv_merge.merge_keyed` of :func:`keyed_rows`, or

@@ -21,6 +21,7 @@ import pytest
 from slotlake.lake import Lake, read_changes, read_delta
 from slotlake.snapshot import waiting
 from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
+from slotlake.unique_multiset import merged_by
 
 from .sync_helpers import assert_mirror, assert_rows_recorded, make_config
 
@@ -137,12 +138,18 @@ def test_identity_changes_keep_the_mirror_exact(
         # The rerun finishes batch 2 (and may go on with a batch of its own).
         _sync_and_check(c, cfg, spark, TABLES)
         _assert_rewritten_whole(lake, 2, INSIDE)
+        # Made FULL, to_full_inside's rebuilt state is still unique on its primary key.
+        assert Lake(lake).read_commit(2).tables["public.to_full_inside"].unique_on == ["id"]
         # key_moved's identity moves back inside the third batch.
         c.execute(THIRD)
         result = run_sync(cfg, spark=spark)
         assert_mirror(c, lake, TABLES)
         assert result.followed is None and result.batch is not None
         _assert_rewritten_whole(lake, result.batch, {"public.key_moved"})
+        # ... so the next batch MERGEd it by that key, not by whole rows.
+        full = Lake(lake).read_commit(result.batch).tables["public.to_full_inside"]
+        assert full.unique_on == ["id"] and full.state and full.state_version is not None
+        assert merged_by(f"{lake}/{full.state}", full.state_version, ["id"])
         # No table was ever copied from the source.
         for b in Lake(lake).commit_batches():
             assert not Lake(lake).read_commit(b).snapshot.get("tables"), b

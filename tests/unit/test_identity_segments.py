@@ -9,6 +9,7 @@ import pytest
 from slotlake.catalog import build_catalogs, identity
 from slotlake.identity_segments import runs
 from slotlake.pgoutput import Relation, RelationColumn
+from slotlake.unique_multiset import switched_key
 
 INT4, TEXT = 23, 25
 
@@ -80,3 +81,20 @@ def test_an_event_before_any_relation_message_is_refused() -> None:
     cat = catalog((10, rel("d", "id")), (40, rel("f", "id", "code", "v")))
     with pytest.raises(ValueError, match=r"public\.t: an event before"):
         runs(events((100, 1, 5)), cat)
+
+
+@pytest.mark.parametrize(
+    ("versions", "key"),
+    [
+        ([rel("d", "id"), rel("f", "id", "code", "v")], ["id"]),  # made FULL: its old key
+        ([rel("d", "id"), rel("d", "code"), rel("f", "id", "code", "v")], ["code"]),  # the last
+        ([rel("f", "id", "code", "v"), rel("d", "id")], None),  # keyed in the end
+        ([rel("d"), rel("f", "id", "code", "v")], None),  # no key before FULL
+        ([rel("d", "id"), rel("d")], None),  # the key dropped: INSERTs only, no FULL
+    ],
+)
+def test_the_key_a_state_rebuilt_across_the_change_may_be_unique_on(
+    versions: list[Relation], key: list[str] | None
+) -> None:
+    cat = catalog(*[(10 * (i + 1), r) for i, r in enumerate(versions)])
+    assert switched_key(cat) == key
