@@ -942,18 +942,21 @@ def process_table(
             # An earlier attempt of this batch wrote both tables: nothing to recompute.
             c, s = (local_last_commit(p) for p in paths)
             _finish(commit, c, s, prior)
-            # A key the earlier attempt's MERGE was done by is still kept; one a copy's or
-            # a rebuilt state may be unique on is checked again, as the attempt did.
+            # A key the earlier attempt's MERGE was done by is still kept; one a state it
+            # wrote whole (a copy, a TRUNCATE's batch, an identity change) may be unique
+            # on is checked over that state again, as the attempt did.
             key = prior.unique_on if prior is not None and cat.is_multiset else []
             if key and unique_multiset.merged_by(paths[1], s.version, key):
                 commit.unique_on = list(key)
             elif cat.is_multiset:
                 if snap is not None:
-                    fresh = [] if cat.identity_switches else snap.unique_on
+                    whole = [] if cat.identity_switches else snap.unique_on
+                elif cat.identity_switches:
+                    whole = unique_multiset.switched_key(cat) or []
                 else:
-                    fresh = unique_multiset.switched_key(cat) if cat.identity_switches else []
-                if fresh and _local_unique(lake, state_rel, s.version, fresh):
-                    commit.unique_on = list(fresh)
+                    whole = unique_key(cat, prior) or []
+                if whole and _local_unique(lake, state_rel, s.version, whole):
+                    commit.unique_on = list(whole)
             if snap is not None or commit.spread:  # not a MERGE's delta, maybe not appended
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
             commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)

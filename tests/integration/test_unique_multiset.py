@@ -308,7 +308,8 @@ def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
     """A run killed after its tables' commits and before its commit record: the rerun
     finds the batch written and knows the key still holds when the state's commit was
     the MERGE by it (the driver's, or Spark's); after a whole rebuild (a TRUNCATE's
-    batch) it cannot tell, and the key is forgotten. The mirror is exact either way."""
+    batch) it checks the state whole again, as the first attempt did (before 2026-12-05
+    the key was forgotten). The mirror is exact either way."""
     from slotlake.sync import FAULT_ENV, InjectedFault
 
     _vectors_always(monkeypatch)
@@ -331,17 +332,26 @@ def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
         assert result.status == "committed", result
         assert_mirror(c, root, ["public.t"])
         kept = Lake(root).read_commit(result.batch or 0).tables["public.t"].unique_on
-        assert kept == ([] if rewritten else ["id"])
+        assert kept == ["id"]
 
 
 @pytest.mark.one_pg_version  # the lake's copy is under test, not the source
+@pytest.mark.parametrize("crash", [False, True], ids=["whole", "rerun"])
 def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
-    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    crash: bool,
 ) -> None:
     """A FULL table with a primary key added to the publication is copied for a batch
     (a per-table snapshot, through Spark): its copy is not grouped, the batch's changes
     after the copy's consistent point are applied, the state is found unique on the key
-    and recorded so, and the next batch is MERGEd by the key."""
+    and recorded so, and the next batch is MERGEd by the key. ``rerun``: the copy's
+    batch first dies after its tables were written, and the rerun finds the key too."""
+    from slotlake.sync import FAULT_ENV, InjectedFault
+
     _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     root = str(tmp_path / "lake")
@@ -357,6 +367,11 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
         c.execute("ALTER PUBLICATION pub ADD TABLE public.f")
         c.execute("UPDATE public.f SET v = 'after the add' WHERE id < 20")
         c.execute("INSERT INTO public.a VALUES (1, 'a')")
+        if crash:  # every table written, no record: the rerun finds the copy written
+            monkeypatch.setenv(FAULT_ENV, "before_commit")
+            with pytest.raises(InjectedFault):
+                run_sync(cfg, spark=spark)
+            monkeypatch.delenv(FAULT_ENV)
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
         assert_mirror(c, root, ["public.a", "public.f"])
