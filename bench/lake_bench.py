@@ -48,6 +48,11 @@ SparkSession (the issue's targets in brackets):
           kept unique on its key, slotlake.unique_multiset: MERGEd by it)
   full_spark  ``full`` with every table done by Spark (``driver_write_rows = 0``), as on
           a lake off the local disk: Spark's MERGE by the key (not in the default steps)
+  identity  ``--changes``/10 changes on an ``--identity-rows``-row table by Spark
+          (``driver_write_rows = 0``), six batches: the third switches the table to
+          REPLICA IDENTITY FULL between its changes, the fifth back; those rewrite the
+          state whole, the others are MERGEs (the FULL one by the primary key kept as
+          ``unique_on``). Not in the default steps
   mid     2,000 changes on 100k- and 500k-row keyed tables (states within
           ``lake.driver_write_state_mb``): the touched files rewritten by the driver
           (``driver_deletion_vectors = false``) vs MERGEd with deletion vectors
@@ -160,6 +165,23 @@ def changes(
             f"INSERT INTO {name} SELECT g, 'new', 0, now() FROM generate_series(%s::int8, %s::int8) g",
             (rows + 1, rows + n - len(ids)),
         )
+
+
+# identity: the round whose batch switches the table to FULL between its changes, and
+# the round that switches it back (the rounds between are plain batches of each shape).
+IDENTITY_ROUNDS = {2: "FULL", 4: "DEFAULT"}
+
+
+def identity_changes(
+    c: psycopg.Connection[Any], name: str, rows: int, n: int, rng: random.Random, round_: int
+) -> None:
+    """:func:`changes` in two halves, the table's replica identity switched between them
+    in the rounds of ``IDENTITY_ROUNDS``."""
+    changes(c, name, rows, n // 2, rng, round_)
+    if round_ in IDENTITY_ROUNDS:
+        c.execute(f"ALTER TABLE {name} REPLICA IDENTITY {IDENTITY_ROUNDS[round_]}")
+    # The first half's inserts took the ids after rows.
+    changes(c, name, rows + n // 2 - int(n // 2 * 0.9), n - n // 2, rng, round_)
 
 
 def uuid_changes(
@@ -525,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-tables", type=int, default=300)
     p.add_argument("--series-batches", type=int, default=32)
     p.add_argument("--steady-batches", type=int, default=8)
+    p.add_argument("--identity-rows", type=int, default=1_000_000)
     p.add_argument(
         "--steps",
         default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,full,mid,ddl,rollback",
@@ -854,6 +877,30 @@ def main(argv: list[str] | None = None) -> int:
                 f"{kind}: the size's batch on tables keyed by {keyed_by}, median of batches "
                 f"3-{args.steady_batches}: {args.big:,} rows {big:.2f}s vs {args.small:,} rows "
                 f"{small:.2f}s = {big / small:.2f}× (target ≤ 1.25×)"
+            )
+        if "identity" in steps:
+            # A batch that switches a table's identity between its changes rewrites its
+            # state whole (slotlake.identity_segments), by Spark here as off the local disk.
+            mark = len(BATCHES)
+            n = max(2, args.changes // 10)
+            scenario(
+                pg,
+                spark,
+                "identity",
+                {"t_identity": args.identity_rows},
+                n,
+                repeat=6,
+                driver_rows=0,
+                write=identity_changes,
+            )
+            t = [s for s, _ in BATCHES[mark:]]
+            plain = statistics.median([t[1], t[3], t[5]])
+            out["identity"] = {"rows": args.identity_rows, "batches_s": t, "plain_s": plain}
+            log(
+                f"identity: {n:,} changes on {args.identity_rows:,} rows by Spark, the identity "
+                f"switched inside the batch: to FULL {t[2]:.2f}s, back {t[4]:.2f}s; plain "
+                f"batches (keyed, FULL by its key, keyed) {t[1]:.2f} / {t[3]:.2f} / "
+                f"{t[5]:.2f}s"
             )
         if "mid" in steps:
             # Mid-sized keyed states (within lake.driver_write_state_mb): the driver
