@@ -950,13 +950,13 @@ def process_table(
                 commit.unique_on = list(key)
             elif cat.is_multiset:
                 if snap is not None:
-                    whole = [] if cat.identity_switches else snap.unique_on
+                    candidate = [] if cat.identity_switches else snap.unique_on
                 elif cat.identity_switches:
-                    whole = unique_multiset.switched_key(cat) or []
+                    candidate = unique_multiset.switched_key(cat) or []
                 else:
-                    whole = unique_key(cat, prior) or []
-                if whole and _local_unique(lake, state_rel, s.version, whole):
-                    commit.unique_on = list(whole)
+                    candidate = unique_key(cat, prior) or []
+                if candidate and _local_unique(lake, state_rel, s.version, candidate):
+                    commit.unique_on = list(candidate)
             if snap is not None or commit.spread:  # not a MERGE's delta, maybe not appended
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
             commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)
