@@ -23,6 +23,7 @@ state whole, once, whatever its changes alone would cost.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from slotlake.fastdefault import FastDefault
+
+log = logging.getLogger(__name__)
 
 Position = tuple[int, int]  # (commit LSN, ordinal in its transaction)
 
@@ -219,6 +222,13 @@ def replay_frames(
     from slotlake.state import apply_finals, fill_keyed, merge_multiset
 
     tagged, parts = frame_runs(events, cat)
+    log.info(
+        "%s: its replica identity changed between its changes (%d runs: %s): the state is "
+        "rebuilt whole by Spark, one identity at a time",
+        cat.name,
+        len(parts),
+        ", ".join("whole rows" if key is None else "by " + "+".join(key) for key, _, _ in parts),
+    )
     state = prior
     changes: list[DataFrame] = []
     for i, (key, versions, first) in enumerate(parts):
