@@ -368,16 +368,23 @@ def read_prior_state(
     Reading the recorded version, not the latest, keeps a rerun of batch N exact after its
     first attempt already merged N into the state.
     """
-    if prior is None or not prior.state or prior.state_version is None:
+    df = _prior_version(spark, lake, prior)
+    if df is None:
         return empty_state(spark, cat)
-    df = (
+    if COPIES in df.columns:
+        df = df.drop(COPIES)
+    return align_prior(df, cat)
+
+
+def _prior_version(spark: SparkSession, lake: Lake, prior: TableCommit | None) -> DataFrame | None:
+    """The state's version the previous commit names, as stored (None: no state yet)."""
+    if prior is None or not prior.state or prior.state_version is None:
+        return None
+    return (
         spark.read.format("delta")
         .option("versionAsOf", prior.state_version)
         .load(lake.path(prior.state))
     )
-    if COPIES in df.columns:
-        df = df.drop(COPIES)
-    return align_prior(df, cat)
 
 
 def read_whole_prior(
@@ -392,13 +399,9 @@ def read_whole_prior(
     :func:`slotlake.identity_segments.replay_frames` starts from."""
     from pyspark.sql import functions as F
 
-    if prior is None or not prior.state or prior.state_version is None:
+    df = _prior_version(spark, lake, prior)
+    if df is None:
         return empty_state(spark, cat)
-    df = (
-        spark.read.format("delta")
-        .option("versionAsOf", prior.state_version)
-        .load(lake.path(prior.state))
-    )
     if COPIES in df.columns:
         copy = F.explode(F.sequence(F.lit(1), F.col(COPIES).cast("int"))).alias("_copy")
         df = df.select("*", copy).drop("_copy", COPIES)
