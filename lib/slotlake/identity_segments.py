@@ -219,6 +219,7 @@ def replay_frames(
     from pyspark.sql import functions as F
 
     from slotlake import fastdefault
+    from slotlake.bootstrap import multiset_rows
     from slotlake.state import apply_finals, fill_keyed, merge_multiset
 
     tagged, parts = frame_runs(events, cat)
@@ -255,31 +256,11 @@ def replay_frames(
                 persisted.append(state)
     if not parts and truncations:  # truncated, and no change of it after
         state = state.limit(0)
-    final = _counted(state, cat) if cat.is_multiset else state
+    # A multiset's plain rows are counted as a copy's are.
+    final = multiset_rows(state, cat.state_columns) if cat.is_multiset else state
     if not changes:
         return events.withColumn("_missing_toast", F.col("_unchanged")).limit(0), final
     logged = changes[0]
     for more in changes[1:]:
         logged = logged.unionByName(more, allowMissingColumns=True)
     return logged, final
-
-
-def _counted(rows: DataFrame, cat: TableCatalog) -> DataFrame:
-    """Plain rows as a multiset's state: one row per distinct value, with ``_copies``."""
-    from pyspark.sql import functions as F
-
-    from slotlake.lake import COPIES
-    from slotlake.state import sorted_json
-
-    data = [F.col(f"`{c}`") for c in cat.state_columns]
-    grouped = (
-        rows.withColumn("_fbj", sorted_json(F.col("_fallback")))
-        .groupBy(*data, "_fbj")
-        .agg(F.count(F.lit(1)).alias(COPIES))
-    )
-    return grouped.select(
-        *data,
-        F.from_json("_fbj", "map<string,string>").alias("_fallback"),
-        F.array().cast("array<string>").alias("_missing_toast"),
-        COPIES,
-    )
