@@ -951,15 +951,10 @@ def process_table(
             key = prior.unique_on if prior is not None and cat.is_multiset else []
             if key and unique_multiset.merged_by(paths[1], s.version, key):
                 commit.unique_on = list(key)
-            elif cat.is_multiset:
-                if snap is not None:
-                    candidate = [] if cat.identity_switches else snap.unique_on
-                elif cat.identity_switches:
-                    candidate = unique_multiset.switched_key(cat) or []
-                else:
-                    candidate = unique_key(cat, prior) or []
+            else:
+                candidate = _whole_state_key(cat, prior, snap)
                 if candidate and _local_unique(lake, state_rel, s.version, candidate):
-                    commit.unique_on = list(candidate)
+                    commit.unique_on = candidate
             if snap is not None or commit.spread:  # not a MERGE's delta, maybe not appended
                 commit.state_rows = local_table_rows(lake, state_rel, s.version)
             commit.missing_toast = _missing_toast_logged(None, lake, cat, c.version, batch, snap)
@@ -1172,11 +1167,7 @@ def process_table(
     # identity change may be unique on the table's old key. One aggregation over the
     # state, which the copy or this write wrote whole anyway, tells whether later batches
     # can be MERGEd by it.
-    key: list[str] = []
-    if cat.is_multiset and snap is not None and not cat.identity_switches:
-        key = snap.unique_on
-    elif cat.is_multiset and snap is None and not commit.unique_on:
-        key = (unique_multiset.switched_key(cat) if switched else by_key) or []
+    key = _whole_state_key(cat, prior, snap) if snap is not None or not commit.unique_on else []
     if snap is not None or key:
         from slotlake.snapshot import unique_state_rows
 
@@ -1527,6 +1518,22 @@ def _process_local(
         append=appends and not truncs,
     )
     return c, s, missing, unique or []
+
+
+def _whole_state_key(
+    cat: TableCatalog, prior: TableCommit | None, snap: TableSnapshot | None
+) -> list[str]:
+    """The key a multiset's state that this batch may have written whole (not MERGEd by a
+    key) may be unique on, to be checked over that state: a copy's primary key (none
+    across an identity change), the table's last key after an identity change inside the
+    batch, else the key the prior state was unique on (:mod:`slotlake.unique_multiset`)."""
+    if not cat.is_multiset:
+        return []
+    if snap is not None:
+        return [] if cat.identity_switches else list(snap.unique_on)
+    if cat.identity_switches:
+        return unique_multiset.switched_key(cat) or []
+    return unique_key(cat, prior) or []
 
 
 def _local_unique(lake: Lake, rel: str, version: int, key: Sequence[str]) -> bool:
