@@ -73,7 +73,7 @@ def _third_run() -> list[tuple[Any, ...]]:
     ]
 
 
-def _arrow_replay(spark, cat, events, prior, truncs, defaults=()):  # type: ignore[no-untyped-def]
+def _arrow_replay(cat, events, prior, truncs, defaults=()):  # type: ignore[no-untyped-def]
     """The driver's replay of the same events and prior state (one copy each)."""
     import pyarrow as pa
 
@@ -134,7 +134,7 @@ def test_keyed_then_full_then_keyed_by_another_column(spark) -> None:  # type: i
     assert len(filled) == 8
     assert filled[(100, 1)] == ("B1", []) and filled[(300, 1)] == ("B1", [])
     # The driver's replay agrees, row for row.
-    logged, whole = _arrow_replay(spark, cat, events, prior, [])
+    logged, whole = _arrow_replay(cat, events, prior, [])
     assert _arrow_rows(whole, state.columns) == _rows(state)
     assert sorted(logged.column("big").to_pylist(), key=str) == sorted(
         [r["big"] for r in changes.collect()], key=str
@@ -152,7 +152,7 @@ def test_a_multiset_at_the_end_counts_its_copies(spark) -> None:  # type: ignore
         (3, "c3", "B3", "{}", [], 1),
         (4, "d", "B4", "{}", [], 1),
     ]
-    _, whole = _arrow_replay(spark, cat, events, prior, [])
+    _, whole = _arrow_replay(cat, events, prior, [])
     assert _arrow_rows(whole, state.columns) == _rows(state)
 
 
@@ -172,7 +172,7 @@ def test_a_truncate_goes_with_the_run_it_ran_in(spark) -> None:  # type: ignore[
         (5, "e", "B5", "{}", []),
         (10, "a2", None, "{}", ["big"]),
     ]
-    _, whole = _arrow_replay(spark, cat, events, prior, truncs)
+    _, whole = _arrow_replay(cat, events, prior, truncs)
     assert _arrow_rows(whole, state.columns) == _rows(state)
 
 
@@ -191,5 +191,5 @@ def test_a_column_added_with_a_default_inside_the_batch(spark) -> None:  # type:
     # The first run's UPDATE (before the point) keeps the default, and the third run's
     # UPDATE of that row fills its unchanged value from it.
     assert (10, "a2", "D", "{}", []) in rows and len(rows) == 4
-    _, whole = _arrow_replay(spark, cat, events, prior, [], [default])
+    _, whole = _arrow_replay(cat, events, prior, [], [default])
     assert _arrow_rows(whole, state.columns) == rows
