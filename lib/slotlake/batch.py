@@ -1028,6 +1028,7 @@ def process_table(
     persisted: list[DataFrame] = []
     truncated = bool(truncs)
     rebased = None
+    switched_unique = None  # a rebuilt multiset checked on its key before it was written
     if snap is not None:
         from slotlake.snapshot import rebase
 
@@ -1050,9 +1051,17 @@ def process_table(
         from slotlake.identity_segments import replay_frames
 
         whole = read_whole_prior(session, lake, cat, prior, defaults)
-        changes, state_source = replay_frames(
-            events, whole, cat, truncs, defaults, expected_rows, persisted
+        replayed = replay_frames(
+            events,
+            whole,
+            cat,
+            truncs,
+            defaults,
+            expected_rows,
+            persisted,
+            key=_whole_state_key(cat, prior, snap),
         )
+        changes, state_source, switched_unique = replayed
     elif cat.is_multiset:
         changes = events.withColumn("_missing_toast", F.col("_unchanged"))
         state_source = multiset_delta(fastdefault.fill_events(events, defaults), cat, truncs)
@@ -1168,7 +1177,9 @@ def process_table(
     # state, which the copy or this write wrote whole anyway, tells whether later batches
     # can be MERGEd by it.
     key = _whole_state_key(cat, prior, snap) if snap is not None or not commit.unique_on else []
-    if snap is not None or key:
+    if switched_unique is not None:  # checked on its rows before they were written
+        commit.unique_on = list(key) if switched_unique else []
+    elif snap is not None or key:
         from slotlake.snapshot import unique_state_rows
 
         rows, unique = unique_state_rows(session, lake.path(state_rel), s.version, key)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from slotlake.catalog import TableCatalog, identity
 from slotlake.lake import expand_copies, one_copy_each
@@ -195,6 +195,16 @@ def frame_runs(events: DataFrame, cat: TableCatalog) -> tuple[DataFrame, list[Fr
     return tagged, out
 
 
+class FrameReplay(NamedTuple):
+    """What :func:`replay_frames` returns."""
+
+    changes: DataFrame
+    state: DataFrame
+    # Whether the multiset state holds each value of the key asked about once (None: not
+    # asked, or not a multiset).
+    unique: bool | None = None
+
+
 def replay_frames(
     events: DataFrame,
     prior: DataFrame,
@@ -203,7 +213,8 @@ def replay_frames(
     defaults: Sequence[FastDefault] = (),
     expected_rows: int = 0,
     persisted: list[DataFrame] | None = None,
-) -> tuple[DataFrame, DataFrame]:
+    key: Sequence[str] | None = None,
+) -> FrameReplay:
     """(change rows, the whole new state) of one table's batch, run by run, in Spark:
     :func:`replay` with :func:`slotlake.state.fill_keyed` and
     :func:`slotlake.state.merge_multiset` as the runs' replays.
@@ -214,7 +225,13 @@ def replay_frames(
     columns, ``_fallback``, ``_missing_toast`` and, for a multiset, ``_copies`` (one row
     per distinct value). Each run's state but the last is persisted (and appended to
     ``persisted``, for the caller to release): the next run reads it, and so do the
-    change log's job and the state's."""
+    change log's job and the state's.
+
+    ``key``: a key the multiset's new state may be unique on
+    (:func:`slotlake.unique_multiset.switched_key`). Its rows are then persisted and
+    checked on it first: unique, each row is already one distinct value, and the
+    grouping of every column (and of ``_fallback``'s text) that counts copies is
+    skipped, as is a read of the written state to check the key after."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -228,11 +245,11 @@ def replay_frames(
         "rebuilt whole by Spark, one identity at a time",
         cat.name,
         len(parts),
-        ", ".join("whole rows" if key is None else "by " + "+".join(key) for key, _, _ in parts),
+        ", ".join("whole rows" if k is None else "by " + "+".join(k) for k, _, _ in parts),
     )
     state = prior
     changes: list[DataFrame] = []
-    for i, (key, versions, first) in enumerate(parts):
+    for i, (run_key, versions, first) in enumerate(parts):
         rows = tagged.filter(F.col("_v").isin(versions)).drop("_v")
         # A TRUNCATE goes with the run in force when it ran (as in replay).
         start = first if i else None
@@ -240,14 +257,14 @@ def replay_frames(
         truncs = [
             t for t in truncations if (start is None or t >= start) and (stop is None or t < stop)
         ]
-        if key is None:
+        if run_key is None:
             images = fastdefault.fill_events(rows, list(defaults))
             state = merge_multiset(images, state, cat, truncs)
             changes.append(rows.withColumn("_missing_toast", F.col("_unchanged")))
         else:
-            run_cat = dataclasses.replace(cat, key_columns=list(key), replica_identity="d")
+            run_cat = dataclasses.replace(cat, key_columns=list(run_key), replica_identity="d")
             logged, finals = fill_keyed(rows, state, run_cat, truncs, expected_rows, persisted)
-            finals = fastdefault.fill_finals(finals, rows, list(key), list(defaults))
+            finals = fastdefault.fill_finals(finals, rows, list(run_key), list(defaults))
             state = apply_finals(state, finals, run_cat, bool(truncs))
             changes.append(logged)
         if i + 1 < len(parts):
@@ -256,11 +273,52 @@ def replay_frames(
                 persisted.append(state)
     if not parts and truncations:  # truncated, and no change of it after
         state = state.limit(0)
-    # A multiset's plain rows are counted as a copy's are.
-    final = multiset_rows(state, cat.state_columns) if cat.is_multiset else state
+    unique = None
+    if cat.is_multiset and key and all(k in state.columns for k in key):
+        state = state.persist(StorageLevel.DISK_ONLY)
+        if persisted is not None:
+            persisted.append(state)
+        unique = unique_rows(state, key)
+    if unique:
+        final = one_copy_rows(state, cat.state_columns)
+    else:  # a multiset's plain rows are counted as a copy's are
+        final = multiset_rows(state, cat.state_columns) if cat.is_multiset else state
     if not changes:
-        return events.withColumn("_missing_toast", F.col("_unchanged")).limit(0), final
+        logged = events.withColumn("_missing_toast", F.col("_unchanged")).limit(0)
+        return FrameReplay(logged, final, unique)
     logged = changes[0]
     for more in changes[1:]:
         logged = logged.unionByName(more, allowMissingColumns=True)
-    return logged, final
+    return FrameReplay(logged, final, unique)
+
+
+def unique_rows(rows: DataFrame, key: Sequence[str]) -> bool:
+    """Whether plain rows (each one copy) hold each value of ``key`` once, none NULL: one
+    aggregation, as :func:`slotlake.snapshot.unique_state_rows` checks a written state."""
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+
+    row = rows.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.count_distinct(*[F.col(quote(k)) for k in key]).alias("keys"),
+    ).first()
+    assert row is not None
+    return int(row["keys"]) == int(row["n"])
+
+
+def one_copy_rows(rows: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """Plain rows known distinct (unique on a key) in a multiset state's shape, one copy
+    each: what :func:`slotlake.bootstrap.multiset_rows` makes of them, without its
+    grouping."""
+    from pyspark.sql import functions as F
+
+    from slotlake.delta import quote
+    from slotlake.lake import COPIES
+
+    return rows.select(
+        *[F.col(quote(c)) for c in columns],
+        "_fallback",
+        F.array().cast("array<string>").alias("_missing_toast"),
+        F.lit(1).cast("long").alias(COPIES),
+    )

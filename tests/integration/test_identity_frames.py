@@ -113,7 +113,7 @@ def test_keyed_then_full_then_keyed_by_another_column(spark) -> None:  # type: i
     cat = KEYED_FULL_CODE
     events = events_df(spark, cat, _events(cat) + _third_run())
     prior = state_df(spark, cat, PRIOR)
-    changes, state = replay_frames(events, prior, cat, [])
+    changes, state, _ = replay_frames(events, prior, cat, [])
     expected = state_df(
         spark,
         cat,
@@ -141,16 +141,37 @@ def test_keyed_then_full_then_keyed_by_another_column(spark) -> None:  # type: i
     )
 
 
-def test_a_multiset_at_the_end_counts_its_copies(spark) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("key", [None, ["id"]], ids=["no key", "checked on its key"])
+def test_a_multiset_at_the_end_counts_its_copies(spark, key) -> None:  # type: ignore[no-untyped-def]
+    """Asked about a key, the replay checks the new state on it: unique, its rows are
+    one copy each without the grouping, the same rows either way."""
     cat = KEYED_FULL
     events = events_df(spark, cat, _events(cat))
     prior = state_df(spark, cat, PRIOR)
-    _, state = replay_frames(events, prior, cat, [])
+    _, state, unique = replay_frames(events, prior, cat, [], key=key)
+    assert unique is (None if key is None else True)
     assert state.columns[-1] == "_copies"
     assert _rows(state) == [
         (1, "a2", "B1", "{}", [], 1),
         (3, "c3", "B3", "{}", [], 1),
         (4, "d", "B4", "{}", [], 1),
+    ]
+    _, whole = _arrow_replay(cat, events, prior, [])
+    assert _arrow_rows(whole, state.columns) == _rows(state)
+
+
+def test_a_multiset_that_breaks_the_key_asked_about_is_grouped(spark) -> None:  # type: ignore[no-untyped-def]
+    """Both copies of (4, d) stay live: not unique on ``id``, and the two rows are
+    counted into one with two copies, as without the key."""
+    cat = KEYED_FULL
+    events = events_df(spark, cat, _events(cat)[:-1])  # without the DELETE of one copy
+    prior = state_df(spark, cat, PRIOR)
+    _, state, unique = replay_frames(events, prior, cat, [], key=["id"])
+    assert unique is False
+    assert _rows(state) == [
+        (1, "a2", "B1", "{}", [], 1),
+        (3, "c3", "B3", "{}", [], 1),
+        (4, "d", "B4", "{}", [], 2),
     ]
     _, whole = _arrow_replay(cat, events, prior, [])
     assert _arrow_rows(whole, state.columns) == _rows(state)
@@ -163,7 +184,7 @@ def test_a_truncate_goes_with_the_run_it_ran_in(spark) -> None:  # type: ignore[
     events = events_df(spark, cat, _events(cat) + _third_run())
     prior = state_df(spark, cat, PRIOR)
     truncs = [(200, 2)]  # after the first INSERT of the FULL run
-    _, state = replay_frames(events, prior, cat, truncs)
+    _, state, _ = replay_frames(events, prior, cat, truncs)
     # Left after the TRUNCATE: one copy of (4, d) inserted, then deleted; (3, c) was
     # gone, so its UPDATE removes nothing and adds (3, c3); then the third run's rows.
     # (10, a2)'s TOAST value is not in the state any more: it stays missing.
@@ -186,7 +207,7 @@ def test_a_column_added_with_a_default_inside_the_batch(spark) -> None:  # type:
     default = FastDefault("big", 10002, "D", "D", None, "string", "catalog", False)
     events = events_df(spark, cat, _events(cat) + _third_run())
     prior = state_df(spark, cat, PRIOR)
-    _, state = replay_frames(events, prior, cat, [], [default])
+    _, state, _ = replay_frames(events, prior, cat, [], [default])
     rows = _rows(state)
     # The first run's UPDATE (before the point) keeps the default, and the third run's
     # UPDATE of that row fills its unchanged value from it.
