@@ -278,7 +278,7 @@ def replay_frames(
         state = state.persist(StorageLevel.DISK_ONLY)
         if persisted is not None:
             persisted.append(state)
-        unique = unique_rows(state, key)
+        unique = rows_unique_on(state, key)
     if unique:
         final = one_copy_rows(state, cat.state_columns)
     else:  # a multiset's plain rows are counted as a copy's are
@@ -292,7 +292,7 @@ def replay_frames(
     return FrameReplay(logged, final, unique)
 
 
-def unique_rows(rows: DataFrame, key: Sequence[str]) -> bool:
+def rows_unique_on(rows: DataFrame, key: Sequence[str]) -> bool:
     """Whether plain rows (each one copy) hold each value of ``key`` once, none NULL: one
     aggregation, as :func:`slotlake.snapshot.unique_state_rows` checks a written state."""
     from pyspark.sql import functions as F
