@@ -1145,8 +1145,11 @@ def process_table(
                 )
                 commit.unique_on = list(by_key) if kept else []
             except Broken as exc:
+                # Spark has logged the task the check failed in as an ERROR already: this
+                # line says why, for whoever reads the job's log.
                 log.info(
-                    "batch %d: %s: not MERGEd by %s (%s): its rows are matched whole",
+                    "batch %d: %s: not MERGEd by %s (%s): its rows are matched whole (the "
+                    "failed Spark task logged above was this check, not a fault)",
                     batch,
                     cat.name,
                     ", ".join(by_key),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,13 @@ def _random_batch(c: psycopg.Connection, rng: random.Random, batch: int) -> None
     ],
 )
 def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
-    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    pg_dsn: str,
+    slot: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    mode: str,
 ) -> None:
     """Three FULL tables with a primary key (one integer column; a bigint and a text; a
     date and an integer) and a TOASTed column left unchanged by most UPDATEs: batches of updates, deletes, key moves
@@ -193,11 +200,15 @@ def test_full_tables_with_a_key_are_merged_by_it_until_it_breaks(
         c.execute("INSERT INTO public.fi VALUES (%s, 'twin', NULL)", (low,))
         c.execute("INSERT INTO public.fi SELECT * FROM public.fi WHERE id = %s", (high,))
         c.execute("UPDATE public.fc SET v = 'still unique' WHERE a < 100")
+        caplog.set_level(logging.INFO, logger="slotlake.batch")
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
         assert_mirror(c, root, list(TABLES))
         tables = lake.read_commit(result.batch or 0).tables
         assert tables["public.fi"].unique_on == []
+        if mode == "by spark":  # Spark's MERGE raised from its task; the log says so
+            said = [r.getMessage() for r in caplog.records if "not MERGEd by id" in r.getMessage()]
+            assert said and "not a fault" in said[0], said
         assert tables["public.fc"].unique_on == ["a", "b"]
         # From now on fi's rows are matched whole: one of two equal rows deleted.
         c.execute(
