@@ -950,7 +950,8 @@ def keep_history_types(plan: TablePlan, earlier: dict[str, str]) -> TablePlan:
 def multiset_rows(df: DataFrame, columns: Sequence[str], grouped: bool = True) -> DataFrame:
     """Identical copied rows (values and value texts alike) → one row with ``_copies``:
     the multiset state of a copy (bootstrap, per-table snapshots). Not ``grouped`` (an
-    INSERT-only table's: :attr:`slotlake.lake.TableCommit.spread`), each row one copy.
+    INSERT-only table's: :attr:`slotlake.lake.TableCommit.spread`, or rows known
+    distinct), each row one copy.
 
     Maps are not groupable: ``_fallback`` is grouped on its sorted JSON text, the form
     the sync job's multiset MERGE compares (``slotlake.state.multiset_condition``).

@@ -279,10 +279,8 @@ def replay_frames(
         if persisted is not None:
             persisted.append(state)
         unique = rows_unique_on(state, key)
-    if unique:
-        final = one_copy_rows(state, cat.state_columns)
-    else:  # a multiset's plain rows are counted as a copy's are
-        final = multiset_rows(state, cat.state_columns) if cat.is_multiset else state
+    # A multiset's plain rows are counted as a copy's are; known distinct, one copy each.
+    final = multiset_rows(state, cat.state_columns, not unique) if cat.is_multiset else state
     if not changes:
         logged = events.withColumn("_missing_toast", F.col("_unchanged")).limit(0)
         return FrameReplay(logged, final, unique)
@@ -305,20 +303,3 @@ def rows_unique_on(rows: DataFrame, key: Sequence[str]) -> bool:
     ).first()
     assert row is not None
     return int(row["keys"]) == int(row["n"])
-
-
-def one_copy_rows(rows: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """Plain rows known distinct (unique on a key) in a multiset state's shape, one copy
-    each: what :func:`slotlake.bootstrap.multiset_rows` makes of them, without its
-    grouping."""
-    from pyspark.sql import functions as F
-
-    from slotlake.delta import quote
-    from slotlake.lake import COPIES
-
-    return rows.select(
-        *[F.col(quote(c)) for c in columns],
-        "_fallback",
-        F.array().cast("array<string>").alias("_missing_toast"),
-        F.lit(1).cast("long").alias(COPIES),
-    )
