@@ -306,7 +306,12 @@ def test_an_append_interrupted_and_run_again_is_written_once(
             run_sync(cfg, spark=spark)
         monkeypatch.delenv(FAULT_ENV)
         result = run_sync(cfg, spark=spark)
-        assert result.status == ("up_to_date" if step == "after_commit" else "committed")
+        if step == "after_commit":
+            # Batch 2 is not done again. WAL is cluster-wide: a checkpoint meanwhile makes
+            # the run a batch 3 of no change.
+            assert result.status == "up_to_date" or result.batch == 3, result
+        else:
+            assert (result.status, result.batch) == ("committed", 2)
         t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
         assert t.spread and t.state_rows == 4
         assert _stored(root, t.state_version) == Counter(
