@@ -6,6 +6,7 @@ change log holds exactly the operations an audit trigger recorded, in order.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psycopg
@@ -432,6 +433,16 @@ def _restart_lsn(c: psycopg.Connection, slot: str) -> Lsn:
     return Lsn.parse(row[0])
 
 
+def _wait_for_the_wal_writer(c: psycopg.Connection) -> None:
+    """Until all WAL inserted is flushed (records not of a commit wait for the WAL writer)."""
+    deadline = time.monotonic() + 10
+    while c.execute(
+        "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()"
+    ).fetchone() == (True,):
+        assert time.monotonic() < deadline, "the WAL writer did not flush within 10 s"
+        time.sleep(0.02)
+
+
 def test_the_slot_restart_point_follows_the_batches(
     pg_dsn: str, slot: str, spark, tmp_path: Path
 ) -> None:
@@ -468,13 +479,16 @@ def test_the_slot_restart_point_follows_the_batches(
             assert restart > targets[0], (restart, targets)
         else:
             assert restart >= created
-        # The last batch's record lies past its target: one run more may take it as a batch
-        # of no change; then the source is at rest. WAL is cluster-wide, so the server's
-        # own work (a checkpoint, autovacuum elsewhere) can make one more run a batch of
-        # no change too (seen once in CI): rest is two runs up to date in a row,
-        # which a run that logged a record for the next would never reach.
+        # The last batch's record lies past its target and the WAL writer flushes it
+        # within wal_writer_delay: the run after that takes it as a batch of no change;
+        # then the source is at rest. Runs faster than the WAL writer met it one or two
+        # runs later (CI once saw up to date, up to date, committed), so each run here
+        # waits for the flush first. The server's own WAL (a checkpoint; autovacuum is
+        # off for r) can still make one more run a batch of no change: rest is two runs
+        # up to date in a row, which a run that logged a record for the next never reaches.
         statuses: list[str] = []
         while statuses[-2:] != ["up_to_date", "up_to_date"] and len(statuses) < 6:
+            _wait_for_the_wal_writer(c)
             statuses.append(run_sync(cfg, spark=spark).status)
         assert statuses[-2:] == ["up_to_date", "up_to_date"], statuses
         assert set(statuses) <= {"committed", "up_to_date"}, statuses
@@ -482,8 +496,7 @@ def test_the_slot_restart_point_follows_the_batches(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()  # type: ignore[misc]
-    # At rest a run logs nothing: the WAL since the slot's position is below the threshold
-    # (an unflushed record of each idle run would be a batch once anything flushes WAL).
+    # At rest a run logs nothing: the WAL since the slot's position is below the threshold.
     with open_source(cfg) as src:
         assert src.log_restart_point(after=Lsn.parse(rest)) is None
     # The setting reaches the source: off, nothing is logged, however much WAL there is.
