@@ -1,4 +1,4 @@
-"""The ``slotlake`` command: sync, status, inspect, reprocess, demo.
+"""The ``slotlake`` command and its subcommands.
 
 Each subcommand parses its arguments, builds what it needs and calls the library; the
 spark-submit entry points in jobs/ call the same functions.
@@ -54,7 +54,13 @@ def load(args: argparse.Namespace) -> Config:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slotlake", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="slotlake",
+        description="Mirror a PostgreSQL logical replication slot (pgoutput) into Delta Lake "
+        "tables, one batch at a time: a change log and a state per published table.",
+        epilog="Each command but demo takes --config FILE (TOML; see conf/example.toml) and --set "
+        "KEY=VALUE overrides. Connections follow libpq: PGPASSWORD, ~/.pgpass, service files.",
+    )
     parser.add_argument("--version", action="version", version=f"slotlake {__version__}")
     parser.add_argument("--verbose", "-v", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
