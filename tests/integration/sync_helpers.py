@@ -146,7 +146,14 @@ def off_record(lake: Lake) -> list[str]:
     from deltalake import DeltaTable
 
     last = lake.last_commit()
-    assert last is not None
+    if last is None:
+        # No batch committed yet (every run so far found nothing to pull): no Delta table
+        # may hold a version, as none is on record.
+        return sorted(
+            str(log.parent.relative_to(lake.root))
+            for log in lake.root.glob("**/_delta_log")
+            if any(log.iterdir())
+        )
     out = []
     for name, t in last.tables.items():
         for rel, version in ((t.changes, t.changes_version), (t.state, t.state_version)):

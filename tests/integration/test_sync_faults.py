@@ -205,6 +205,45 @@ def test_crash_at_step_then_rerun_is_exactly_once(
     crash_then_rerun(chain, step, spark, monkeypatch)
 
 
+def test_a_crash_in_a_lakes_first_batch_then_rerun(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with nothing to pull, then the lake's first batch dies once its tables hold
+    it: no record names them yet, readers see no table, the slot has not moved, and the
+    rerun finishes batch 1 as its first attempt fixed it, with no table written twice."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c, slot)
+        start = confirmed(c, slot)
+        assert run_sync(cfg, spark=spark).status == "up_to_date"
+        assert Lake(lake).last_commit() is None and off_record(Lake(lake)) == []
+
+        workload(c, 1)
+        monkeypatch.setenv(FAULT_ENV, "changes_written")
+        with pytest.raises(InjectedFault, match="at step changes_written"):
+            run_sync(cfg, spark=spark)
+        monkeypatch.delenv(FAULT_ENV)
+        assert Lake(lake).last_commit() is None
+        assert confirmed(c, slot) == start
+        assert log_snapshot(lake) == {}
+        written = off_record(Lake(lake))
+        assert any(t.startswith("state/") for t in written), written
+        assert any(t.startswith("changes/") for t in written), written
+
+        # Changes after the crash: batch 1 is finished as its first attempt fixed it, and
+        # they come as batch 2 of the same run.
+        plan = Lake(lake).read_plan(1)
+        assert plan is not None
+        end_1 = Lsn.parse(plan.end_lsn)
+        workload(c, 2)
+        result = run_sync(cfg, spark=spark)
+        assert (result.status, result.resumed, result.batch) == ("committed", 1, 2)
+        assert Lake(lake).read_commit(1).end == end_1 == result.start_lsn
+        assert off_record(Lake(lake)) == []
+        assert_exactly_once(c, lake, slot)
+
+
 @pytest.mark.parametrize("step", ["table_written", "before_commit"])
 def test_crash_after_deletion_vector_merges_then_rerun(
     dv_chain: Chain, step: str, spark: Any, monkeypatch: pytest.MonkeyPatch
