@@ -34,7 +34,7 @@ from deltalake import DeltaTable
 from slotlake import dv_merge
 from slotlake.config import Config
 from slotlake.delta import DRIVER_ENGINE
-from slotlake.lake import Lake, read_changes
+from slotlake.lake import Lake, LakeError, read_changes, read_state, table_names
 from slotlake.localpg import LocalPostgres
 from slotlake.lsn import Lsn
 from slotlake.sync import (
@@ -226,7 +226,9 @@ def test_a_crash_in_a_lakes_first_batch_then_rerun(
         monkeypatch.delenv(FAULT_ENV)
         assert Lake(lake).last_commit() is None
         assert confirmed(c, slot) == start
-        assert log_snapshot(lake) == {}
+        assert table_names(lake) == []
+        with pytest.raises(LakeError, match="no committed state"):
+            read_state(lake, "public.kv")
         written = off_record(Lake(lake))
         assert any(t.startswith("state/") for t in written), written
         assert any(t.startswith("changes/") for t in written), written
