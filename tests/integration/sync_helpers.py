@@ -141,26 +141,30 @@ def assert_rows_recorded(root: str, batches: Iterable[int | None]) -> None:
 
 
 def off_record(lake: Lake) -> list[str]:
-    """Delta tables whose newest version is not the one the last commit record names:
+    """Delta tables on disk whose newest version is not the one the last commit record
+    names (any version of a table it does not name, or when there is no record yet):
     past it after a crash (work no record accounts for yet), never after a run."""
     from deltalake import DeltaTable
 
     last = lake.last_commit()
-    if last is None:
-        # No batch committed yet (every run so far found nothing to pull): no Delta table
-        # may hold a version, as none is on record.
-        return sorted(
-            str(log.parent.relative_to(lake.root))
-            for log in lake.root.glob("**/_delta_log")
-            if any(log.iterdir())
-        )
+    named: dict[str, int | None] = {}
+    if last is not None:
+        named = {
+            last.transactions or "": last.transactions_version,
+            last.messages or "": last.messages_version,
+            last.ddl or "": last.ddl_version,
+        }
+        for t in last.tables.values():
+            named[t.changes or ""] = t.changes_version
+            named[t.state or ""] = t.state_version
     out = []
-    for name, t in last.tables.items():
-        for rel, version in ((t.changes, t.changes_version), (t.state, t.state_version)):
-            if not rel or not (lake.root / rel / "_delta_log").is_dir():
-                continue
-            if version is None or DeltaTable(str(lake.root / rel)).version() != version:
-                out.append(f"{rel} ({name})")
+    for log in sorted(lake.root.glob("**/_delta_log")):
+        if not any(log.iterdir()):
+            continue
+        rel = log.parent.relative_to(lake.root).as_posix()
+        version = named.get(rel)
+        if version is None or DeltaTable(str(log.parent)).version() != version:
+            out.append(rel)
     return out
 
 
