@@ -224,15 +224,17 @@ def test_readers_without_slotlake(
     # -- deltalake: QueryBuilder (DataFusion) reads them; to_pyarrow_table() does not.
     with pytest.raises(DeltaProtocolError, match=r"deletionVectors|columnMapping"):
         DeltaTable(kv_path).to_pyarrow_table()
-    for b, version in ((2, kv_v2), (3, kv_v3)):
-        assert _rows(_delta(kv_path, version)) == states[b]["public.kv"]
+    kv_as_of = {b: _delta(kv_path, version) for b, version in ((2, kv_v2), (3, kv_v3))}
+    for b, kv_table in kv_as_of.items():
+        assert _rows(kv_table) == states[b]["public.kv"]
     expand = "SELECT * EXCLUDE (_i) FROM (SELECT * EXCLUDE (_copies), unnest(range(_copies)) AS _i FROM bag)"
     bag = QueryBuilder().register("bag", DeltaTable(bag_path, version=bag_v3))
     assert _rows(pa.table(bag.execute(expand).read_all())) == states[3]["public.bag"]
     # pandas: repeat each distinct row _copies times (after the cast pandas needs).
+    bag_table = pa.table(bag.execute("SELECT * FROM bag").read_all())
     with pytest.raises(pa.ArrowNotImplementedError, match="string_view"):
-        pa.table(bag.execute("SELECT * FROM bag").read_all()).to_pandas()
-    df = plain_types(pa.table(bag.execute("SELECT * FROM bag").read_all())).to_pandas()
+        bag_table.to_pandas()
+    df = plain_types(bag_table).to_pandas()
     df = df.loc[df.index.repeat(df["_copies"])].drop(columns="_copies")
     assert _rows(df.itertuples(index=False)) == states[3]["public.bag"]
 
@@ -242,11 +244,11 @@ def test_readers_without_slotlake(
 
     with pytest.raises(DeltaProtocolError, match="columnMapping"):
         pl.read_delta(kv_path)
-    kv = pl.from_arrow(_delta(kv_path, kv_v3))
+    kv = pl.from_arrow(kv_as_of[3])
     assert isinstance(kv, pl.DataFrame)
     assert kv.columns == read_state(root, "public.kv").column_names
     assert _rows(kv.rows()) == states[3]["public.kv"]
-    bag_pl = pl.from_arrow(_delta(bag_path, bag_v3))
+    bag_pl = pl.from_arrow(bag_table)
     assert isinstance(bag_pl, pl.DataFrame)
     bag_rows = bag_pl.select(pl.exclude("_copies").repeat_by("_copies")).explode(pl.all())
     assert _rows(bag_rows.rows()) == states[3]["public.bag"]
