@@ -142,7 +142,7 @@ from slotlake.lake import (
     new_attempt,
 )
 from slotlake.lsn import Lsn
-from slotlake.redact import dsn_password, redact_dsn, redact_text
+from slotlake.redact import describe_dsn, dsn_password, redact_text
 from slotlake.snapshot import source_catalog
 from slotlake.source import (
     PUBLICATIONS_SQL,
@@ -1415,7 +1415,7 @@ def run_bootstrap(
         ctl = psycopg.connect(dsn, autocommit=True, application_name="slotlake")
     except psycopg.Error as exc:
         raise BootstrapError(
-            redact_text(_one_line(f"cannot connect to {redact_dsn(dsn)}: {exc}"), secrets)
+            redact_text(_one_line(f"cannot connect to {describe_dsn(dsn)}: {exc}"), secrets)
         ) from None
     with ctl:
         try:

@@ -17,7 +17,7 @@ from slotlake.config import Config, ConfigError, load_config, parse_overrides
 from slotlake.lake import OldLayoutError, TableCommit
 from slotlake.lsn import Lsn
 from slotlake.memory import prefer_jemalloc
-from slotlake.redact import redact_dsn
+from slotlake.redact import describe_dsn, redact_dsn
 
 log = logging.getLogger("slotlake")
 
@@ -311,20 +311,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         "lake": cfg.lake.path,
         "lake_id": layout.get("lake_id") if layout else None,
     }
-    with open_source(cfg) as source:
-        info = source.slot_info()
     from slotlake import snapshot
+    from slotlake.source import SourceError
 
+    # A source that cannot be reached (down, a wrong DSN) still gets the lake's status:
+    # what was committed is what an operator needs first. The run fails (exit 1) so that
+    # a scheduler's check notices.
+    unreachable: str | None = None
+    info = None
+    published: dict[str, tuple[int, int]] | None = None
     try:
-        import psycopg
+        with open_source(cfg) as source:
+            info = source.slot_info()
+    except SourceError as exc:
+        unreachable = str(exc)
+    if unreachable is None:
+        try:
+            import psycopg
 
-        with psycopg.connect(cfg.source.dsn, autocommit=True, application_name="slotlake") as conn:
-            published: dict[str, tuple[int, int]] | None = snapshot.published_tables(
-                conn, cfg.source.publications
-            )
-    except Exception as exc:  # status must still show the lake
-        log.warning("could not read the published tables: %s", exc)
-        published = None
+            with psycopg.connect(
+                cfg.source.dsn, autocommit=True, application_name="slotlake"
+            ) as conn:
+                published = snapshot.published_tables(conn, cfg.source.publications)
+        except Exception as exc:  # status must still show the lake
+            log.warning("could not read the published tables: %s", exc)
+    out["source_error"] = unreachable
     in_progress = snapshot.read_progress(lake)
     plan = lake.read_plan(last.batch + 1 if last else 1)
     if plan is not None:
@@ -366,12 +377,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             "timings": last.timings,
         }
         out["tables"] = {name: _table_status(t) for name, t in sorted(last.tables.items())}
+    done = EXIT_OK if unreachable is None else EXIT_ERROR
     if args.json:
         print(json.dumps(out, indent=2, default=str))
-        return EXIT_OK
-    print(f"slot {cfg.source.slot} on {out['source']}")
+        return done
+    print(f"slot {cfg.source.slot} on {describe_dsn(cfg.source.dsn)}")
     st = out["slot_state"]
-    if st is None:
+    if unreachable is not None:
+        print(f"  slot: unknown, the source was not reached: {unreachable}")
+    elif st is None:
         print("  slot: does not exist")
     else:
         assert isinstance(st, dict)
@@ -417,7 +431,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"  {name}: {gone}{rows} ({t.change_rows} changes in the last batch{missing}); "
                 f"Delta state v{_version(t.state_version)}, changes v{_version(t.changes_version)}"
             )
-    return EXIT_OK
+    return done
 
 
 def _version(v: int | None) -> str:
@@ -425,7 +439,7 @@ def _version(v: int | None) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from slotlake.inspect import inspect_live, inspect_raw
+    from slotlake.inspect import RawPathError, inspect_live, inspect_raw
 
     if args.live:
         cfg = load(args)
@@ -464,8 +478,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
         path = lake.path(rec.raw)
-    for line in inspect_raw(path, limit=args.limit):
-        print(line)
+    try:
+        for line in inspect_raw(path, limit=args.limit):
+            print(line)
+    except RawPathError as exc:  # raised before the first line: a usage error
+        print(f"slotlake inspect: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -476,7 +494,7 @@ def cmd_capture_ddl(args: argparse.Namespace) -> int:
     from slotlake.redact import dsn_password, redact_text
 
     cfg = load(args)
-    where = redact_dsn(cfg.source.dsn)
+    where = describe_dsn(cfg.source.dsn)
     secrets = [p for p in (dsn_password(cfg.source.dsn),) if p]
     try:
         with psycopg.connect(cfg.source.dsn, autocommit=True, application_name="slotlake") as conn:

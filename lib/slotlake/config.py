@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from slotlake.redact import redact_dsn
+from slotlake.redact import describe_dsn, redact_dsn
 
 
 class ConfigError(ValueError):
@@ -111,7 +111,7 @@ class Config:
 
     def describe(self) -> str:
         return (
-            f"slot {self.source.slot} on {redact_dsn(self.source.dsn)} "
+            f"slot {self.source.slot} on {describe_dsn(self.source.dsn)} "
             f"(publications {', '.join(self.source.publications)}) → {self.lake.path}"
         )
 

@@ -131,8 +131,38 @@ def format_rows(rows: Iterator[tuple[int, int, bytes]]) -> Iterator[str]:
         yield f"{Lsn(lsn)} {xid:>10} {format_message(msg, relations)}"
 
 
+class RawPathError(ValueError):
+    """``--raw`` names no raw batch: a missing path, or a directory without part files."""
+
+
+def check_raw_path(path: str) -> None:
+    """Raise :class:`RawPathError` unless ``path`` is a raw Parquet file or a raw batch's
+    directory. A lake's ``_raw`` holds one directory per batch: the message names them,
+    as a silent run that prints nothing reads as an empty batch."""
+    from pathlib import Path
+
+    from slotlake.raw import PART_GLOB
+
+    p = Path(path)
+    if not p.exists():
+        raise RawPathError(f"{path}: no such file or directory")
+    if not p.is_dir() or any(p.glob(PART_GLOB)):
+        return
+    batches = sorted(d.name for d in p.iterdir() if d.is_dir() and any(d.glob(PART_GLOB)))
+    if not batches:
+        raise RawPathError(f"{path} holds no raw Parquet files ({PART_GLOB})")
+    shown = ", ".join(batches[:3]) + (f" and {len(batches) - 3} more" if len(batches) > 3 else "")
+    raise RawPathError(
+        f"{path} is not one raw batch but holds {len(batches)} ({shown}): pass one of "
+        "them to --raw, or a committed batch's number to --batch with the lake's --config"
+    )
+
+
 def inspect_raw(path: str, limit: int = 0) -> Iterator[str]:
+    """Lines for the messages of the raw batch at ``path`` (see :func:`check_raw_path`)."""
     from slotlake.raw import iter_raw
+
+    check_raw_path(path)
 
     def rows() -> Iterator[tuple[int, int, bytes]]:
         for batch in iter_raw(path):

@@ -35,6 +35,15 @@ def redact_dsn(dsn: str) -> str:
     return _KV_PASSWORD.sub(rf"\1{MASK}", dsn)
 
 
+def describe_dsn(dsn: str) -> str:
+    """A DSN as messages name it: redacted, and an empty one (libpq takes everything from
+    the ``PG*`` variables, a service file and its defaults) said so rather than shown as
+    nothing ("cannot connect to : ...")."""
+    if not dsn.strip():
+        return "the libpq defaults (an empty source.dsn: PG* variables, service file)"
+    return redact_dsn(dsn)
+
+
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with the given secrets, PGPASSWORD and any embedded DSN password masked.
 

@@ -86,7 +86,7 @@ from psycopg import capabilities, pq, sql
 
 from slotlake.lsn import Lsn
 from slotlake.raw import RawSummary, RawWriter, payload_bytes
-from slotlake.redact import dsn_password, redact_dsn, redact_text
+from slotlake.redact import describe_dsn, dsn_password, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ class SlotSource:
     # -- lifecycle -------------------------------------------------------------------------
     @property
     def dsn_redacted(self) -> str:
-        return redact_dsn(self._dsn)
+        return describe_dsn(self._dsn)
 
     def _error(self, what: str, exc: BaseException | None = None) -> SourceError:
         text = what if exc is None else f"{what}: {str(exc).strip()}"

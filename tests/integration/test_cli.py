@@ -94,6 +94,13 @@ def test_inspect_live_and_raw_print_one_line_per_message(
     from_raw = slotlake("inspect", "--raw", str(raw_dir))
     assert from_raw.returncode == 0, from_raw.stderr
     assert from_raw.stdout.splitlines() == lines
+    # A directory of batches (a lake's _raw) is no batch: a usage error naming them.
+    no_batch = slotlake("inspect", "--raw", str(tmp_path))
+    assert no_batch.returncode == 2 and not no_batch.stdout
+    assert no_batch.stderr.strip() == (
+        f"slotlake inspect: {tmp_path} is not one raw batch but holds 1 (raw): pass one of "
+        "them to --raw, or a committed batch's number to --batch with the lake's --config"
+    )
 
 
 def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
@@ -142,6 +149,25 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
     assert "public.t: 1 rows (4 changes in the last batch)" in text.stdout
     assert f"Delta state v{t.state_version}, changes v{t.changes_version}" in text.stdout
     assert "batch 1 (sync)" in text.stdout
+
+    # The source down (nothing listens on port 1): the lake's status still shows, and the
+    # run fails and says why. An empty DSN is named as libpq's defaults.
+    down = slotlake(
+        "status", "--config", str(conf), "--set", "source.dsn=",
+        env={"PGHOST": "127.0.0.1", "PGPORT": "1"},
+    )  # fmt: skip
+    assert down.returncode == 1, down.stderr
+    assert (
+        "slot: unknown, the source was not reached: cannot connect to the libpq defaults "
+        "(an empty source.dsn: PG* variables, service file): " in down.stdout
+    )
+    assert "public.t: 1 rows (4 changes in the last batch)" in down.stdout
+    down = slotlake("status", "--config", str(conf), "--json", "--set", "source.dsn=port=1")
+    assert down.returncode == 1, down.stderr
+    out = json.loads(down.stdout)
+    assert out["slot_state"] is None and out["last_batch"]["batch"] == 1
+    assert out["source_error"].startswith("cannot connect to port=1: ")
+    assert out["tables"] == after["tables"] and before["source_error"] is None
 
     # Dropped at the source: the next batch marks it gone, and status says so.
     with psycopg.connect(pg_dsn, autocommit=True) as c:

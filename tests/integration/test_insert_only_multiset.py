@@ -166,7 +166,8 @@ def test_insert_only_and_full_identity_batches_in_random_order_keep_the_mirror(
     """Batches of inserts of few values (duplicates everywhere), TRUNCATEs, and the
     identity switched between DEFAULT (INSERT-only) and FULL (a copy updated or deleted),
     between batches and inside them: the mirror equals the source after each batch."""
-    rng = random.Random(int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or 8101)
+    seed = int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or 8101
+    rng = random.Random(seed)
     root, cfg, lake = _lake(pg_dsn, slot, tmp_path, writer)
     seen = Counter[str]()
     with psycopg.connect(pg_dsn, autocommit=True) as c:
@@ -200,8 +201,11 @@ def test_insert_only_and_full_identity_batches_in_random_order_keep_the_mirror(
             if result.status == "committed" and TABLE in lake.read_commit(result.batch).tables:
                 t = lake.read_commit(result.batch).tables[TABLE]
                 seen["spread" if t.spread else "one row per value"] += 1
-    # Both shapes of the state were there to be checked.
-    assert seen["spread"] and seen["one row per value"], seen
+    # Both shapes of the state were there to be checked: the pinned seed must cover them;
+    # a seed given by hand is run for its checks (6201 made no INSERT-only batch in ten
+    # rounds).
+    if "SLOTLAKE_RANDOM_SEED" not in os.environ:
+        assert seen["spread"] and seen["one row per value"], f"seed {seed}: {seen}"
     # Every record counts what was written: appended batches' rows included.
     assert_rows_recorded(root, lake.commit_batches())
 

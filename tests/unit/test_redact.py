@@ -1,6 +1,6 @@
 import pytest
 
-from slotlake.redact import dsn_password, redact_dsn, redact_text
+from slotlake.redact import describe_dsn, dsn_password, redact_dsn, redact_text
 
 
 @pytest.mark.parametrize(
@@ -64,3 +64,9 @@ def test_dsn_password() -> None:
     assert dsn_password("postgresql://u:abc@db/x") == "abc"
     assert dsn_password("host=db") is None
     assert dsn_password("this is = not a dsn '") is None
+
+
+def test_describe_dsn_names_an_empty_dsn_and_redacts_others() -> None:
+    assert describe_dsn("host=db password=abc") == "host=db password=***"
+    for empty in ("", "  "):
+        assert describe_dsn(empty).startswith("the libpq defaults (an empty source.dsn")
