@@ -6,6 +6,7 @@ PGPASSWORD, ~/.pgpass or a service file. A DSN that carries a password is refuse
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -197,6 +198,9 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
     return cfg
 
 
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
 def validate(cfg: Config) -> None:
     src = cfg.source
     if "password" in src.dsn.lower() or _uri_has_password(src.dsn):
@@ -212,6 +216,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError("source.publications must name at least one publication")
     if not src.slot:
         raise ConfigError("source.slot must be set")
+    if not _SLOT_NAME.fullmatch(src.slot):
+        # PostgreSQL's own rule (ReplicationSlotValidateName): said here, before a sync
+        # reports the slot missing and suggests creating a name the server refuses.
+        raise ConfigError(
+            "source.slot must be 1 to 63 lowercase letters, digits and underscores "
+            f"(PostgreSQL's rule for slot names), got {src.slot!r}"
+        )
     for name in ("split_peek_mb", "adbc_min_mb"):
         if getattr(src, name) < 0:
             raise ConfigError(f"source.{name} must be 0 (off) or more, got {getattr(src, name)}")

@@ -83,6 +83,8 @@ def test_overrides_win_and_parse_as_toml(tmp_path: Path) -> None:
         ("lake.table_processes=many", 'lake.table_processes must be an integer or "auto"'),
         ("lake.raw_retention_batches=-2", "lake.raw_retention_batches must be -1 or more"),
         ("lake.state_versions=-1", "lake.state_versions must be 0 or more"),
+        ("source.slot=Bad-Name", r"source.slot must be 1 to 63 lowercase .* got 'Bad-Name'"),
+        ("source.slot=" + "s" * 64, "source.slot must be 1 to 63 lowercase letters"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, override: str, message: str) -> None:
