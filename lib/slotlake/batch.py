@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -173,13 +173,77 @@ class BatchOutput:
     relation_changes: dict[str, RelationChange] = field(default_factory=dict)
 
 
+def colliding(columns: Iterable[str]) -> list[str]:
+    """The names among ``columns`` that slotlake's own columns take (:data:`RESERVED`)."""
+    return sorted(n for n in columns if n in RESERVED)
+
+
+def collision_error(table: str, clash: Sequence[str], hint: bool = True) -> SchemaCollisionError:
+    """The error for ``table`` whose columns ``clash`` with slotlake's; ``hint``: with what
+    a sync's user does about it."""
+    what = (
+        f"table {table} has column(s) {', '.join(clash)} that collide with slotlake's "
+        "metadata columns"
+    )
+    if not hint:
+        return SchemaCollisionError(what)
+    return SchemaCollisionError(
+        f"{what}: rename them at the source, or leave the table out of the publication "
+        "(ALTER PUBLICATION … DROP TABLE); a sync then skips its changes the slot holds and "
+        "the table leaves the lake (published again, it is copied anew)"
+    )
+
+
+def check_published_columns(catalog: Mapping[str, TableColumns]) -> None:
+    """Refuse a sync whose published tables (``catalog``: the source's at the target)
+    include one with a column named like slotlake's, before its plan is written: a batch's
+    content is fixed by its plan, and a plan holding such a table would stop every rerun.
+    Its changes already in the slot are skipped once it is out of the publication
+    (:func:`without_collisions`)."""
+    for name, table in sorted(catalog.items()):
+        # The columns pgoutput sends (a PostgreSQL 15 column list may leave some out).
+        sent = table.attnums if table.relation is None else table.relation.relation.columns
+        clash = colliding(c if isinstance(c, str) else c.name for c in sent)
+        if clash:
+            raise collision_error(name, clash)
+
+
 def _check_collisions(cat: TableCatalog) -> None:
-    clash = sorted(n for n, _ in cat.columns if n in RESERVED)
+    clash = colliding(n for n, _ in cat.columns)
     if clash:
-        raise SchemaCollisionError(
-            f"table {cat.name} has column(s) {', '.join(clash)} that collide with slotlake's "
-            "metadata columns; rename them at the source or leave the table out of the publication"
-        )
+        raise collision_error(cat.name, clash)
+
+
+def without_collisions(
+    busy: list[TableCatalog],
+    published: Mapping[int, str] | None,
+    copied: Collection[str],
+    batch: int,
+) -> list[TableCatalog]:
+    """``busy`` without the tables whose columns collide with slotlake's metadata columns
+    and that are no longer published at the batch's target (``published``: relation oid →
+    name): such a table leaves the lake as any table out of the publication does (marked
+    gone, slotlake.lake.mark_gone), its changes of the batch not written; without that
+    way out, changes the slot holds would stop every sync. A published one, or any when
+    the target's relations are unknown, raises :class:`SchemaCollisionError`."""
+    kept = []
+    for cat in busy:
+        try:
+            _check_collisions(cat)
+        except SchemaCollisionError:
+            if published is None or cat.oids & published.keys() or cat.name in copied:
+                raise
+            clash = colliding(n for n, _ in cat.columns)
+            log.warning(
+                "batch %d: %s: its changes are left out: its column(s) %s collide with "
+                "slotlake's metadata columns and it is no longer published",
+                batch,
+                cat.name,
+                ", ".join(clash),
+            )
+            continue
+        kept.append(cat)
+    return kept
 
 
 def prior_schemas(prior: CommitRecord | None) -> dict[str, list[tuple[str, str]]]:
@@ -1897,8 +1961,7 @@ def process_batch(
             for n, s in sorted(snapshots.items())
             if n not in bcat.tables
         ]
-    for cat in busy:
-        _check_collisions(cat)
+    busy = without_collisions(busy, _target_names(target_catalog), snapshots or {}, batch)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
     # A keyed table re-based on a snapshot is done on the driver when its copy would be
     # (the copy's size standing for its state's); a multiset's copy goes through Spark.

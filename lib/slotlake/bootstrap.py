@@ -814,10 +814,10 @@ def preflight(
         raise BootstrapError(problem)
     plans = read_plan(conn, cfg.source.publications, parallel)
     _refuse_missing_privileges(conn, role, plans)
-    from slotlake.batch import RESERVED
+    from slotlake.batch import colliding
 
     for p in plans:
-        clash = sorted(c.name for c in p.columns if c.name in RESERVED)
+        clash = colliding(c.name for c in p.columns)
         if clash:
             # The sync job would refuse this table at its first change; refuse it now.
             raise BootstrapError(

@@ -761,6 +761,12 @@ def prepare(
     prep, wanted = _read(cfg, lake, last, conn)
     if not wanted:
         return prep
+    from slotlake.batch import check_published_columns
+    from slotlake.ddl import read_catalog
+
+    # The sync refuses such a table once the copies are made (before its plan): refused
+    # first, a table added to the publication is not copied run after run for nothing.
+    check_published_columns(read_catalog(conn, cfg.source.publications))
     progress(f"batch {batch}: snapshot of {', '.join(f'{n} ({r})' for n, r in wanted.items())}")
     try:
         prep.tables = _copy(cfg, lake, last, batch, attempt, wanted, progress)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slotlake import durability, snapshot
-from slotlake.batch import BatchOutput, DriverWrites, process_batch
+from slotlake.batch import BatchOutput, DriverWrites, check_published_columns, process_batch
 from slotlake.config import Config
 from slotlake.ddl import CATALOG_FILE, catalog_to_json
 from slotlake.decode import RawDataError
@@ -379,6 +379,7 @@ def _run_batch(
             source.log_restart_point(after=start)
             # The catalog of the target's snapshot: fast-default values (slotlake.fastdefault).
             flush, catalog = source.flush_lsn_and_catalog()
+        check_published_columns(catalog)
         target = target_lsn if target_lsn is not None else flush
         cp = prepared.consistent_point
         if cp is not None and target < cp:

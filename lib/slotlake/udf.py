@@ -462,17 +462,14 @@ def shape_table(
     slotlake.batch.SchemaCollisionError for a table with a column named like slotlake's
     metadata columns (the pipeline refuses those too).
     """
-    from slotlake.batch import RESERVED, SchemaCollisionError
+    from slotlake.batch import colliding, collision_error
     from slotlake.decode import decode_table, raw_dml
 
     bcat = (
         catalog if catalog is not None else table_catalog(raw_df, batch, prior_schemas, column_ids)
     )
     cat = _pick(bcat.tables, table)
-    clash = sorted(n for n, _ in cat.columns if n in RESERVED)
+    clash = colliding(n for n, _ in cat.columns)
     if clash:
-        raise SchemaCollisionError(
-            f"table {cat.name} has column(s) {', '.join(clash)} that collide with slotlake's "
-            "metadata columns"
-        )
+        raise collision_error(cat.name, clash, hint=False)
     return decode_table(raw_dml(raw_df), cat, bcat, batch)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from slotlake import cli
-from slotlake.batch import process_batch
+from slotlake.batch import SchemaCollisionError, process_batch
 from slotlake.config import Config, ConfigError, SourceConfig, load_config, validate
 from slotlake.decode import RawDataError
 from slotlake.lake import RAW, Lake
@@ -312,6 +312,84 @@ def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
         assert_log_matches_audit(c, lake_root, KEYS)
         assert_mirror(c, lake_root, list(KEYS))
         assert not raw_dir.exists()
+
+
+# -- columns named like slotlake's -------------------------------------------------------------
+
+
+def _refused(cfg: Config, c: psycopg.Connection[Any], slot: str, table: str, clash: str) -> None:
+    """A sync refuses ``table`` for its columns ``clash`` in one line, before it copies,
+    pulls or plans anything, and leaves the slot where it was."""
+    files, before = lake_files(cfg.lake.path), slot_confirmed(c, slot)
+    with pytest.raises(SchemaCollisionError) as err:
+        run_sync(cfg)
+    msg = one_line(err.value)
+    assert msg.startswith(f"table {table} has column(s) {clash} that collide with slotlake's")
+    assert "leave the table out of the publication" in msg and "rename them" in msg
+    # No plan, no copy, no raw batch: nothing fixes a batch with the table.
+    assert lake_files(cfg.lake.path) == files
+    assert slot_confirmed(c, slot) == before
+
+
+def test_a_table_with_columns_named_like_slotlakes_stops_syncs_until_renamed_or_unpublished(
+    pg_dsn: str, slot: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A published table with a column slotlake's change log or state has (``_op``, ``_seq``,
+    ``_batch`` …) is refused by a sync before its plan, so that no batch is fixed with it.
+    Renamed at the source, the table's changes made under the old name are mirrored;
+    left out of the publication, its changes the slot still holds are skipped and the
+    table leaves the lake (marked gone) while the other tables go on."""
+    from slotlake.lake import read_state
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    lake = Lake(root)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        workload(c)
+        assert run_sync(cfg).status == "committed"
+
+        # A new table: refused before its copy. Out of the publication, its changes made
+        # while it was in are skipped.
+        c.execute("CREATE TABLE clash (id int PRIMARY KEY, _op text, _seq int)")
+        c.execute("ALTER PUBLICATION pub ADD TABLE clash")
+        c.execute("INSERT INTO clash VALUES (1, 'x', 1)")
+        workload(c, 10)
+        _refused(cfg, c, slot, "public.clash", "_op, _seq")
+        c.execute("ALTER PUBLICATION pub DROP TABLE clash")
+        c.execute("INSERT INTO clash VALUES (2, 'y', 2)")
+        with caplog.at_level(logging.WARNING, logger="slotlake.batch"):
+            assert run_sync(cfg).status == "committed"
+        assert "public.clash: its changes are left out" in caplog.text
+        rec = lake.last_commit()
+        assert rec is not None and "public.clash" not in rec.tables
+        assert_mirror(c, root, list(KEYS))
+
+        # A lake table given such a column, then renamed: mirrored, the rows changed
+        # under the old name too.
+        c.execute("ALTER TABLE u ADD COLUMN _batch int")
+        c.execute("UPDATE u SET _batch = n * 10")
+        _refused(cfg, c, slot, "public.u", "_batch")
+        c.execute("ALTER TABLE u RENAME COLUMN _batch TO batch_no")
+        c.execute("UPDATE u SET n = n + 1 WHERE n = 1")
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, root, list(KEYS))
+        assert "batch_no" in read_state(root, "public.u").column_names
+
+        # A lake table given one and left out of the publication: it leaves the lake, its
+        # last state readable as of the batch before; the other table goes on.
+        c.execute("ALTER TABLE t ADD COLUMN _xid int")
+        c.execute("UPDATE t SET _xid = 7")
+        _refused(cfg, c, slot, "public.t", "_xid")
+        c.execute("ALTER PUBLICATION pub DROP TABLE t")
+        c.execute("UPDATE u SET n = n + 1")
+        assert run_sync(cfg).status == "committed"
+        rec = lake.last_commit()
+        assert rec is not None and rec.tables["public.t"].gone_since == rec.batch
+        assert_mirror(c, root, ["public.u"])
+        assert "_xid" not in read_state(root, "public.t", batch=rec.batch - 1).column_names
+        assert run_sync(cfg).status == "up_to_date"
 
 
 # -- secrets ------------------------------------------------------------------------------------
