@@ -143,7 +143,7 @@ from slotlake.lake import (
 )
 from slotlake.lsn import Lsn
 from slotlake.redact import describe_dsn, dsn_password, redact_text
-from slotlake.snapshot import source_catalog
+from slotlake.snapshot import SnapshotError, check_lake_names, source_catalog
 from slotlake.source import (
     PUBLICATIONS_SQL,
     SESSION_SETTINGS,
@@ -813,6 +813,10 @@ def preflight(
     if problem is not None:
         raise BootstrapError(problem)
     plans = read_plan(conn, cfg.source.publications, parallel)
+    try:
+        check_lake_names(conn, ((p.name, p.oid) for p in plans))
+    except SnapshotError as exc:
+        raise BootstrapError(str(exc)) from None
     _refuse_missing_privileges(conn, role, plans)
     from slotlake.batch import colliding
 

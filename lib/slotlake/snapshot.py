@@ -54,7 +54,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -167,10 +167,37 @@ def published_catalog(
         """,
         (list(publications),),
     ).fetchall()
+    check_lake_names(conn, ((r[0], int(r[1])) for r in rows))
     return (
         {r[0]: (int(r[1]), int(r[2])) for r in rows},
         {r[0]: str(r[3]) for r in rows},
         {r[0]: str(r[4]) for r in rows if r[4] is not None},
+    )
+
+
+def check_lake_names(conn: psycopg.Connection[Any], tables: Iterable[tuple[str, int]]) -> None:
+    """Refuse published relations (lake name, oid) of which two have one lake name: the
+    lake names a table ``schema.table``, so ``"a.b".c`` and ``a."b.c"`` would write one
+    Delta table. Said before anything is copied or pulled; their quoted names are read
+    only then."""
+    oids: dict[str, set[int]] = {}
+    for name, oid in tables:
+        oids.setdefault(name, set()).add(oid)
+    clashes = sorted((n, o) for n, o in oids.items() if len(o) > 1)
+    if not clashes:
+        return
+    name, both = clashes[0]
+    quoted = [
+        r[0]
+        for r in conn.execute(
+            "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s) ORDER BY 1",
+            (sorted(both),),
+        )
+    ]
+    raise SnapshotError(
+        f"published tables {' and '.join(quoted)} both have the lake name {name} (schema "
+        "and table joined by a dot): rename one, or leave one out of the publication"
     )
 
 

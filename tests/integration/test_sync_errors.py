@@ -392,6 +392,48 @@ def test_a_table_with_columns_named_like_slotlakes_stops_syncs_until_renamed_or_
         assert run_sync(cfg).status == "up_to_date"
 
 
+def test_two_published_tables_with_one_lake_name_are_refused(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """``"a.b".c`` and ``a."b.c"`` are both ``a.b.c`` in the lake: bootstrap and sync
+    refuse them, naming both, before they copy or pull anything."""
+    from slotlake.bootstrap import BootstrapError, run_bootstrap
+    from slotlake.snapshot import SnapshotError
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    refusal = (
+        'published tables "a.b".c and a."b.c" both have the lake name a.b.c (schema and '
+        "table joined by a dot): rename one, or leave one out of the publication"
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute('CREATE SCHEMA a; CREATE SCHEMA "a.b"')
+        c.execute('CREATE TABLE a."b.c" (id int PRIMARY KEY, v text)')
+        c.execute('CREATE TABLE "a.b".c (id int PRIMARY KEY, w text)')
+        c.execute("INSERT INTO a.\"b.c\" VALUES (1, 'x'); INSERT INTO \"a.b\".c VALUES (2, 'y')")
+        c.execute('CREATE PUBLICATION pub FOR TABLE a."b.c", "a.b".c')
+        with pytest.raises(BootstrapError) as err:
+            run_bootstrap(cfg)
+        assert one_line(err.value) == refusal
+        assert c.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone() == (0,)
+
+        c.execute('ALTER PUBLICATION pub DROP TABLE "a.b".c')
+        run_bootstrap(cfg)
+        c.execute('ALTER PUBLICATION pub ADD TABLE "a.b".c')
+        c.execute("UPDATE a.\"b.c\" SET v = 'z'")
+        files, before = lake_files(root), slot_confirmed(c, slot)
+        with pytest.raises(SnapshotError) as err:
+            run_sync(cfg)
+        assert one_line(err.value) == refusal
+        assert lake_files(root) == files and slot_confirmed(c, slot) == before
+
+        c.execute('ALTER PUBLICATION pub DROP TABLE "a.b".c')
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, root, ["a.b.c"])
+
+
 # -- secrets ------------------------------------------------------------------------------------
 
 SECRET = "Sup3r-S3cret-pw"
