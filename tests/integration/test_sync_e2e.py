@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from slotlake import delta_log, dv_merge
 from slotlake.batch import DriverWrites
 from slotlake.delta import DRIVER_ENGINE
-from slotlake.lake import Lake, read_changes, read_state
+from slotlake.lake import Lake, read_changes, read_state, table_names
 from slotlake.lsn import Lsn
 from slotlake.sync import open_source, run_sync
 
@@ -314,6 +314,62 @@ def test_varied_workload_in_batches(
     )
     assert _writers(lake, "public.full_t") == multiset_writers
     assert _writers(lake, "public.full_t", "changes") == multiset_writers
+
+
+ODD_NAMES = """
+CREATE SCHEMA "Sales Dept";
+CREATE TABLE "Sales Dept"."Order Items" (
+    "Id" int PRIMARY KEY, "select" text, "a.b" int, "naïve col" text,
+    "with space" numeric(8, 2), "quo""te" text
+);
+CREATE TABLE public."weird.name" (id int PRIMARY KEY, "Group" text);
+CREATE PUBLICATION pub FOR TABLE "Sales Dept"."Order Items", public."weird.name";
+"""
+
+
+@pytest.mark.parametrize(
+    "writer", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
+def test_names_that_need_quoting_are_mirrored(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, writer: str
+) -> None:
+    """Schema, table and column names with spaces, dots, capitals, a quote, non-ASCII
+    letters and a reserved word: written and read as PostgreSQL has them, through a
+    rename and an added column, by either writer."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    if writer == "spark":
+        cfg.lake.driver_write_rows = 0
+    tables = ["Sales Dept.Order Items", "public.weird.name"]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(ODD_NAMES)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        items = '"Sales Dept"."Order Items"'
+        c.execute(
+            f"INSERT INTO {items} VALUES (1, 's', 2, 'ï', 1.50, 'q1'), (2, NULL, NULL, NULL, NULL, NULL)"
+        )
+        c.execute("""INSERT INTO public."weird.name" VALUES (1, 'g'), (2, 'h')""")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, lake, tables)
+
+        c.execute(f"""UPDATE {items} SET "select" = 'u', "naïve col" = 'é' WHERE "Id" = 1""")
+        c.execute(f'ALTER TABLE {items} RENAME COLUMN "a.b" TO "b.c"')
+        c.execute(f'ALTER TABLE {items} ADD COLUMN "New Col" int DEFAULT 3')
+        c.execute(f"""UPDATE {items} SET "b.c" = 9, "quo""te" = 'q2' WHERE "Id" = 2""")
+        c.execute(f"INSERT INTO {items} VALUES (3, 'x', 4, 'n', 2.25, 'q3', 7)")
+        c.execute("""DELETE FROM public."weird.name" WHERE id = 1""")
+        assert run_sync(cfg, spark=spark).status == "committed"
+        assert_mirror(c, lake, tables)
+    assert table_names(lake) == sorted(tables)
+    # An added column comes after slotlake's (Delta's schema evolution appends).
+    assert read_state(lake, "Sales Dept.Order Items").column_names == [
+        "Id", "select", "b.c", "naïve col", "with space", 'quo"te',
+        "_fallback", "_missing_toast", "New Col",
+    ]  # fmt: skip
+    log = read_changes(lake, "Sales Dept.Order Items")
+    # Renamed: the older values live under the new name (README: Schema changes).
+    assert {"b.c", "New Col"} <= set(log.column_names) and "a.b" not in log.column_names
+    assert log.column("_op").to_pylist() == ["I", "I", "U", "U", "I"]
 
 
 def test_update_without_prior_state_lists_missing_toast(
