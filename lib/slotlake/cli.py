@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_args(p)
     p.add_argument(
-        "--target-lsn", type=Lsn.parse, help="upto_lsn of the peek (default: current flush LSN)"
+        "--target-lsn",
+        type=Lsn.parse,
+        help="pull up to this LSN (default, and at most: the source's flush LSN)",
     )
     p.add_argument(
         "--accept-slot-ahead",

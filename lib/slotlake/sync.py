@@ -381,6 +381,16 @@ def _run_batch(
             flush, catalog = source.flush_lsn_and_catalog()
         check_published_columns(catalog)
         target = target_lsn if target_lsn is not None else flush
+        if target > flush:
+            # WAL not written yet: a batch ending there would have its record and the slot
+            # claim changes committed there later, and every later run skip them.
+            log.warning(
+                "batch %s: --target-lsn %s is past the source's flush LSN: pulling up to %s",
+                batch,
+                target,
+                flush,
+            )
+            target = flush
         cp = prepared.consistent_point
         if cp is not None and target < cp:
             if target_lsn is not None:

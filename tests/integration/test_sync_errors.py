@@ -314,6 +314,34 @@ def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
         assert not raw_dir.exists()
 
 
+# -- targets ---------------------------------------------------------------------------------
+
+
+def test_a_target_past_the_flush_lsn_is_lowered_to_it(
+    pg_dsn: str, slot: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch ends where the source's WAL does: a ``--target-lsn`` past the flush LSN
+    made the record claim WAL not written yet, and every later run skipped the changes
+    committed there (the slot advanced past them, unwritten)."""
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        workload(c)
+        with caplog.at_level(logging.WARNING, logger="slotlake.sync"):
+            result = run_sync(cfg, target_lsn=Lsn.parse("FFFFFFFF/FFFFFFFF"))
+        assert result.status == "committed"
+        assert "--target-lsn FFFFFFFF/FFFFFFFF is past the source's flush LSN" in caplog.text
+        flush = Lsn.parse(c.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+        assert result.end_lsn <= flush and str(result.end_lsn) == slot_confirmed(c, slot)
+        assert Lake(root).last_commit().end_lsn == str(result.end_lsn)  # type: ignore[union-attr]
+        workload(c, 10)
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, root, list(KEYS))
+        assert_log_matches_audit(c, root, KEYS)
+
+
 # -- columns named like slotlake's -------------------------------------------------------------
 
 
