@@ -155,6 +155,16 @@ def reconcile(
         )
     end = last.end
     if end > confirmed:
+        flush = source.current_flush_lsn()
+        if end > flush:
+            # No run of this source's WAL ends there: the server would stop the slot at its
+            # flush LSN, and the changes from there to the lake's end would be skipped.
+            raise SyncError(
+                f"lake {lake.uri}: batch {last.batch} ends at {end}, past the source's WAL "
+                f"(flushed up to {flush}): it was not written from this server's WAL as it "
+                "is now (a source restored from a backup, or another server under the same "
+                "address?). Re-bootstrap the lake from this source"
+            )
         # The previous run committed but died before advancing: finish its job.
         log.info(
             "batch %s is committed up to %s but the slot is at %s: advancing the slot",

@@ -342,6 +342,35 @@ def test_a_target_past_the_flush_lsn_is_lowered_to_it(
         assert_log_matches_audit(c, root, KEYS)
 
 
+def test_a_lake_past_the_sources_wal_is_refused(pg_dsn: str, slot: str, tmp_path: Path) -> None:
+    """A lake whose last batch ends past the source's WAL was not written from this
+    server as it is now (restored from a backup, another server under the address, or a
+    lake of the bug above): refused without moving the slot, where the run advanced the
+    slot to the flush LSN and went on from the lake's end, skipping every change before
+    it."""
+    from slotlake.sync import SyncError
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        setup_source(c)
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        workload(c)
+        assert run_sync(cfg).status == "committed"
+        record = Path(root) / "_commits" / f"{1:020d}.json"
+        body = json.loads(record.read_text())
+        body["end_lsn"] = body["target_lsn"] = "FFFFFFFF/0"
+        record.write_text(json.dumps(body))
+        workload(c, 10)
+        before = slot_confirmed(c, slot)
+        with pytest.raises(SyncError) as err:
+            run_sync(cfg)
+        msg = one_line(err.value)
+        assert "batch 1 ends at FFFFFFFF/0, past the source's WAL (flushed up to " in msg
+        assert msg.endswith("Re-bootstrap the lake from this source")
+        assert slot_confirmed(c, slot) == before
+
+
 # -- columns named like slotlake's -------------------------------------------------------------
 
 
