@@ -29,6 +29,7 @@ from slotlake import (
     unique_multiset,
 )
 from slotlake.catalog import (
+    RESERVED,
     TARGET_SEQ,
     ColumnIds,
     RelationChange,
@@ -48,7 +49,6 @@ from slotlake.ddl import (
 from slotlake.ddltypes import parse_struct
 from slotlake.decode import (
     COMMIT_TYPES,
-    META_COLUMNS,
     WORK_COLUMNS,
     BatchCatalog,
     RawDataError,
@@ -139,15 +139,6 @@ SPARKLESS: tuple[StateMerge, ...] = (*ON_DRIVER, "append")
 
 log = logging.getLogger(__name__)
 
-RESERVED = {n for n, _ in META_COLUMNS} | {
-    "_old",
-    "_seq",
-    "_unchanged",
-    "_k",
-    "_kind",
-    "_gid",
-    "_bucket",
-}
 
 
 SINGLE_FILE_ROWS = 2_000_000

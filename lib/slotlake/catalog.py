@@ -105,6 +105,20 @@ def identity(version: RelationVersion) -> tuple[str, ...] | None:
     return version.key_columns
 
 
+# The names slotlake's own columns take: the change log's and the state's
+# (slotlake.decode.META_COLUMNS), the decoder's working columns (WORK_COLUMNS, ``_old``)
+# and those of the TOAST fill and the MERGE. A source column of one of them is refused
+# (slotlake.batch.check_published_columns), or, dropped again inside a batch, renamed in
+# its change log (:meth:`ColumnIds.settle`).
+RESERVED = frozenset(
+    {
+        "_op", "_commit_lsn", "_lsn", "_tx_ordinal", "_xid", "_commit_ts", "_origin",
+        "_batch", "_old_kind", "_missing_toast", "_fallback", "_truncate_options",
+        "_old", "_seq", "_unchanged", "_k", "_kind", "_gid", "_bucket",
+    }
+)  # fmt: skip
+
+
 @dataclass
 class TableCatalog:
     """Everything the executors need to shape one table's rows of one batch."""
@@ -535,6 +549,13 @@ class _Lineage:
                 for ident in group:
                     if ident != owner:
                         own_name(ident, name)
+        # A column named like one of slotlake's, added and dropped again inside the batch
+        # (its table is clean at the target, so the sync did not refuse it): its values
+        # go to a change-log column of its own name, which the next run would otherwise
+        # refuse for every rerun of the batch.
+        for ident in range(len(self.names)):
+            if ident not in live and self.final(ident) in RESERVED:
+                own_name(ident, self.final(ident))
         if types is None:
             return
         heirs = {self.final(i): i for i in live}

@@ -396,7 +396,9 @@ def test_a_table_with_columns_named_like_slotlakes_stops_syncs_until_renamed_or_
     Renamed at the source, the table's changes made under the old name are mirrored;
     left out of the publication, its changes the slot still holds are skipped and the
     table leaves the lake (marked gone) while the other tables go on."""
-    from slotlake.lake import read_state
+    import pyarrow.compute as pc
+
+    from slotlake.lake import read_changes, read_state
 
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
@@ -446,6 +448,25 @@ def test_a_table_with_columns_named_like_slotlakes_stops_syncs_until_renamed_or_
         assert rec is not None and rec.tables["public.t"].gone_since == rec.batch
         assert_mirror(c, root, ["public.u"])
         assert "_xid" not in read_state(root, "public.t", batch=rec.batch - 1).column_names
+
+        # One added and dropped again between two syncs, with changes in between: clean at
+        # the target, so not refused; its values go to a change-log column of its own.
+        c.execute("ALTER TABLE u ADD COLUMN _op text")
+        c.execute("UPDATE u SET _op = 'x' || n")
+        c.execute("ALTER TABLE u DROP COLUMN _op")
+        c.execute("UPDATE u SET n = n + 1")
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, root, ["public.u"])
+        log = read_changes(root, "public.u")
+        assert "_op__dropped" in log.column_names
+        last = log.filter(pc.equal(log.column("_batch"), lake.last_commit().batch))  # type: ignore[union-attr]
+        ops = last.column("_op__dropped").to_pylist()
+        assert (
+            len(ops) == 2 * len(set(last.column("k").to_pylist()))
+            and ops.count(None) == len(ops) // 2
+        )
+        assert all(o is None or o.startswith("x") for o in ops)
+        assert "_op__dropped" not in read_state(root, "public.u").column_names
         assert run_sync(cfg).status == "up_to_date"
 
 

@@ -984,3 +984,12 @@ def test_a_stream_that_does_not_commit_in_the_batch_describes_no_table() -> None
     committed = [row(1, two), row(2, streamed(7, three), 7), row(4, commit, 7)]
     cat = collect_catalog(committed, 1)
     assert [n for n, _ in cat.tables["public.t"].columns] == ["id", "v", "x"]
+
+
+def test_every_column_slotlake_adds_is_reserved() -> None:
+    """A source column named like one of slotlake's own is refused (or renamed once
+    dropped): the list in the catalog must cover what the decoder adds."""
+    from slotlake.catalog import RESERVED
+    from slotlake.decode import META_COLUMNS, WORK_COLUMNS
+
+    assert {n for n, _ in META_COLUMNS + WORK_COLUMNS} | {"_old"} <= RESERVED
