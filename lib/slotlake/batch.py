@@ -140,7 +140,6 @@ SPARKLESS: tuple[StateMerge, ...] = (*ON_DRIVER, "append")
 log = logging.getLogger(__name__)
 
 
-
 SINGLE_FILE_ROWS = 2_000_000
 
 
