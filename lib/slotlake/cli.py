@@ -146,9 +146,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="throwaway PostgreSQL + workload + several sync batches")
     p.add_argument("--lake", default=None, help="lake directory (default: a temporary one)")
-    p.add_argument("--pg-version", type=int, default=None, help="15 or 16 (default: newest found)")
-    p.add_argument("--rows", type=int, default=2000, help="rows per sample table")
+    p.add_argument(
+        "--pg-version",
+        type=int,
+        choices=(15, 16),
+        default=None,
+        help="15 or 16 (default: newest found)",
+    )
+    p.add_argument("--rows", type=_positive, default=2000, help="rows per sample table")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

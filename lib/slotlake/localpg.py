@@ -131,11 +131,15 @@ def sweep_stale(base_dir: Path) -> list[Path]:
 
 
 def _pgserver_bin() -> Path | None:
-    try:
-        import pgserver  # type: ignore[import-untyped]
-    except ImportError:
+    """The binaries of the ``pgserver`` wheel, found without importing it: its import
+    asks platformdirs for a runtime directory, which warns on every run of a user
+    without ``XDG_RUNTIME_DIR`` (root in a container, a scheduler's worker)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    candidate = Path(pgserver.__file__).parent / "pginstall" / "bin"
+    candidate = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     return candidate if (candidate / "initdb").exists() else None
 
 

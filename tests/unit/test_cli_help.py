@@ -36,3 +36,20 @@ def test_commands_that_read_a_lake_take_a_config_and_overrides(
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert "--config" in out and "--set KEY=VALUE" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rows", "-5"], "argument --rows: must be 1 or more, got -5"),
+        (["--rows", "x"], "argument --rows: expects a whole number, got 'x'"),
+        (["--pg-version", "14"], "argument --pg-version: invalid choice: 14 (choose from 15, 16)"),
+    ],
+)
+def test_demo_refuses_bad_arguments_before_it_starts(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["demo", *args])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(message)
