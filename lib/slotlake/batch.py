@@ -218,12 +218,12 @@ def without_collisions(
     the target's relations are unknown, raises :class:`SchemaCollisionError`."""
     kept = []
     for cat in busy:
-        try:
-            _check_collisions(cat)
-        except SchemaCollisionError:
-            if published is None or cat.oids & published.keys() or cat.name in copied:
-                raise
-            clash = colliding(n for n, _ in cat.columns)
+        clash = colliding(n for n, _ in cat.columns)
+        if not clash:
+            kept.append(cat)
+        elif published is None or cat.oids & published.keys() or cat.name in copied:
+            raise collision_error(cat.name, clash)
+        else:
             log.warning(
                 "batch %d: %s: its changes are left out: its column(s) %s collide with "
                 "slotlake's metadata columns and it is no longer published",
@@ -231,8 +231,6 @@ def without_collisions(
                 cat.name,
                 ", ".join(clash),
             )
-            continue
-        kept.append(cat)
     return kept
 
 
