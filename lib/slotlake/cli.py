@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from slotlake import __version__
 from slotlake.config import Config, ConfigError, load_config, parse_overrides
-from slotlake.lake import OldLayoutError, TableCommit
+from slotlake.lake import NotALakeError, OldLayoutError, TableCommit
 from slotlake.lsn import Lsn
 from slotlake.memory import prefer_jemalloc
 from slotlake.redact import describe_dsn, redact_dsn
@@ -198,8 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"slotlake: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except OldLayoutError as exc:
-        # A lake of slotlake's Parquet layout (before Delta Lake): a usage error, not a crash.
+    except (OldLayoutError, NotALakeError) as exc:
+        # A lake of slotlake's Parquet layout (before Delta Lake), or a lake.path that is no
+        # lake: a usage error, not a crash.
         print(f"slotlake {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -59,6 +59,8 @@ STATE = "state"
 TRANSACTIONS = "transactions"
 MESSAGES = "messages"
 DDL = "ddl"
+# What a lake holds beside its "_" entries (a root holding anything else is not one).
+_DATASETS = frozenset({CHANGES, STATE, TRANSACTIONS, MESSAGES, DDL})
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
 _BATCH_DIR = re.compile(r"^b(\d{20})-[0-9a-f]+$")
 # The multiset state of a table matched by whole rows (REPLICA IDENTITY FULL, or no key):
@@ -73,6 +75,10 @@ class LakeError(RuntimeError):
 
 class OldLayoutError(LakeError):
     pass
+
+
+class NotALakeError(LakeError):
+    """lake.path names a file, or a directory of files that are no lake's."""
 
 
 @dataclass
@@ -482,7 +488,29 @@ class Lake:
             return info
         if self.fs.listdir(self.path(COMMITS)) or self.fs.isdir(self.path(STATE)):
             raise OldLayoutError(self._old_layout_message())
+        self._refuse_foreign_root()
         return None
+
+    def _refuse_foreign_root(self) -> None:
+        """A root without a lake must be new, empty or hold only what a first attempt
+        leaves before the marker (``_raw`` …): a lake.path naming a file, or a directory of
+        other files (a typo, a parent directory), is refused before anything is written
+        into it."""
+        if self.fs.exists(self.uri) and not self.fs.isdir(self.uri):
+            raise NotALakeError(f"lake.path {self.uri} is a file, not a directory")
+        foreign = sorted(
+            n
+            for n in self.fs.listdir(self.uri)
+            if not n.startswith(("_", ".")) and n not in _DATASETS
+        )
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (
+                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            )
+            raise NotALakeError(
+                f"lake.path {self.uri} holds no lake ({LAYOUT_FILE}) but other files "
+                f"({shown}): give slotlake a new or empty directory"
+            )
 
     def _old_layout_message(self) -> str:
         return (

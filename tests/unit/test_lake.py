@@ -346,3 +346,30 @@ def test_mark_gone_marks_unwritten_unpublished_tables_from_their_first_batch() -
     }
     mark_gone(tables, None, 8)  # a published set not known: nothing changes
     assert tables["public.left"].gone_since == 7 and tables["public.kept"].gone_since is None
+
+
+def test_a_root_that_is_no_lake_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A new, empty or first-attempt root (``_raw`` …) is a lake to be; a file, or a
+    directory holding other files, is refused naming them, and left as it was."""
+    from slotlake.lake import NotALakeError
+
+    assert Lake(tmp_path / "new").layout() is None
+    first = tmp_path / "first"
+    (first / "_raw" / "b00000000000000000001-abc").mkdir(parents=True)
+    (first / ".hidden").write_text("")
+    assert Lake(first).layout() is None
+
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(NotALakeError, match=r"a_file is a file, not a directory"):
+        Lake(tmp_path / "a_file").layout()
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("readme.txt", "data", "b", "c"):
+        (other / name).write_text("")
+    with pytest.raises(NotALakeError) as err:
+        Lake(other).ensure_layout()
+    assert str(err.value) == (
+        f"lake.path {other} holds no lake (_slotlake.json) but other files "
+        "(b, c, data and 1 more): give slotlake a new or empty directory"
+    )
+    assert sorted(p.name for p in other.iterdir()) == ["b", "c", "data", "readme.txt"]
