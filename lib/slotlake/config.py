@@ -162,7 +162,12 @@ def _apply(target: Any, section: str, values: Mapping[str, Any]) -> None:
                 raise ConfigError(f"{section}.{key} must be a number, got {value!r}")
             value = float(value)
         elif isinstance(current, list):
-            value = [value] if isinstance(value, str) else list(value)
+            # "a,b" (as --set source.publications=a,b reads) is two names; a TOML list
+            # keeps a name with a comma whole.
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            else:
+                value = list(value)
         elif isinstance(current, dict):
             value = {str(k): str(v) for k, v in dict(value).items()}
         setattr(target, key, value)

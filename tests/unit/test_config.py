@@ -159,3 +159,17 @@ def test_table_processes_are_one_a_core_by_default_and_only_for_enough_tables(
     assert table_processes.processes_for(None, 100) == 0
     cfg = load_config(write(tmp_path, TOML), parse_overrides(["lake.table_processes=3"]))
     assert DriverWrites.of(cfg.lake).processes == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        ("p", ["p"]),
+        ("p,p2", ["p", "p2"]),
+        (" p , p2 ,", ["p", "p2"]),
+        ('["a,b", "c"]', ["a,b", "c"]),
+    ],
+)
+def test_publications_from_the_command_line(tmp_path: Path, value: str, names: list[str]) -> None:
+    cfg = load_config(write(tmp_path, TOML), parse_overrides([f"source.publications={value}"]))
+    assert cfg.source.publications == names
