@@ -192,8 +192,8 @@ def check_published_columns(catalog: Mapping[str, TableColumns]) -> None:
     (:func:`without_collisions`)."""
     for name, table in sorted(catalog.items()):
         # The columns pgoutput sends (a PostgreSQL 15 column list may leave some out).
-        sent = table.attnums if table.relation is None else table.relation.relation.columns
-        clash = colliding(c if isinstance(c, str) else c.name for c in sent)
+        rel = table.relation
+        clash = colliding(table.attnums if rel is None else (c.name for c in rel.relation.columns))
         if clash:
             raise collision_error(name, clash)
 

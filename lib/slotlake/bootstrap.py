@@ -149,6 +149,7 @@ from slotlake.source import (
     SESSION_SETTINGS,
     lock_key,
     publication_problem,
+    quote_ident,
 )
 from slotlake.spark import LazySession
 
@@ -219,13 +220,13 @@ class TablePlan:
     @property
     def from_clause(self) -> str:
         schema, _, table = self.name.partition(".")
-        ident = f"{_quote(schema)}.{_quote(table)}"
+        ident = f"{quote_ident(schema)}.{quote_ident(table)}"
         # A partitioned root has no rows of its own: scanning it covers its partitions.
         # Anything else is copied alone (inheritance children are published separately).
         return ident if self.relkind == "p" else f"ONLY {ident}"
 
     def copy_query(self, lo: int | None, hi: int | None) -> str:
-        cols = ", ".join(_quote(c.name) for c in self.columns) or "1"
+        cols = ", ".join(quote_ident(c.name) for c in self.columns) or "1"
         conds = []
         if self.row_filter:
             conds.append(f"({self.row_filter})")
@@ -235,10 +236,6 @@ class TablePlan:
             conds.append(f"ctid < '({hi},0)'::tid")
         where = f" WHERE {' AND '.join(conds)}" if conds else ""
         return f"COPY (SELECT {cols} FROM {self.from_clause}{where}) TO STDOUT (FORMAT csv)"
-
-
-def _quote(ident: str) -> str:
-    return '"' + ident.replace('"', '""') + '"'
 
 
 def _column_kind(type_oid: int, typmod: int, type_name: tuple[str, str] | None) -> tuple[str, str]:
@@ -803,7 +800,7 @@ def preflight(
     if not can_replicate:
         raise BootstrapError(
             f"role {role!r} lacks the REPLICATION attribute needed to create a replication "
-            f"slot: ALTER ROLE {_quote(role)} REPLICATION (as a superuser), or bootstrap as a role "
+            f"slot: ALTER ROLE {quote_ident(role)} REPLICATION (as a superuser), or bootstrap as a role "
             "that has it"
         )
     rows = conn.execute(PUBLICATIONS_SQL, (cfg.source.publications,)).fetchall()
@@ -839,7 +836,7 @@ def _refuse_missing_privileges(
     if lacking:
         raise BootstrapError(
             f"role {role!r} lacks SELECT on published table(s) {', '.join(lacking)}: "
-            f"GRANT SELECT ON … TO {_quote(role)}, or leave them out of the publication"
+            f"GRANT SELECT ON … TO {quote_ident(role)}, or leave them out of the publication"
         )
 
 

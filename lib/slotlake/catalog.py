@@ -105,18 +105,32 @@ def identity(version: RelationVersion) -> tuple[str, ...] | None:
     return version.key_columns
 
 
-# The names slotlake's own columns take: the change log's and the state's
-# (slotlake.decode.META_COLUMNS), the decoder's working columns (WORK_COLUMNS, ``_old``)
-# and those of the TOAST fill and the MERGE. A source column of one of them is refused
-# (slotlake.batch.check_published_columns), or, dropped again inside a batch, renamed in
-# its change log (:meth:`ColumnIds.settle`).
+# Metadata columns of the change log; a leading underscore keeps them apart from table
+# columns (PostgreSQL identifiers may start with '_' too: a clash is reported, not silently
+# shadowed: slotlake.batch.check_published_columns).
+META_COLUMNS: list[tuple[str, str]] = [
+    ("_op", "string"),
+    ("_commit_lsn", "bigint"),
+    ("_lsn", "bigint"),
+    ("_tx_ordinal", "bigint"),
+    ("_xid", "bigint"),
+    ("_commit_ts", "timestamp"),
+    ("_origin", "string"),
+    ("_batch", "bigint"),
+    ("_old_kind", "string"),
+    ("_missing_toast", "array<string>"),
+    ("_fallback", "map<string,string>"),
+    ("_truncate_options", "int"),
+]
+# Working columns that only live between decode and the write.
+WORK_COLUMNS: list[tuple[str, str]] = [("_seq", "bigint"), ("_unchanged", "array<string>")]
+# The names slotlake's own columns take: the change log's and the state's, the decoder's
+# working columns, its old image (``_old``) and those of the TOAST fill and the MERGE. A
+# source column of one of them is refused (slotlake.batch.check_published_columns), or,
+# dropped again inside a batch, renamed in its change log (:meth:`_Lineage.settle`).
 RESERVED = frozenset(
-    {
-        "_op", "_commit_lsn", "_lsn", "_tx_ordinal", "_xid", "_commit_ts", "_origin",
-        "_batch", "_old_kind", "_missing_toast", "_fallback", "_truncate_options",
-        "_old", "_seq", "_unchanged", "_k", "_kind", "_gid", "_bucket",
-    }
-)  # fmt: skip
+    {n for n, _ in META_COLUMNS + WORK_COLUMNS} | {"_old", "_k", "_kind", "_gid", "_bucket"}
+)
 
 
 @dataclass

@@ -20,7 +20,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from slotlake import schema_memo
-from slotlake.catalog import ColumnIds, RelationVersion, TableCatalog, build_catalogs
+from slotlake.catalog import (
+    META_COLUMNS,
+    WORK_COLUMNS,
+    ColumnIds,
+    RelationVersion,
+    TableCatalog,
+    build_catalogs,
+)
 from slotlake.ddltypes import parse_struct
 from slotlake.lsn import Lsn
 from slotlake.pgoutput import (
@@ -50,25 +57,6 @@ DML_TYPES = ("I", "U", "D")
 # changes decoded in 2.9-3.7 ms column-wise and in 1.5 ms message by message (4 columns;
 # even at ~200-400 rows, twice as fast from ~750).
 COLUMNAR_FROM_ROWS = 256
-# Metadata columns of the change log; a leading underscore keeps them apart from table
-# columns (PostgreSQL identifiers may start with '_' too: a clash is reported, not silently
-# shadowed — see check_no_collision).
-META_COLUMNS: list[tuple[str, str]] = [
-    ("_op", "string"),
-    ("_commit_lsn", "bigint"),
-    ("_lsn", "bigint"),
-    ("_tx_ordinal", "bigint"),
-    ("_xid", "bigint"),
-    ("_commit_ts", "timestamp"),
-    ("_origin", "string"),
-    ("_batch", "bigint"),
-    ("_old_kind", "string"),
-    ("_missing_toast", "array<string>"),
-    ("_fallback", "map<string,string>"),
-    ("_truncate_options", "int"),
-]
-# Working columns that only live between decode and the write.
-WORK_COLUMNS: list[tuple[str, str]] = [("_seq", "bigint"), ("_unchanged", "array<string>")]
 
 
 class RawDataError(RuntimeError):

@@ -141,6 +141,7 @@ def check_raw_path(path: str) -> None:
     as a silent run that prints nothing reads as an empty batch."""
     from pathlib import Path
 
+    from slotlake.lake import first_names
     from slotlake.raw import PART_GLOB
 
     p = Path(path)
@@ -151,10 +152,10 @@ def check_raw_path(path: str) -> None:
     batches = sorted(d.name for d in p.iterdir() if d.is_dir() and any(d.glob(PART_GLOB)))
     if not batches:
         raise RawPathError(f"{path} holds no raw Parquet files ({PART_GLOB})")
-    shown = ", ".join(batches[:3]) + (f" and {len(batches) - 3} more" if len(batches) > 3 else "")
     raise RawPathError(
-        f"{path} is not one raw batch but holds {len(batches)} ({shown}): pass one of "
-        "them to --raw, or a committed batch's number to --batch with the lake's --config"
+        f"{path} is not one raw batch but holds {len(batches)} ({first_names(batches)}): "
+        "pass one of them to --raw, or a committed batch's number to --batch with the "
+        "lake's --config"
     )
 
 

@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -167,6 +167,17 @@ class CommitRecord:
     def start(self) -> Lsn:
         return Lsn.parse(self.start_lsn)
 
+    def delta_versions(self) -> dict[str, int | None]:
+        """Every Delta table the record names (relative path) → the version it names."""
+        named = [
+            (self.transactions, self.transactions_version),
+            (self.messages, self.messages_version),
+            (self.ddl, self.ddl_version),
+        ]
+        for t in self.tables.values():
+            named += [(t.changes, t.changes_version), (t.state, t.state_version)]
+        return {path: version for path, version in named if path}
+
     def to_json(self) -> str:
         """The record as JSON, a line per key and per table: ``json`` indents only in
         Python, which took ~25 ms for a record of 100 tables; a value at a time goes
@@ -257,6 +268,12 @@ def table_dir_name(table: str) -> str:
 
     digest = hashlib.sha1(table.encode()).hexdigest()[:8]
     return f"{_UNSAFE.sub('_', table).lstrip('.')}-{digest}"
+
+
+def first_names(names: Sequence[str], shown: int = 3) -> str:
+    """``a, b, c and 2 more``: the first ``shown`` names, for a message."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def new_attempt() -> str:
@@ -504,12 +521,9 @@ class Lake:
             if not n.startswith(("_", ".")) and n not in _DATASETS
         )
         if foreign:
-            shown = ", ".join(foreign[:3]) + (
-                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-            )
             raise NotALakeError(
                 f"lake.path {self.uri} holds no lake ({LAYOUT_FILE}) but other files "
-                f"({shown}): give slotlake a new or empty directory"
+                f"({first_names(foreign)}): give slotlake a new or empty directory"
             )
 
     def _old_layout_message(self) -> str:
@@ -761,10 +775,7 @@ class Lake:
         rec = self.last_commit()
         if rec is None:
             return []
-        out = [p for p in (rec.transactions, rec.messages, rec.ddl) if p]
-        for t in rec.tables.values():
-            out += [p for p in (t.changes, t.state) if p]
-        return sorted(set(out))
+        return sorted(rec.delta_versions())
 
 
 def drop_torn_entries(lake: Lake, last: CommitRecord | None) -> dict[str, list[int]]:
@@ -774,16 +785,7 @@ def drop_torn_entries(lake: Lake, last: CommitRecord | None) -> dict[str, list[i
     removed (slotlake.durability); the versions removed, by table."""
     from slotlake import delta_log
 
-    committed: dict[str, int | None] = {}
-    if last is not None:
-        committed = {
-            last.transactions or "": last.transactions_version,
-            last.messages or "": last.messages_version,
-            last.ddl or "": last.ddl_version,
-        }
-        for t in last.tables.values():
-            committed[t.changes or ""] = t.changes_version
-            committed[t.state or ""] = t.state_version
+    committed = last.delta_versions() if last is not None else {}
     root = local_path(lake.uri)
     rels = [TRANSACTIONS, MESSAGES, DDL] + [
         f"{kind}/{name}"

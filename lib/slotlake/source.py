@@ -230,11 +230,16 @@ PUBLICATIONS_SQL = (
 )
 
 
+def quote_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier (a double quote in it doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _sql_name(name: str) -> str:
     """``name`` as a statement to copy would spell it: quoted unless plain."""
     if name.isidentifier() and name.isascii() and name == name.lower():
         return name
-    return '"' + name.replace('"', '""') + '"'
+    return quote_ident(name)
 
 
 def publication_problem(
@@ -273,7 +278,7 @@ def publication_problem(
 def _quote_ident_list(names: Sequence[str]) -> str:
     # pgoutput splits publication_names with SplitIdentifierString: quoting keeps the
     # names' case and allows commas or spaces in them.
-    return ",".join('"' + n.replace('"', '""') + '"' for n in names)
+    return ",".join(map(quote_ident, names))
 
 
 class SlotSource:

@@ -15,6 +15,7 @@ from typing import Any
 
 from slotlake.lake import read_state
 from slotlake.pgtypes import Fallback, resolve_type
+from slotlake.source import quote_ident
 
 SESSION_SETTINGS = {
     "DateStyle": "ISO, YMD",
@@ -79,10 +80,6 @@ def _type_names(conn: Any) -> dict[int, tuple[str, str]]:
     return {oid: (ns, name) for oid, ns, name in rows}
 
 
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def source_counter(
     conn: Any, table: str, columns: list[str] | None = None, where: str | None = None
 ) -> tuple[list[str], Counter]:
@@ -108,13 +105,15 @@ def source_counter(
         cols = [c for c in cols if c[0] in columns]
     names = {oid: tn for oid, tn in _type_names(conn).items()}
     converters = [resolve_type(oid, typmod, names).from_text for _, oid, typmod in cols]
-    select = ", ".join(_quoted(c) for c, _, _ in cols)
+    select = ", ".join(quote_ident(c) for c, _, _ in cols)
     counter: Counter = Counter()
     # COPY's text format runs each type's output function, exactly as pgoutput's text
     # tuples do (a cast to text would not: bool::text is 'true', the output is 't').
     buf = bytearray()
     filtered = f" WHERE {where}" if where else ""
-    query = f"COPY (SELECT {select} FROM {_quoted(schema)}.{_quoted(name)}{filtered}) TO STDOUT"
+    query = (
+        f"COPY (SELECT {select} FROM {quote_ident(schema)}.{quote_ident(name)}{filtered}) TO STDOUT"
+    )
     with conn.cursor().copy(query) as copy:
         for chunk in copy:
             buf += chunk

@@ -147,16 +147,7 @@ def off_record(lake: Lake) -> list[str]:
     from deltalake import DeltaTable
 
     last = lake.last_commit()
-    named: dict[str, int | None] = {}
-    if last is not None:
-        named = {
-            last.transactions or "": last.transactions_version,
-            last.messages or "": last.messages_version,
-            last.ddl or "": last.ddl_version,
-        }
-        for t in last.tables.values():
-            named[t.changes or ""] = t.changes_version
-            named[t.state or ""] = t.state_version
+    named = last.delta_versions() if last is not None else {}
     out = []
     for log in sorted(lake.root.glob("**/_delta_log")):
         if not any(log.iterdir()):

@@ -63,6 +63,13 @@ def workload(c: psycopg.Connection[Any], start: int = 0) -> None:
     c.execute("UPDATE u SET k = k || '!' WHERE k = %s", (f"a{start}",))
 
 
+def slotted_source(c: psycopg.Connection[Any], slot: str) -> None:
+    """The tables, a slot created after them, and a first workload for it to hold."""
+    setup_source(c)
+    c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    workload(c)
+
+
 def lake_files(lake: str) -> list[str]:
     return sorted(p.as_posix() for p in Path(lake).rglob("*"))
 
@@ -82,9 +89,7 @@ def test_a_second_run_while_one_is_in_flight_is_locked_out(
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        setup_source(c)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        workload(c)
+        slotted_source(c, slot)
         slot_before = slot_confirmed(c, slot)
 
         # The first run pauses, lock held, just before it pulls.
@@ -135,9 +140,7 @@ def test_cli_sync_reports_locked_and_exits_cleanly(
         f'[lake]\npath = "{lake}"\n'
     )
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        setup_source(c)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        workload(c)
+        slotted_source(c, slot)
         slot_before = slot_confirmed(c, slot)
         with SlotSource(pg_dsn, slot, ["pub"]) as holder:
             assert holder.try_lock()
@@ -272,9 +275,7 @@ def test_corrupted_raw_payload_fails_the_batch_with_its_coordinates(
     lake = Lake(lake_root)
     cfg = make_config(pg_dsn, lake_root, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        setup_source(c)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        workload(c)
+        slotted_source(c, slot)
         slot_before = slot_confirmed(c, slot)
         # A pull that stops right after writing raw: an uncommitted batch 1 on disk.
         monkeypatch.setenv(FAULT_ENV, "after_pull")
@@ -326,9 +327,7 @@ def test_a_target_past_the_flush_lsn_is_lowered_to_it(
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        setup_source(c)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        workload(c)
+        slotted_source(c, slot)
         with caplog.at_level(logging.WARNING, logger="slotlake.sync"):
             result = run_sync(cfg, target_lsn=Lsn.parse("FFFFFFFF/FFFFFFFF"))
         assert result.status == "committed"
@@ -353,9 +352,7 @@ def test_a_lake_past_the_sources_wal_is_refused(pg_dsn: str, slot: str, tmp_path
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        setup_source(c)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        workload(c)
+        slotted_source(c, slot)
         assert run_sync(cfg).status == "committed"
         record = Path(root) / "_commits" / f"{1:020d}.json"
         body = json.loads(record.read_text())
@@ -404,9 +401,7 @@ def test_a_table_with_columns_named_like_slotlakes_stops_syncs_until_renamed_or_
     cfg = make_config(pg_dsn, root, slot)
     lake = Lake(root)
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        setup_source(c)
-        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        workload(c)
+        slotted_source(c, slot)
         assert run_sync(cfg).status == "committed"
 
         # A new table: refused before its copy. Out of the publication, its changes made
