@@ -338,7 +338,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     # a scheduler's check notices.
     unreachable: str | None = None
     info = None
-    published: dict[str, tuple[int, int]] | None = None
+    published: snapshot.Published | None = None
     try:
         with open_source(cfg) as source:
             info = source.slot_info()
@@ -351,7 +351,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             with psycopg.connect(
                 cfg.source.dsn, autocommit=True, application_name="slotlake"
             ) as conn:
-                published = snapshot.published_tables(conn, cfg.source.publications)
+                published = snapshot.published_catalog(conn, cfg.source.publications)
         except Exception as exc:  # status must still show the lake
             log.warning("could not read the published tables: %s", exc)
     out["source_error"] = unreachable

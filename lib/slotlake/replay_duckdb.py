@@ -196,7 +196,8 @@ class _Replay:
 
     def run(self, read_prior: Callable[[list[Any], bool], pa.Table]) -> tuple[pa.Table, pa.Table]:
         open_names, open_moves = self.con.execute(
-            "SELECT list_distinct(flatten(list(u) FILTER (WHERE op = 'U'))),"
+            # An INSERT leaves a value out after a row filter only (toast.replay).
+            "SELECT list_distinct(flatten(list(u) FILTER (WHERE op IN ('U', 'I')))),"
             " count(*) FILTER (WHERE moved AND len(u) > 0) FROM ev"
         ).fetchone()  # type: ignore[misc]
         columns = self.events.column_names
@@ -309,7 +310,7 @@ class _Replay:
                 WHEN role = {PRIOR_ROLE} THEN {_slot("e", prior_state, "r", f"fb[{name}]")}
                 WHEN role = {ARRIVAL_ROLE} THEN
                     CASE WHEN {is_open} THEN {_slot("e", PENDING, "r")} ELSE {known} END
-                WHEN op = 'I' THEN {known}
+                WHEN op = 'I' THEN CASE WHEN {is_open} THEN {_slot("e", MISSING)} ELSE {known} END
                 WHEN op = 'D' OR moved THEN {_slot("e", MISSING)}
                 WHEN {is_open} THEN NULL
                 ELSE {known} END"""
@@ -320,6 +321,7 @@ class _Replay:
                 WHEN role = {EVENT_ROLE} AND op = 'U' AND {is_open} THEN
                     CASE WHEN b{i} IS NULL OR b{i}.e <> e THEN {_slot("e", MISSING)} ELSE b{i} END
                 WHEN role = {ARRIVAL_ROLE} AND {is_open} THEN {_slot("e", PENDING, "r")}
+                WHEN role = {EVENT_ROLE} AND op = 'I' AND {is_open} THEN {_slot("e", MISSING)}
                 END AS f{i}"""
 
         bases = "".join(
@@ -401,7 +403,8 @@ class _Replay:
                    CASE WHEN op = 'U' THEN map_concat(
                        {_map_filter("fb", "NOT list_contains(inherited, x.key)")},
                        map_from_entries(texts)) ELSE fb END AS fb2,
-                   CASE WHEN op = 'U' THEN list_filter(u, lambda x: list_contains(missing, x))
+                   CASE WHEN op IN ('U', 'I')
+                        THEN list_filter(u, lambda x: list_contains(missing, x))
                         ELSE {_EMPTY_NAMES} END AS ms
             FROM (SELECT *, list_transform(texts, lambda x: x.key) AS inherited
                   FROM (SELECT *, {compact(texts, "[]::STRUCT(key VARCHAR, value VARCHAR)[]")}

@@ -259,7 +259,8 @@ def replay_window(
     moved = F.coalesce((op == "U") & (F.col("_k_before") != F.col("_k_after")), F.lit(False))
 
     stats = (
-        events.filter(op == "U")
+        # An INSERT leaves a value out after a row filter only (toast.replay).
+        events.filter(op.isin("U", "I"))
         .agg(
             F.array_distinct(F.flatten(F.collect_set(unchanged))).alias("open"),
             F.count_if(moved).alias("moves"),
@@ -350,7 +351,7 @@ def replay_window(
                 role == ARRIVAL_ROLE,
                 F.when(is_open, _slot(epoch, PENDING, None, None, _position(), t)).otherwise(known),
             )
-            .when(op == "I", known)
+            .when(op == "I", F.when(is_open, gone).otherwise(known))
             .when((op == "D") | F.col(_MOVED), gone)
             .when(is_open, F.lit(None).cast(_slot_type(t)))
             .otherwise(known)
@@ -379,6 +380,8 @@ def replay_window(
                 F.when(no_base, gone).otherwise(base),
             )
             .when((role == ARRIVAL_ROLE) & F.array_contains(unchanged, c), own_wait)
+            # An INSERT with a value left out: toast.replay's rule, nothing fills it.
+            .when((role == EVENT_ROLE) & (op == "I") & F.array_contains(unchanged, c), gone)
             .alias(_fill(i))
         )
     keep = [c for c in windowed.columns if not c.startswith("__rw_base")]
@@ -421,7 +424,7 @@ def replay_window(
         )
         new_fallback = F.when(is_update, F.map_concat(kept, inherited)).otherwise(fallback)
         new_missing = F.when(
-            is_update, F.filter(unchanged, lambda x: F.array_contains(missing, x))
+            op.isin("U", "I"), F.filter(unchanged, lambda x: F.array_contains(missing, x))
         ).otherwise(empty_names)
     else:
         new_fallback = fallback

@@ -66,7 +66,10 @@ def replay(
             ti += 1
         fallback = dict(e.get("_fallback") or ())
         if op == "I":
-            e["_missing_toast"] = []
+            # An INSERT leaves a value out only when a publication's row filter made it of
+            # an UPDATE that moved a row in (pgoutput_row_filter): the lake never had the
+            # row, nothing can fill it.
+            e["_missing_toast"] = list(e["_unchanged"] or ())
             current[e["_k_after"]] = e
         elif op == "U":
             before, after = e["_k_before"], e["_k_after"]

@@ -295,7 +295,7 @@ def play(
         # batch took what the batch before named), or to be found by it (a leaf this
         # batch's DDL messages showed is gone).
         wanted = set(last.snapshot.get("wanted", {}))
-        published_now, _, _ = published_catalog(c, cfg.source.publications)
+        published_now = published_catalog(c, cfg.source.publications).tables
         wanted |= set(partitions_left(partition_trees(c, published_now), last))
         published = [
             r[0]

@@ -21,9 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from slotlake.catalog import RESERVED
 from slotlake.cli import main as cli_main
-from slotlake.lake import Lake, read_changes
+from slotlake.lake import Lake, read_changes, read_state
 from slotlake.sync import run_sync
+from slotlake.verify import compare_table
 
 from .sync_helpers import (
     AUDIT_SQL,
@@ -1193,3 +1195,149 @@ def test_the_raw_rows_read_with_and_without_spark_are_the_same(
         assert [r["seq"] for r in local] == sorted(r["seq"] for r in local)
     counts = [len(_raw_rows(None, Lake(root), raw, *read)) for read in reads]
     assert counts == [2, 31, 32, 0], counts
+
+
+def mirrored_columns(lake: str, table: str) -> list[str]:
+    """The state's columns without slotlake's own."""
+    return [n for n in read_state(lake, table).column_names if n not in RESERVED]
+
+
+def test_a_publications_row_filter_or_column_list_changed_is_copied(
+    pg_dsn: str, slot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ALTER PUBLICATION … SET TABLE`` with another row filter, or a column list that
+    publishes a column it left out, changes what the lake must hold without a change in
+    the stream: rows that now pass the filter, or values of the column, the lake never
+    had (rows that no longer pass it, it must lose). The run that sees it copies the
+    table; a list that leaves a column out, or a column added to a table without a list,
+    needs no copy. Before, the mirror lacked them for good."""
+    from slotlake.bootstrap import run_bootstrap
+
+    from .sync_helpers import before_the_target
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+    # What each table's publication publishes now: columns (None: all), row filter.
+    scope: dict[str, tuple[list[str] | None, str]] = {
+        "public.t": (["id", "x"], "id > 10"),
+        "public.m": (None, "id % 2 = 0"),
+    }
+
+    def publish(t: tuple[list[str] | None, str], m: tuple[list[str] | None, str]) -> None:
+        scope.update({"public.t": t, "public.m": m})
+        parts = [
+            f"{name.split('.')[1]}{'' if cols is None else ' (' + ', '.join(cols) + ')'}"
+            f" WHERE ({where})"
+            for name, (cols, where) in scope.items()
+        ]
+        c.execute(f"ALTER PUBLICATION pub SET TABLE {', '.join(parts)}")
+
+    ticks: list[int] = []
+
+    def sync_copies(*want: list[str]) -> None:
+        """A sync after a change (the batch has one); the tables each of its batches
+        copied."""
+        ticks.append(len(ticks))
+        c.execute("INSERT INTO t VALUES (%s, 0, 'tick', 'tick')", (100 + len(ticks),))
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.batch is not None
+        batches = range(result.followed or result.batch, result.batch + 1)
+        got = [sorted(Lake(lake).read_commit(b).snapshot.get("tables", {})) for b in batches]
+        assert got == list(want)
+        for name, (cols, where) in scope.items():
+            cmp = compare_table(c, lake, name, cols, where)
+            assert cmp.equal, cmp.describe()
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, x int, b text, d text)")
+        c.execute("CREATE TABLE m (id int, v text) WITH (autovacuum_enabled = false)")
+        c.execute("ALTER TABLE m REPLICA IDENTITY FULL")
+        c.execute(
+            "INSERT INTO t SELECT g, g * 10, 'b' || g, 'd' || g FROM generate_series(1, 20) g"
+        )
+        c.execute("INSERT INTO m SELECT g % 12, 'v' FROM generate_series(1, 30) g")
+        c.execute(
+            "CREATE PUBLICATION pub FOR TABLE t (id, x) WHERE (id > 10), m WHERE (id % 2 = 0)"
+        )
+        run_bootstrap(cfg)
+        sync_copies([])
+
+        # A wider filter lets rows 6-10 in; status says so before the run.
+        publish((["id", "x"], "id > 5"), scope["public.m"])
+        capsys.readouterr()
+        assert cli_main(["status", "--config", str(config), "--json"]) == 0
+        waiting = json.loads(capsys.readouterr().out)["snapshots"]["waiting"]
+        assert waiting == {"public.t": "its publication's row filter changed"}
+        c.execute("UPDATE t SET x = x + 1 WHERE id IN (3, 12)")
+        sync_copies(["public.t"])
+
+        # A column list that publishes b, and a narrower filter on the multiset (rows leave).
+        publish((["id", "x", "b"], "id > 5"), (None, "id % 4 = 0"))
+        c.execute("INSERT INTO m VALUES (4, 'w'), (8, 'w'), (5, 'w')")
+        sync_copies(["public.m", "public.t"])
+
+        # A list that leaves b out, a column added to m (no list): nothing to copy.
+        publish((["id", "x"], "id > 5"), scope["public.m"])
+        c.execute("ALTER TABLE m ADD COLUMN w int")
+        c.execute("INSERT INTO m VALUES (8, 'x', 1)")
+        c.execute("UPDATE t SET b = 'unseen', x = 0 WHERE id = 7")
+        sync_copies([])
+        assert mirrored_columns(lake, "public.t") == ["id", "x"]
+
+        # No list any more: every column, b's and d's values among them.
+        publish((None, "id > 5"), scope["public.m"])
+        sync_copies(["public.t"])
+        assert mirrored_columns(lake, "public.t") == ["id", "x", "b", "d"]
+
+        # Changed between the run's read of its publications and its target: one more
+        # batch of the same run copies it.
+        c.execute("INSERT INTO t VALUES (30, 300, 'b30', 'd30')")
+        ops = [lambda: publish(scope["public.t"], (None, "id % 3 = 0"))]
+        with before_the_target(ops):
+            sync_copies([], ["public.m"])
+        assert not ops
+
+
+@pytest.mark.parametrize("writer", ["driver", "spark"])
+def test_a_row_a_row_filter_lets_in_with_a_value_left_out_is_copied(
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, writer: str
+) -> None:
+    """An UPDATE that moves a row into a publication's row filter reaches the slot as an
+    INSERT (pgoutput_row_filter), which leaves an unchanged out-of-line value out: only
+    the replica identity's are taken from the old row. The lake never had the row, so
+    the value is listed missing (in the change log and the state), never invented, and
+    a lake that holds every row copies the table in the same run. Before, the INSERT's
+    value was NULL and listed nowhere: the mirror kept NULL for good."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    if writer == "spark":
+        cfg.lake.driver_write_rows = 0
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, big text)")
+        c.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")  # out of line
+        c.execute("CREATE PUBLICATION pub FOR TABLE t WHERE (id > 10)")
+        c.execute(
+            "INSERT INTO t SELECT g, 'v', repeat(md5(g::text), 200) FROM generate_series(1, 20) g"
+        )
+        run_bootstrap(cfg, spark=spark if writer == "spark" else None)
+        c.execute("UPDATE t SET id = 105 WHERE id = 5")  # moves in: an INSERT
+        c.execute("UPDATE t SET v = 'later' WHERE id = 105")  # big unchanged again
+        c.execute("UPDATE t SET id = 0 WHERE id = 15")  # moves out: a DELETE
+        c.execute("UPDATE t SET v = 'w' WHERE id = 16")
+        result = run_sync(cfg, spark=spark)
+        assert result.batch is not None and result.followed is not None
+        named = Lake(lake).read_commit(result.followed)
+        assert named.tables["public.t"].missing_toast == 2
+        assert "public.t" in named.snapshot["wanted"]
+        log = {
+            (r["_op"], r["id"]): r["_missing_toast"]
+            for r in read_changes(lake, "public.t").to_pylist()
+            if r["_batch"] == result.followed
+        }
+        assert log == {("I", 105): ["big"], ("U", 105): ["big"], ("D", None): [], ("U", 16): []}
+        assert sorted(Lake(lake).read_commit(result.batch).snapshot["tables"]) == ["public.t"]
+        cmp = compare_table(c, lake, "public.t", None, "id > 10")
+        assert cmp.equal, cmp.describe()

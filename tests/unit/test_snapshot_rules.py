@@ -17,6 +17,8 @@ from slotlake.snapshot import (
     leaves_in_ddl,
     partitions_left,
     rewritten_by_ddl,
+    scope_of,
+    scope_widened,
     unseen_rows,
 )
 
@@ -169,3 +171,31 @@ def test_unseen_rows_want_the_tables_not_wanted_already() -> None:
         "public.a": "unchanged TOAST values of rows the lake never had (3 changes)"
     }
     assert unseen_rows({}, {}) == {}
+
+
+def test_a_publications_scope_of_a_table() -> None:
+    # (row filter, published attnums, whether a column list left one out) per publication.
+    assert scope_of([("(id > 5)", [1, 2], True)]) == [["(id > 5)"], [1, 2], True]
+    # Filters are ORed: one publication without a filter publishes every row.
+    assert scope_of([("(id > 5)", [1, 2, 3], False), (None, [1, 2, 3], False)]) == [
+        None,
+        [1, 2, 3],
+        False,
+    ]
+    assert scope_of([("(b)", [1], False), ("(a)", [1], False)])[0] == ["(a)", "(b)"]
+
+
+def test_what_a_changed_scope_needs_copied() -> None:
+    all3, list2 = [None, [1, 2, 3], False], [None, [1, 2], True]
+    assert scope_widened(all3, all3) is None
+    assert scope_widened([["(id > 5)"], [1, 2, 3], False], all3) == (
+        "its publication's row filter changed"
+    )
+    assert scope_widened(all3, [["(id > 5)"], [1, 2, 3], False]) is not None  # rows leave
+    # A list that leaves a column out: the Relation messages drop it.
+    assert scope_widened(all3, list2) is None
+    # One that publishes a column it left out: values the lake never had.
+    assert scope_widened(list2, all3) == "its publication's column list now publishes attnums [3]"
+    assert scope_widened(list2, [None, [1, 2, 4], True]) is not None
+    # A column added to a table without a list comes in the stream.
+    assert scope_widened(all3, [None, [1, 2, 3, 4], False]) is None
