@@ -147,6 +147,9 @@ class Published(NamedTuple):
     xmins: dict[str, str]  # pg_class.xmin
     joins: dict[str, str]  # a partition's pg_inherits xmins up its path
     scopes: dict[str, list[Any]]  # the publications' row filters and column list
+    # The enum types the tables' columns hold (through arrays, domains, composites and
+    # ranges too): {"uses": {table: [type oid]}, "labels": {type oid: {label oid: label}}}.
+    enums: dict[str, Any]
 
 
 def published_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -> Published:
@@ -208,7 +211,69 @@ def published_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]
         {r[0]: str(r[3]) for r in rows},
         {r[0]: str(r[4]) for r in rows if r[4] is not None},
         {name: scope_of(pubs) for name, pubs in per_publication.items()} if lists else {},
+        enum_labels(conn, {r[0]: int(r[1]) for r in rows}),
     )
+
+
+# The enum types a table's columns reach, through domains, arrays, composites, ranges and
+# multiranges. Only columns of types made by users start it: no built-in type holds an
+# enum, so a source without such columns pays an index scan of pg_attribute.
+_ENUMS_SQL = """
+WITH RECURSIVE reach(rel, typ) AS (
+  SELECT a.attrelid, a.atttypid FROM pg_attribute a
+  WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid >= 16384
+  UNION
+  SELECT r.rel, n.t FROM reach r JOIN pg_type ty ON ty.oid = r.typ
+  CROSS JOIN LATERAL (
+    SELECT ty.typbasetype WHERE ty.typtype = 'd'
+    UNION ALL SELECT ty.typelem WHERE ty.typelem <> 0
+    UNION ALL SELECT ca.atttypid FROM pg_attribute ca
+      WHERE ty.typtype = 'c' AND ca.attrelid = ty.typrelid AND ca.attnum > 0
+        AND NOT ca.attisdropped
+    UNION ALL SELECT rg.rngsubtype FROM pg_range rg
+      WHERE rg.rngtypid = ty.oid OR rg.rngmultitypid = ty.oid
+  ) n(t)
+)
+SELECT h.rel::int, h.typ::int,
+       CASE WHEN h.first THEN (SELECT json_object_agg(e.oid::text, e.enumlabel)
+                               FROM pg_enum e WHERE e.enumtypid = h.typ) END
+FROM (SELECT r.rel, r.typ, row_number() OVER (PARTITION BY r.typ) = 1 AS first
+      FROM reach r JOIN pg_type ty ON ty.oid = r.typ
+      WHERE ty.typtype = 'e') h
+"""
+
+
+def enum_labels(conn: psycopg.Connection[Any], tables: Mapping[str, int]) -> dict[str, Any]:
+    """:attr:`Published.enums` of ``tables`` (name → oid). ``ALTER TYPE … RENAME VALUE``
+    changes what every row holding the label reads as, without a change in the stream or
+    a rewrite (a row stores the label's oid): :func:`relabelled` tells it."""
+    names = {oid: name for name, oid in tables.items()}
+    uses: dict[str, list[str]] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for rel, typ, typ_labels in conn.execute(_ENUMS_SQL, (list(names),)):
+        uses.setdefault(names[rel], []).append(str(typ))
+        if typ_labels is not None:  # once a type
+            labels[str(typ)] = dict(typ_labels)
+    return {"uses": {k: sorted(v) for k, v in sorted(uses.items())}, "labels": labels}
+
+
+def relabelled(last: CommitRecord, enums: Mapping[str, Any]) -> dict[str, str]:
+    """The tables whose columns hold an enum a label of which was renamed since ``last``
+    was planned (name → why): the lake holds the old label's text. A label added since
+    changes no row."""
+    before = (last.snapshot.get("enums") or {}).get("labels") or {}
+    renamed: dict[str, tuple[str, str]] = {}
+    for typ, now in (enums.get("labels") or {}).items():
+        had = before.get(typ) or {}
+        pairs = sorted((had[o], label) for o, label in now.items() if had.get(o, label) != label)
+        if pairs:
+            renamed[typ] = pairs[0]
+    out = {}
+    for table, types in sorted((enums.get("uses") or {}).items()):
+        hit = next((renamed[t] for t in types if t in renamed), None)
+        if hit is not None:
+            out[table] = f"an enum value it holds was renamed ({hit[0]!r} to {hit[1]!r})"
+    return out
 
 
 def scope_of(publications: Sequence[tuple[str | None, list[int], bool]]) -> list[Any]:
@@ -368,13 +433,14 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
     and each partitioned table's leaves. Read before the bootstrap's slot exists: a
     rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
     a needless copy, one after it is seen."""
-    published, xmins, joins, scopes = published_catalog(conn, publications)
+    published, xmins, joins, scopes, enums = published_catalog(conn, publications)
     trees = partition_trees(conn, published)
     return {
         "relfilenodes": {k: v[1] for k, v in published.items()},
         "xmins": xmins,
         "joins": joins,
         "scopes": scopes,
+        "enums": enums,
         "leaves": leaves_of(trees),
         "leaf_xmins": leaf_xmins_of(trees),
         "partition_joins": joins_of(trees),
@@ -706,8 +772,10 @@ def waiting(lake: Lake, published: Published | None) -> dict[str, str]:
             for name, (oid, _) in published.tables.items():
                 if name not in base or (base[name] is not None and base[name] != oid):
                     out[name] = "new in the publication"
-        for name, why in rescoped(last, published.scopes if published else {}).items():
-            out.setdefault(name, why)
+        if published is not None:
+            drift = {**relabelled(last, published.enums), **rescoped(last, published.scopes)}
+            for name, why in drift.items():
+                out.setdefault(name, why)
     for r in pending_requests(lake):
         out.setdefault(r["table"], r.get("reason", "requested by hand"))
     return out
@@ -728,6 +796,8 @@ class Prepared:
     joins: dict[str, str] = field(default_factory=dict)
     # What the publications publish of each table (published_catalog's scopes).
     scopes: dict[str, list[Any]] = field(default_factory=dict)
+    # The enum types their columns hold, and those types' labels (published_catalog).
+    enums: dict[str, Any] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     # ... and their pg_class xmins (root → leaf oid → xid).
@@ -747,6 +817,7 @@ class Prepared:
             "xmins": self.xmins,
             "joins": self.joins,
             "scopes": self.scopes,
+            "enums": self.enums,
             "leaves": self.leaves,
             "leaf_xmins": self.leaf_xmins,
             "partition_joins": self.partition_joins,
@@ -772,13 +843,15 @@ def _wanted(
     moved: Mapping[str, str] | None = None,
     joins: Mapping[str, str] | None = None,
     scopes: Mapping[str, Sequence[Any]] | None = None,
+    enums: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Tables to snapshot in this run (name → reason) and the request ids honoured.
     ``moved``: roots that gained a partition with rows (:func:`attached_with_rows`) or
     lost one (:func:`partitions_left`); ``joins``: each partition's ``pg_inherits``
     xmins (:func:`published_catalog`), another than the last commit's for one published
     as itself: detached and attached again since, rows written meanwhile unseen;
-    ``scopes``: what the publications publish of each table (:func:`scope_widened`)."""
+    ``scopes``: what the publications publish of each table (:func:`scope_widened`);
+    ``enums``: the enum labels the tables' columns hold (:func:`relabelled`)."""
     if last is None:
         # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
         return {}, []
@@ -795,7 +868,7 @@ def _wanted(
     for name, path in sorted((joins or {}).items()):
         if joins_before.get(name, path) != path:
             wanted.setdefault(name, "detached and attached again")
-    for name, why in rescoped(last, scopes or {}).items():
+    for name, why in {**relabelled(last, enums or {}), **rescoped(last, scopes or {})}.items():
         wanted.setdefault(name, why)
     for name, reason in last.snapshot.get("wanted", {}).items():
         if name in published:
@@ -924,7 +997,7 @@ def _read(
     """The published set as the plan records it (with the snapshot requests honoured) and
     the tables it needs copied (name → reason)."""
     try:
-        published, xmins, joins, scopes = published_catalog(conn, cfg.source.publications)
+        published, xmins, joins, scopes, enums = published_catalog(conn, cfg.source.publications)
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
@@ -941,12 +1014,13 @@ def _read(
         xmins=xmins,
         joins=joins,
         scopes=scopes,
+        enums=enums,
         leaves=leaves,
         leaf_xmins=leaf_xmins,
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
     )
-    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes)
+    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes, enums)
     return prep, wanted
 
 

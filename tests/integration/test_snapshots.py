@@ -1341,3 +1341,63 @@ def test_a_row_a_row_filter_lets_in_with_a_value_left_out_is_copied(
         assert sorted(Lake(lake).read_commit(result.batch).snapshot["tables"]) == ["public.t"]
         cmp = compare_table(c, lake, "public.t", None, "id > 10")
         assert cmp.equal, cmp.describe()
+
+
+def test_tables_holding_an_enum_whose_value_was_renamed_are_copied(
+    pg_dsn: str, slot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ALTER TYPE … RENAME VALUE`` changes what every row holding the label reads as,
+    without a change in the stream or a rewrite (a row stores the label's oid). The run
+    that sees it copies each table whose columns hold the enum — directly, in an array,
+    a domain, a composite or a range — and no other; a value added needs nothing. Before,
+    the lake kept the old label for good."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+    renamed = ["public.arr", "public.comp", "public.dom", "public.plain", "public.rng"]
+    tables = [*renamed, "public.other"]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+        c.execute("CREATE TYPE size AS ENUM ('s', 'm', 'l')")
+        c.execute("CREATE DOMAIN good_mood AS mood CHECK (VALUE <> 'sad')")
+        c.execute("CREATE TYPE pair AS (n int, m mood)")
+        c.execute("CREATE TYPE mood_range AS RANGE (subtype = mood)")
+        c.execute("CREATE TABLE rng (id int PRIMARY KEY, r mood_range)")
+        c.execute(
+            "INSERT INTO rng SELECT g, mood_range('sad', 'ok', '[]') FROM generate_series(1, 3) g"
+        )
+        c.execute("CREATE TABLE plain (id int PRIMARY KEY, m mood)")
+        c.execute("CREATE TABLE arr (id int PRIMARY KEY, ms mood[])")
+        c.execute("CREATE TABLE dom (id int PRIMARY KEY, g good_mood)")
+        c.execute("CREATE TABLE comp (id int PRIMARY KEY, p pair)")
+        c.execute("CREATE TABLE other (id int PRIMARY KEY, s size, t text)")
+        c.execute("INSERT INTO plain SELECT g, 'ok' FROM generate_series(1, 3) g")
+        c.execute(
+            "INSERT INTO arr SELECT g, ARRAY['ok', 'sad']::mood[] FROM generate_series(1, 3) g"
+        )
+        c.execute("INSERT INTO dom SELECT g, 'ok' FROM generate_series(1, 3) g")
+        c.execute("INSERT INTO comp SELECT g, ROW(g, 'ok')::pair FROM generate_series(1, 3) g")
+        c.execute("INSERT INTO other SELECT g, 'm', 'ok' FROM generate_series(1, 3) g")
+        c.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)}")
+        run_bootstrap(cfg)
+
+        c.execute("ALTER TYPE size ADD VALUE 'xl'")  # changes no row
+        c.execute("INSERT INTO other VALUES (10, 'xl', 'x')")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.followed is None
+        assert Lake(lake).read_commit(result.batch).snapshot.get("tables") == {}
+
+        c.execute("ALTER TYPE mood RENAME VALUE 'ok' TO 'fine'")
+        capsys.readouterr()
+        assert cli_main(["status", "--config", str(config), "--json"]) == 0
+        waiting = json.loads(capsys.readouterr().out)["snapshots"]["waiting"]
+        why = "an enum value it holds was renamed ('ok' to 'fine')"
+        assert waiting == dict.fromkeys(renamed, why)
+        c.execute("INSERT INTO plain VALUES (10, 'fine')")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.followed is None
+        copied = Lake(lake).read_commit(result.batch).snapshot["tables"]
+        assert sorted(copied) == renamed
+        assert_mirror(c, lake, tables)

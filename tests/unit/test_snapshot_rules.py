@@ -16,6 +16,7 @@ from slotlake.snapshot import (
     began_with_copies,
     leaves_in_ddl,
     partitions_left,
+    relabelled,
     rewritten_by_ddl,
     scope_of,
     scope_widened,
@@ -199,3 +200,20 @@ def test_what_a_changed_scope_needs_copied() -> None:
     assert scope_widened(list2, [None, [1, 2, 4], True]) is not None
     # A column added to a table without a list comes in the stream.
     assert scope_widened(all3, [None, [1, 2, 3, 4], False]) is None
+
+
+def test_tables_holding_a_renamed_enum_label() -> None:
+    def record(labels: dict[str, dict[str, str]]) -> CommitRecord:
+        rec = CommitRecord.__new__(CommitRecord)
+        rec.snapshot = {"enums": {"labels": labels}}
+        return rec
+
+    last = record({"10": {"1": "sad", "2": "ok"}, "20": {"5": "s"}})
+    uses = {"public.a": ["10"], "public.b": ["20"], "public.c": ["10", "20"]}
+    now = {"uses": uses, "labels": {"10": {"1": "sad", "2": "fine", "3": "new"}, "20": {"5": "s"}}}
+    why = "an enum value it holds was renamed ('ok' to 'fine')"
+    assert relabelled(last, now) == {"public.a": why, "public.c": why}
+    # A label added, a type the record did not read, a record from before enums were kept.
+    added = {"uses": uses, "labels": {"10": {"1": "sad", "2": "ok", "3": "x"}, "30": {"9": "z"}}}
+    assert relabelled(last, added) == {}
+    assert relabelled(record({}), now) == {}
