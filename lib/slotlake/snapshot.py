@@ -147,9 +147,8 @@ class Published(NamedTuple):
     xmins: dict[str, str]  # pg_class.xmin
     joins: dict[str, str]  # a partition's pg_inherits xmins up its path
     scopes: dict[str, list[Any]]  # the publications' row filters and column list
-    # The enum types the tables' columns hold (through arrays, domains, composites and
-    # ranges too): {"uses": {table: [type oid]}, "labels": {type oid: {label oid: label}}}.
-    enums: dict[str, Any]
+    # The enum and composite types the tables' columns hold (held_types).
+    types: dict[str, Any]
 
 
 def published_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -> Published:
@@ -211,14 +210,14 @@ def published_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]
         {r[0]: str(r[3]) for r in rows},
         {r[0]: str(r[4]) for r in rows if r[4] is not None},
         {name: scope_of(pubs) for name, pubs in per_publication.items()} if lists else {},
-        enum_labels(conn, {r[0]: int(r[1]) for r in rows}),
+        held_types(conn, {r[0]: int(r[1]) for r in rows}),
     )
 
 
-# The enum types a table's columns reach, through domains, arrays, composites, ranges and
-# multiranges. Only columns of types made by users start it: no built-in type holds an
-# enum, so a source without such columns pays an index scan of pg_attribute.
-_ENUMS_SQL = """
+# The enum and composite types a table's columns reach, through domains, arrays,
+# composites, ranges and multiranges. Only columns of types made by users start it: no
+# built-in type holds either, so a source without such columns pays an index scan.
+_TYPES_SQL = """
 WITH RECURSIVE reach(rel, typ) AS (
   SELECT a.attrelid, a.atttypid FROM pg_attribute a
   WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid >= 16384
@@ -234,45 +233,73 @@ WITH RECURSIVE reach(rel, typ) AS (
       WHERE rg.rngtypid = ty.oid OR rg.rngmultitypid = ty.oid
   ) n(t)
 )
-SELECT h.rel::int, h.typ::int,
-       CASE WHEN h.first THEN (SELECT json_object_agg(e.oid::text, e.enumlabel)
-                               FROM pg_enum e WHERE e.enumtypid = h.typ) END
-FROM (SELECT r.rel, r.typ, row_number() OVER (PARTITION BY r.typ) = 1 AS first
+SELECT h.rel::int, h.typ::int, h.typtype::text,
+       CASE WHEN NOT h.first THEN NULL
+            WHEN h.typtype = 'e' THEN
+              (SELECT json_object_agg(e.oid::text, e.enumlabel) FROM pg_enum e
+               WHERE e.enumtypid = h.typ)
+            ELSE json_build_object('name', format_type(h.typ, NULL), 'attributes',
+              (SELECT json_agg(json_build_array(ca.attnum, ca.atttypid) ORDER BY ca.attnum)
+               FROM pg_attribute ca
+               WHERE ca.attrelid = h.typrelid AND ca.attnum > 0 AND NOT ca.attisdropped))
+       END
+FROM (SELECT r.rel, r.typ, ty.typtype, ty.typrelid,
+             row_number() OVER (PARTITION BY r.typ) = 1 AS first
       FROM reach r JOIN pg_type ty ON ty.oid = r.typ
-      WHERE ty.typtype = 'e') h
+      WHERE ty.typtype IN ('e', 'c')) h
 """
 
 
-def enum_labels(conn: psycopg.Connection[Any], tables: Mapping[str, int]) -> dict[str, Any]:
-    """:attr:`Published.enums` of ``tables`` (name → oid). ``ALTER TYPE … RENAME VALUE``
-    changes what every row holding the label reads as, without a change in the stream or
-    a rewrite (a row stores the label's oid): :func:`relabelled` tells it."""
+def held_types(conn: psycopg.Connection[Any], tables: Mapping[str, int]) -> dict[str, Any]:
+    """:attr:`Published.types` of ``tables`` (name → oid): {"uses": {table: [type oid]},
+    "enums": {type oid: {label oid: label}}, "composites": {type oid: {"name": …,
+    "attributes": [[attnum, type oid], …]}}}.
+
+    ``ALTER TYPE … RENAME VALUE`` changes what every row holding the label reads as (a
+    row stores the label's oid), and ``ALTER TYPE … ADD/DROP ATTRIBUTE`` (or a column
+    added to or dropped from a table whose row type a column holds) what every value of
+    the composite reads as: neither with a change in the stream or a rewrite
+    (:func:`retyped`)."""
     names = {oid: name for name, oid in tables.items()}
     uses: dict[str, list[str]] = {}
-    labels: dict[str, dict[str, str]] = {}
-    for rel, typ, typ_labels in conn.execute(_ENUMS_SQL, (list(names),)):
+    enums: dict[str, dict[str, str]] = {}
+    composites: dict[str, dict[str, Any]] = {}
+    for rel, typ, kind, shape in conn.execute(_TYPES_SQL, (list(names),)):
         uses.setdefault(names[rel], []).append(str(typ))
-        if typ_labels is not None:  # once a type
-            labels[str(typ)] = dict(typ_labels)
-    return {"uses": {k: sorted(v) for k, v in sorted(uses.items())}, "labels": labels}
+        if shape is not None:  # once a type
+            (enums if kind == "e" else composites)[str(typ)] = shape
+    return {
+        "uses": {k: sorted(v) for k, v in sorted(uses.items())},
+        "enums": enums,
+        "composites": composites,
+    }
 
 
-def relabelled(last: CommitRecord, enums: Mapping[str, Any]) -> dict[str, str]:
-    """The tables whose columns hold an enum a label of which was renamed since ``last``
-    was planned (name → why): the lake holds the old label's text. A label added since
-    changes no row."""
-    before = (last.snapshot.get("enums") or {}).get("labels") or {}
-    renamed: dict[str, tuple[str, str]] = {}
-    for typ, now in (enums.get("labels") or {}).items():
-        had = before.get(typ) or {}
+def retyped(last: CommitRecord, types: Mapping[str, Any]) -> dict[str, str]:
+    """The tables whose columns hold an enum a label of which was renamed, or a composite
+    type that gained, lost or changed attributes, since ``last`` was planned (name →
+    why): the lake holds the values as they read then. A label added changes no row, nor
+    does an attribute renamed (a composite's text names none)."""
+    before = last.snapshot.get("types") or {}
+    changed: dict[str, str] = {}
+    had_enums = before.get("enums") or {}
+    for typ, now in (types.get("enums") or {}).items():
+        had = had_enums.get(typ) or {}
         pairs = sorted((had[o], label) for o, label in now.items() if had.get(o, label) != label)
         if pairs:
-            renamed[typ] = pairs[0]
+            changed[typ] = (
+                f"an enum value it holds was renamed ({pairs[0][0]!r} to {pairs[0][1]!r})"
+            )
+    had_composites = before.get("composites") or {}
+    for typ, now in (types.get("composites") or {}).items():
+        had = had_composites.get(typ)
+        if had is not None and had["attributes"] != now["attributes"]:
+            changed[typ] = f"the attributes of the composite type {now['name']} it holds changed"
     out = {}
-    for table, types in sorted((enums.get("uses") or {}).items()):
-        hit = next((renamed[t] for t in types if t in renamed), None)
-        if hit is not None:
-            out[table] = f"an enum value it holds was renamed ({hit[0]!r} to {hit[1]!r})"
+    for table, held in sorted((types.get("uses") or {}).items()):
+        why = next((changed[t] for t in held if t in changed), None)
+        if why is not None:
+            out[table] = why
     return out
 
 
@@ -433,14 +460,14 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
     and each partitioned table's leaves. Read before the bootstrap's slot exists: a
     rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
     a needless copy, one after it is seen."""
-    published, xmins, joins, scopes, enums = published_catalog(conn, publications)
+    published, xmins, joins, scopes, types = published_catalog(conn, publications)
     trees = partition_trees(conn, published)
     return {
         "relfilenodes": {k: v[1] for k, v in published.items()},
         "xmins": xmins,
         "joins": joins,
         "scopes": scopes,
-        "enums": enums,
+        "types": types,
         "leaves": leaves_of(trees),
         "leaf_xmins": leaf_xmins_of(trees),
         "partition_joins": joins_of(trees),
@@ -773,7 +800,7 @@ def waiting(lake: Lake, published: Published | None) -> dict[str, str]:
                 if name not in base or (base[name] is not None and base[name] != oid):
                     out[name] = "new in the publication"
         if published is not None:
-            drift = {**relabelled(last, published.enums), **rescoped(last, published.scopes)}
+            drift = {**retyped(last, published.types), **rescoped(last, published.scopes)}
             for name, why in drift.items():
                 out.setdefault(name, why)
     for r in pending_requests(lake):
@@ -796,8 +823,8 @@ class Prepared:
     joins: dict[str, str] = field(default_factory=dict)
     # What the publications publish of each table (published_catalog's scopes).
     scopes: dict[str, list[Any]] = field(default_factory=dict)
-    # The enum types their columns hold, and those types' labels (published_catalog).
-    enums: dict[str, Any] = field(default_factory=dict)
+    # The enum and composite types their columns hold (held_types).
+    types: dict[str, Any] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     # ... and their pg_class xmins (root → leaf oid → xid).
@@ -817,7 +844,7 @@ class Prepared:
             "xmins": self.xmins,
             "joins": self.joins,
             "scopes": self.scopes,
-            "enums": self.enums,
+            "types": self.types,
             "leaves": self.leaves,
             "leaf_xmins": self.leaf_xmins,
             "partition_joins": self.partition_joins,
@@ -843,7 +870,7 @@ def _wanted(
     moved: Mapping[str, str] | None = None,
     joins: Mapping[str, str] | None = None,
     scopes: Mapping[str, Sequence[Any]] | None = None,
-    enums: Mapping[str, Any] | None = None,
+    types: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Tables to snapshot in this run (name → reason) and the request ids honoured.
     ``moved``: roots that gained a partition with rows (:func:`attached_with_rows`) or
@@ -851,7 +878,7 @@ def _wanted(
     xmins (:func:`published_catalog`), another than the last commit's for one published
     as itself: detached and attached again since, rows written meanwhile unseen;
     ``scopes``: what the publications publish of each table (:func:`scope_widened`);
-    ``enums``: the enum labels the tables' columns hold (:func:`relabelled`)."""
+    ``types``: the enum and composite types the tables' columns hold (:func:`retyped`)."""
     if last is None:
         # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
         return {}, []
@@ -868,7 +895,7 @@ def _wanted(
     for name, path in sorted((joins or {}).items()):
         if joins_before.get(name, path) != path:
             wanted.setdefault(name, "detached and attached again")
-    for name, why in {**relabelled(last, enums or {}), **rescoped(last, scopes or {})}.items():
+    for name, why in {**retyped(last, types or {}), **rescoped(last, scopes or {})}.items():
         wanted.setdefault(name, why)
     for name, reason in last.snapshot.get("wanted", {}).items():
         if name in published:
@@ -997,7 +1024,7 @@ def _read(
     """The published set as the plan records it (with the snapshot requests honoured) and
     the tables it needs copied (name → reason)."""
     try:
-        published, xmins, joins, scopes, enums = published_catalog(conn, cfg.source.publications)
+        published, xmins, joins, scopes, types = published_catalog(conn, cfg.source.publications)
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
@@ -1014,13 +1041,13 @@ def _read(
         xmins=xmins,
         joins=joins,
         scopes=scopes,
-        enums=enums,
+        types=types,
         leaves=leaves,
         leaf_xmins=leaf_xmins,
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
     )
-    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes, enums)
+    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes, types)
     return prep, wanted
 
 

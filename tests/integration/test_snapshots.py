@@ -1343,21 +1343,23 @@ def test_a_row_a_row_filter_lets_in_with_a_value_left_out_is_copied(
         assert cmp.equal, cmp.describe()
 
 
-def test_tables_holding_an_enum_whose_value_was_renamed_are_copied(
+def test_tables_holding_an_enum_or_composite_whose_values_read_otherwise_are_copied(
     pg_dsn: str, slot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``ALTER TYPE … RENAME VALUE`` changes what every row holding the label reads as,
-    without a change in the stream or a rewrite (a row stores the label's oid). The run
-    that sees it copies each table whose columns hold the enum — directly, in an array,
-    a domain, a composite or a range — and no other; a value added needs nothing. Before,
-    the lake kept the old label for good."""
+    without a change in the stream or a rewrite (a row stores the label's oid); so does
+    ``ALTER TYPE … ADD ATTRIBUTE`` for every value of a composite type (``(1,x)`` reads
+    ``(1,x,)``), and a column added to a table whose row type a column holds. The run
+    that sees it copies each table whose columns hold the type — directly, in an array,
+    a domain, a composite or a range — and no other; a value added to an enum, or an
+    attribute renamed, needs nothing. Before, the lake kept the old texts for good."""
     from slotlake.bootstrap import run_bootstrap
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
     renamed = ["public.arr", "public.comp", "public.dom", "public.plain", "public.rng"]
-    tables = [*renamed, "public.other"]
+    tables = [*renamed, "public.other", "public.rows"]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
         c.execute("CREATE TYPE size AS ENUM ('s', 'm', 'l')")
@@ -1380,10 +1382,13 @@ def test_tables_holding_an_enum_whose_value_was_renamed_are_copied(
         c.execute("INSERT INTO dom SELECT g, 'ok' FROM generate_series(1, 3) g")
         c.execute("INSERT INTO comp SELECT g, ROW(g, 'ok')::pair FROM generate_series(1, 3) g")
         c.execute("INSERT INTO other SELECT g, 'm', 'ok' FROM generate_series(1, 3) g")
+        c.execute("CREATE TABLE rows (id int PRIMARY KEY, o other)")
+        c.execute("INSERT INTO rows SELECT g, ROW(g, 'm', 'x')::other FROM generate_series(1, 3) g")
         c.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)}")
         run_bootstrap(cfg)
 
         c.execute("ALTER TYPE size ADD VALUE 'xl'")  # changes no row
+        c.execute("ALTER TYPE pair RENAME ATTRIBUTE n TO n2")  # '(1,ok)' still
         c.execute("INSERT INTO other VALUES (10, 'xl', 'x')")
         result = run_sync(cfg)
         assert result.status == "committed" and result.followed is None
@@ -1400,4 +1405,12 @@ def test_tables_holding_an_enum_whose_value_was_renamed_are_copied(
         assert result.status == "committed" and result.followed is None
         copied = Lake(lake).read_commit(result.batch).snapshot["tables"]
         assert sorted(copied) == renamed
+        assert_mirror(c, lake, tables)
+
+        c.execute("ALTER TYPE pair ADD ATTRIBUTE z int")
+        c.execute("ALTER TABLE other ADD COLUMN w int")
+        c.execute("INSERT INTO plain VALUES (11, 'fine')")
+        result = run_sync(cfg)
+        copied = Lake(lake).read_commit(result.batch).snapshot["tables"]
+        assert sorted(copied) == ["public.comp", "public.rows"]
         assert_mirror(c, lake, tables)

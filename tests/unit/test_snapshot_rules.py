@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from slotlake.lake import CommitRecord, TableCommit
 from slotlake.lsn import Lsn
@@ -16,7 +17,7 @@ from slotlake.snapshot import (
     began_with_copies,
     leaves_in_ddl,
     partitions_left,
-    relabelled,
+    retyped,
     rewritten_by_ddl,
     scope_of,
     scope_widened,
@@ -202,18 +203,28 @@ def test_what_a_changed_scope_needs_copied() -> None:
     assert scope_widened(all3, [None, [1, 2, 3, 4], False]) is None
 
 
-def test_tables_holding_a_renamed_enum_label() -> None:
-    def record(labels: dict[str, dict[str, str]]) -> CommitRecord:
+def test_tables_holding_a_renamed_enum_label_or_a_changed_composite() -> None:
+    def record(types: dict[str, Any]) -> CommitRecord:
         rec = CommitRecord.__new__(CommitRecord)
-        rec.snapshot = {"enums": {"labels": labels}}
+        rec.snapshot = {"types": types}
         return rec
 
-    last = record({"10": {"1": "sad", "2": "ok"}, "20": {"5": "s"}})
-    uses = {"public.a": ["10"], "public.b": ["20"], "public.c": ["10", "20"]}
-    now = {"uses": uses, "labels": {"10": {"1": "sad", "2": "fine", "3": "new"}, "20": {"5": "s"}}}
+    pair = {"name": "pair", "attributes": [[1, 23], [2, 25]]}
+    last = record(
+        {"enums": {"10": {"1": "sad", "2": "ok"}, "20": {"5": "s"}}, "composites": {"30": pair}}
+    )
+    uses = {"public.a": ["10"], "public.b": ["20"], "public.c": ["10", "20"], "public.d": ["30"]}
+    enums = {"10": {"1": "sad", "2": "fine", "3": "new"}, "20": {"5": "s"}}
+    now = {"uses": uses, "enums": enums, "composites": {"30": pair}}
     why = "an enum value it holds was renamed ('ok' to 'fine')"
-    assert relabelled(last, now) == {"public.a": why, "public.c": why}
-    # A label added, a type the record did not read, a record from before enums were kept.
-    added = {"uses": uses, "labels": {"10": {"1": "sad", "2": "ok", "3": "x"}, "30": {"9": "z"}}}
-    assert relabelled(last, added) == {}
-    assert relabelled(record({}), now) == {}
+    assert retyped(last, now) == {"public.a": why, "public.c": why}
+    # An attribute added (or dropped): every value of the type reads otherwise.
+    grown = {**pair, "attributes": [[1, 23], [2, 25], [3, 23]]}
+    now = {"uses": uses, "enums": last.snapshot["types"]["enums"], "composites": {"30": grown}}
+    assert retyped(last, now) == {
+        "public.d": "the attributes of the composite type pair it holds changed"
+    }
+    # A label added, a type the record did not read, a record from before types were kept.
+    enums = {"10": {"1": "sad", "2": "ok", "3": "x"}, "40": {"9": "z"}}
+    assert retyped(last, {"uses": uses, "enums": enums, "composites": {"30": pair}}) == {}
+    assert retyped(record({}), now) == {}
