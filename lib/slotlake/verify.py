@@ -111,8 +111,18 @@ def source_counter(
     # tuples do (a cast to text would not: bool::text is 'true', the output is 't').
     buf = bytearray()
     filtered = f" WHERE {where}" if where else ""
+    # A table's own rows, as pgoutput sends them and the bootstrap copies them: those of a
+    # table inheriting from it are another table's; a partitioned table's are its
+    # partitions'.
+    kind = conn.execute(
+        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        (schema, name),
+    ).fetchone()
+    only = "" if kind is not None and kind[0] == "p" else "ONLY "
     query = (
-        f"COPY (SELECT {select} FROM {quote_ident(schema)}.{quote_ident(name)}{filtered}) TO STDOUT"
+        f"COPY (SELECT {select} FROM {only}{quote_ident(schema)}.{quote_ident(name)}{filtered})"
+        " TO STDOUT"
     )
     with conn.cursor().copy(query) as copy:
         for chunk in copy:

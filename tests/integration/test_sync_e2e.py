@@ -372,6 +372,46 @@ def test_names_that_need_quoting_are_mirrored(
     assert log.column("_op").to_pylist() == ["I", "I", "U", "U", "I"]
 
 
+def test_tables_that_inherit_are_mirrored_each_with_its_own_rows(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """Plain inheritance (not partitioning): ``FOR TABLE parent`` publishes the parent
+    and the table inheriting from it, each with its own rows, as pgoutput sends them and
+    the bootstrap copies them (``ONLY``); a column added to the parent reaches both, and
+    the child's rows stay its own when it stops inheriting."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    keys = {"public.parent": "id", "public.child": "id"}
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(AUDIT_SQL)
+        c.execute("CREATE TABLE parent (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE child (w int) INHERITS (parent)")
+        c.execute("ALTER TABLE child ADD PRIMARY KEY (id)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE parent")
+        c.execute("INSERT INTO parent SELECT g, 'p' FROM generate_series(1, 3) g")
+        c.execute("INSERT INTO child SELECT g, 'c', g FROM generate_series(11, 13) g")
+        run_bootstrap(cfg)
+        for table in ("parent", "child"):  # the changes after the copy
+            audit(c, table, "id")
+        c.execute("UPDATE parent SET v = v || '!' WHERE id IN (1, 11)")  # both tables
+        c.execute("DELETE FROM parent WHERE id IN (2, 12)")
+        c.execute("INSERT INTO child VALUES (14, 'c', 14)")
+        c.execute("ALTER TABLE parent ADD COLUMN z int DEFAULT 7")
+        c.execute("UPDATE parent SET z = 8 WHERE id = 13")
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, lake, list(keys))
+        assert read_state(lake, "public.parent").num_rows == 2
+        c.execute("ALTER TABLE child NO INHERIT parent")
+        c.execute("UPDATE child SET v = 'free'")
+        c.execute("TRUNCATE parent")  # no longer the child's rows
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, lake, list(keys))
+        assert read_state(lake, "public.child").num_rows == 3
+        assert_log_matches_audit(c, lake, keys)
+
+
 def test_update_without_prior_state_lists_missing_toast(
     pg_dsn: str, slot: str, spark, tmp_path: Path
 ) -> None:
