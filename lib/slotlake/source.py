@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
 import struct
 import threading
 import time
@@ -281,6 +282,9 @@ def _quote_ident_list(names: Sequence[str]) -> str:
     return ",".join(map(quote_ident, names))
 
 
+_NO_PUBLICATION_THEN = re.compile(r'publication ".*" does not exist.* output plugin "pgoutput"')
+
+
 class SlotSource:
     """One run's connection to the source: lock, checks, peek → raw, advance."""
 
@@ -363,6 +367,16 @@ class SlotSource:
         text = what if exc is None else f"{what}: {str(exc).strip()}"
         text = " ".join(text.split())  # one line: server errors carry DETAIL/HINT lines
         sqlstate = getattr(exc, "sqlstate", None) if exc is not None else None
+        if sqlstate == "42704" and _NO_PUBLICATION_THEN.search(text):
+            # pgoutput reads the publications as of each change: one dropped and created
+            # again after the slot's position stops the slot at the first change made
+            # while it did not exist, on every later peek too (PostgreSQL 15 and 16).
+            text += (
+                " (the publication did not exist when that change was made: dropped and "
+                "created again since the lake's last batch? The slot cannot be read past "
+                "it: take a new slot and copy, `slotlake bootstrap --rebootstrap "
+                "--onto-existing-lake`)"
+            )
         return SourceError(redact_text(text, self._secrets), sqlstate)
 
     def connect(self) -> SlotSource:

@@ -29,7 +29,7 @@ from slotlake.lake import RAW, Lake
 from slotlake.localpg import LocalPostgres, free_port
 from slotlake.lsn import Lsn
 from slotlake.source import SlotSource, SourceError
-from slotlake.sync import FAULT_ENV, InjectedFault, run_sync
+from slotlake.sync import FAULT_ENV, InjectedFault, SyncError, run_sync
 
 from .sync_helpers import (
     assert_log_matches_audit,
@@ -563,3 +563,39 @@ def test_connection_failure_never_shows_the_password(
         assert SECRET not in text
         assert SECRET not in caplog.text
     assert not Path(lake).exists()
+
+
+def test_a_publication_dropped_and_created_again_stops_the_slot_with_advice(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """pgoutput reads the publications as of each change: one dropped and created again
+    stops the slot at the first change made while it did not exist, on every peek
+    (PostgreSQL 15 and 16). The run says so and what to do, writes nothing and leaves
+    the slot; the advice (a new slot and copy onto the lake) brings the mirror back."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        slotted_source(c, slot)
+        assert run_sync(cfg).status == "committed"
+        c.execute("DROP PUBLICATION pub")
+        workload(c, 100)  # published by none
+        c.execute("CREATE PUBLICATION pub FOR TABLE t, u")
+        workload(c, 200)
+        files = [f for f in lake_files(lake) if "/_raw/" not in f]
+        before = slot_confirmed(c, slot)
+        with pytest.raises(SyncError) as err:
+            run_sync(cfg)
+        msg = one_line(err.value)
+        assert 'publication "pub" does not exist' in msg
+        assert "bootstrap --rebootstrap --onto-existing-lake" in msg
+        # Only the attempt's raw directory, which the next run removes.
+        assert [f for f in lake_files(lake) if "/_raw/" not in f] == files
+        assert slot_confirmed(c, slot) == before
+        run_bootstrap(cfg, rebootstrap=True, onto_existing_lake=True)
+        workload(c, 300)
+        assert run_sync(cfg).status == "committed"
+        assert_mirror(c, lake, list(KEYS))
+        # The failed attempt's raw batch 2 is gone (batch 2 is the bootstrap's).
+        assert not [p for p in (Path(lake) / "_raw").iterdir() if p.name.startswith(f"b{2:020d}")]
