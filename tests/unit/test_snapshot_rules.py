@@ -176,31 +176,29 @@ def test_unseen_rows_want_the_tables_not_wanted_already() -> None:
 
 
 def test_a_publications_scope_of_a_table() -> None:
-    # (row filter, published attnums, whether a column list left one out) per publication.
-    assert scope_of([("(id > 5)", [1, 2], True)]) == [["(id > 5)"], [1, 2], True]
-    # Filters are ORed: one publication without a filter publishes every row.
-    assert scope_of([("(id > 5)", [1, 2, 3], False), (None, [1, 2, 3], False)]) == [
-        None,
-        [1, 2, 3],
-        False,
-    ]
-    assert scope_of([("(b)", [1], False), ("(a)", [1], False)])[0] == ["(a)", "(b)"]
+    # (row filter, attnums of its column list or None) per publication.
+    assert scope_of([("(id > 5)", [1, 2])]) == [["(id > 5)"], [1, 2]]
+    # Filters are ORed: one publication without a filter publishes every row; one
+    # without a list, every column.
+    assert scope_of([("(id > 5)", [1, 2]), (None, None)]) == [None, None]
+    assert scope_of([("(b)", None), ("(a)", None)])[0] == ["(a)", "(b)"]
 
 
 def test_what_a_changed_scope_needs_copied() -> None:
-    all3, list2 = [None, [1, 2, 3], False], [None, [1, 2], True]
-    assert scope_widened(all3, all3) is None
-    assert scope_widened([["(id > 5)"], [1, 2, 3], False], all3) == (
-        "its publication's row filter changed"
-    )
-    assert scope_widened(all3, [["(id > 5)"], [1, 2, 3], False]) is not None  # rows leave
+    every, list2 = [None, None], [None, [1, 2]]
+    assert scope_widened(every, every) is None
+    assert scope_widened([["(id > 5)"], None], every) == "its publication's row filter changed"
+    assert scope_widened(every, [["(id > 5)"], None]) is not None  # rows leave
     # A list that leaves a column out: the Relation messages drop it.
-    assert scope_widened(all3, list2) is None
-    # One that publishes a column it left out: values the lake never had.
-    assert scope_widened(list2, all3) == "its publication's column list now publishes attnums [3]"
-    assert scope_widened(list2, [None, [1, 2, 4], True]) is not None
-    # A column added to a table without a list comes in the stream.
-    assert scope_widened(all3, [None, [1, 2, 3, 4], False]) is None
+    assert scope_widened(every, list2) is None
+    assert scope_widened([None, [1, 2, 3]], list2) is None
+    # One that publishes a column it left out, or no list: values the lake never had.
+    assert scope_widened(list2, every) == "its publication's column list was removed"
+    assert scope_widened(list2, [None, [1, 2, 4]]) == (
+        "its publication's column list now publishes attnums [4]"
+    )
+    # A record of another form tells nothing.
+    assert scope_widened([None, [1], False], list2) is None
 
 
 def test_tables_holding_a_renamed_enum_label_or_a_changed_composite() -> None:
