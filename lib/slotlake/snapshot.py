@@ -149,6 +149,9 @@ class Published(NamedTuple):
     scopes: dict[str, list[Any]]  # the publications' row filters and column list
     # The enum and composite types the tables' columns hold (held_types).
     types: dict[str, Any]
+    # The pg_publication_rel and pg_publication_namespace rows (oids) that publish each
+    # table, its partitioned ancestors' and their schemas' included (rejoined).
+    memberships: dict[str, list[int]]
 
 
 def published_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -> Published:
@@ -188,28 +191,73 @@ def published_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]
         scope = "NULL::text, NULL::int[]"
     rows = conn.execute(
         f"""
-        SELECT DISTINCT n.nspname::text || '.' || c.relname::text, c.oid::int,
+        SELECT n.nspname::text || '.' || c.relname::text, c.oid::int,
                c.relfilenode::bigint, c.xmin::text,
                CASE WHEN c.relispartition THEN
                  (SELECT string_agg(i.xmin::text, '/' ORDER BY a.n)
                   FROM pg_partition_ancestors(c.oid) WITH ORDINALITY a(relid, n)
                   JOIN pg_inherits i ON i.inhrelid = a.relid) END,
-               {scope}
+               {scope},
+               CASE WHEN c.relispartition THEN
+                 ARRAY(SELECT k.oid::int FROM pg_partition_ancestors(c.oid) a
+                       JOIN pg_class k ON k.oid = a.relid)
+               ELSE ARRAY[c.oid::int] END,
+               CASE WHEN c.relispartition THEN
+                 ARRAY(SELECT k.relnamespace::int FROM pg_partition_ancestors(c.oid) a
+                       JOIN pg_class k ON k.oid = a.relid)
+               ELSE ARRAY[c.relnamespace::int] END
         FROM {source}
         WHERE p.pubname = ANY(%s)
         """,
         (list(publications),),
     ).fetchall()
-    check_lake_names(conn, ((r[0], int(r[1])) for r in rows))
+    # Each table's rows in the publications: its own, its partitioned ancestors', their
+    # schemas' — one read of the publications' rows, matched here (a subquery per table
+    # cost 1,000 tables 5 ms).
+    by_rel: dict[int, list[int]] = {}
+    by_schema: dict[int, list[int]] = {}
+    if lists:
+        for kind, target, oid in conn.execute(_MEMBERS_SQL, {"p": list(publications)}):
+            (by_rel if kind == "r" else by_schema).setdefault(target, []).append(oid)
+    # One pass over the rows (a row per publication and table): 1,000 tables are read
+    # before every batch, twice.
+    tables: dict[str, tuple[int, int]] = {}
+    xmins: dict[str, str] = {}
+    joins: dict[str, str] = {}
     per_publication: dict[str, list[tuple[str | None, list[int] | None]]] = {}
-    for r in rows:
-        per_publication.setdefault(r[0], []).append((r[5], r[6]))
+    members: dict[str, set[int]] = {}
+    clashing: set[str] = set()
+    for name, oid, node, xmin, path, rowfilter, attnums, rels, schemas in rows:
+        had = tables.get(name)
+        if had is not None and had[0] != oid:
+            clashing.add(name)
+        tables[name] = (oid, node)
+        xmins[name] = xmin
+        if path is not None:
+            joins[name] = path
+        per_publication.setdefault(name, []).append((rowfilter, attnums))
+        if lists:
+            found = members.setdefault(name, set())
+            for rel in rels:
+                found.update(by_rel.get(rel, ()))
+            for schema in schemas:
+                found.update(by_schema.get(schema, ()))
+    if clashing:
+        check_lake_names(conn, ((r[0], r[1]) for r in rows if r[0] in clashing))
+    scopes = {}
+    if lists:
+        for name, pubs in per_publication.items():
+            if len(pubs) == 1 and pubs[0][1] is None:  # the common case, said at once
+                scopes[name] = [None if pubs[0][0] is None else [pubs[0][0]], None]
+            else:
+                scopes[name] = scope_of(pubs)
     return Published(
-        {r[0]: (int(r[1]), int(r[2])) for r in rows},
-        {r[0]: str(r[3]) for r in rows},
-        {r[0]: str(r[4]) for r in rows if r[4] is not None},
-        {name: scope_of(pubs) for name, pubs in per_publication.items()} if lists else {},
-        held_types(conn, {r[0]: int(r[1]) for r in rows}),
+        tables,
+        xmins,
+        joins,
+        scopes,
+        held_types(conn, {name: t[0] for name, t in tables.items()}),
+        {k: sorted(v) for k, v in members.items()},
     )
 
 
@@ -312,6 +360,15 @@ def retyped(last: CommitRecord, types: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+_MEMBERS_SQL = """
+SELECT 'r', pr.prrelid::int, pr.oid::int FROM pg_publication_rel pr
+JOIN pg_publication p ON p.oid = pr.prpubid WHERE p.pubname = ANY(%(p)s)
+UNION ALL
+SELECT 'n', pn.pnnspid::int, pn.oid::int FROM pg_publication_namespace pn
+JOIN pg_publication p ON p.oid = pn.pnpubid WHERE p.pubname = ANY(%(p)s)
+"""
+
+
 def scope_of(publications: Sequence[tuple[str | None, list[int] | None]]) -> list[Any]:
     """What the publications publish of one table, from each one's (row filter, attnums of
     its column list or None): ``[filters, attnums]`` — the filters' texts (None: a
@@ -326,6 +383,25 @@ def scope_of(publications: Sequence[tuple[str | None, list[int] | None]]) -> lis
     lists = [cols for _, cols in publications]
     attnums = None if any(c is None for c in lists) else sorted({n for c in lists for n in c or ()})
     return [None if unfiltered else filters, attnums]
+
+
+def rejoined(last: CommitRecord, members: Mapping[str, Sequence[int]]) -> dict[str, str]:
+    """The tables published since ``last`` was planned by a publication's row that was not
+    there then (name → why): the table, or its schema or partitioned ancestor, was taken
+    out of a publication and put back (``ALTER PUBLICATION … DROP TABLE``, then ``ADD
+    TABLE``), and its changes in between were published by none. Also a row replaced in
+    one transaction (``SET TABLE`` with another row filter or column list, which a copy
+    follows anyway); a table newly published by a second publication costs a needless
+    copy."""
+    before = last.snapshot.get("memberships")
+    if before is None:
+        return {}  # a record from before they were kept
+    out = {}
+    for name, rows in sorted(members.items()):
+        had = before.get(name)
+        if had is not None and set(rows) - set(had):
+            out[name] = "put back into its publication"
+    return out
 
 
 def rescoped(last: CommitRecord, scopes: Mapping[str, Sequence[Any]]) -> dict[str, str]:
@@ -476,7 +552,7 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
     and each partitioned table's leaves. Read before the bootstrap's slot exists: a
     rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
     a needless copy, one after it is seen."""
-    published, xmins, joins, scopes, types = published_catalog(conn, publications)
+    published, xmins, joins, scopes, types, members = published_catalog(conn, publications)
     trees = partition_trees(conn, published)
     return {
         "relfilenodes": {k: v[1] for k, v in published.items()},
@@ -484,6 +560,7 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
         "joins": joins,
         "scopes": scopes,
         "types": types,
+        "memberships": members,
         "leaves": leaves_of(trees),
         "leaf_xmins": leaf_xmins_of(trees),
         "partition_joins": joins_of(trees),
@@ -816,7 +893,11 @@ def waiting(lake: Lake, published: Published | None) -> dict[str, str]:
                 if name not in base or (base[name] is not None and base[name] != oid):
                     out[name] = "new in the publication"
         if published is not None:
-            drift = {**retyped(last, published.types), **rescoped(last, published.scopes)}
+            drift = {
+                **rejoined(last, published.memberships),
+                **retyped(last, published.types),
+                **rescoped(last, published.scopes),
+            }
             for name, why in drift.items():
                 out.setdefault(name, why)
     for r in pending_requests(lake):
@@ -841,6 +922,8 @@ class Prepared:
     scopes: dict[str, list[Any]] = field(default_factory=dict)
     # The enum and composite types their columns hold (held_types).
     types: dict[str, Any] = field(default_factory=dict)
+    # The publications' rows that publish each table (Published.memberships).
+    memberships: dict[str, list[int]] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     # ... and their pg_class xmins (root → leaf oid → xid).
@@ -861,6 +944,7 @@ class Prepared:
             "joins": self.joins,
             "scopes": self.scopes,
             "types": self.types,
+            "memberships": self.memberships,
             "leaves": self.leaves,
             "leaf_xmins": self.leaf_xmins,
             "partition_joins": self.partition_joins,
@@ -887,6 +971,7 @@ def _wanted(
     joins: Mapping[str, str] | None = None,
     scopes: Mapping[str, Sequence[Any]] | None = None,
     types: Mapping[str, Any] | None = None,
+    members: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Tables to snapshot in this run (name → reason) and the request ids honoured.
     ``moved``: roots that gained a partition with rows (:func:`attached_with_rows`) or
@@ -894,7 +979,8 @@ def _wanted(
     xmins (:func:`published_catalog`), another than the last commit's for one published
     as itself: detached and attached again since, rows written meanwhile unseen;
     ``scopes``: what the publications publish of each table (:func:`scope_widened`);
-    ``types``: the enum and composite types the tables' columns hold (:func:`retyped`)."""
+    ``types``: the enum and composite types the tables' columns hold (:func:`retyped`);
+    ``members``: the publications' rows that publish each table (:func:`rejoined`)."""
     if last is None:
         # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
         return {}, []
@@ -911,7 +997,8 @@ def _wanted(
     for name, path in sorted((joins or {}).items()):
         if joins_before.get(name, path) != path:
             wanted.setdefault(name, "detached and attached again")
-    for name, why in {**retyped(last, types or {}), **rescoped(last, scopes or {})}.items():
+    drift = {**rejoined(last, members or {}), **retyped(last, types or {})}
+    for name, why in {**drift, **rescoped(last, scopes or {})}.items():
         wanted.setdefault(name, why)
     for name, reason in last.snapshot.get("wanted", {}).items():
         if name in published:
@@ -1040,7 +1127,9 @@ def _read(
     """The published set as the plan records it (with the snapshot requests honoured) and
     the tables it needs copied (name → reason)."""
     try:
-        published, xmins, joins, scopes, types = published_catalog(conn, cfg.source.publications)
+        published, xmins, joins, scopes, types, members = published_catalog(
+            conn, cfg.source.publications
+        )
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
@@ -1058,12 +1147,13 @@ def _read(
         joins=joins,
         scopes=scopes,
         types=types,
+        memberships=members,
         leaves=leaves,
         leaf_xmins=leaf_xmins,
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
     )
-    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes, types)
+    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes, types, members)
     return prep, wanted
 
 

@@ -1209,8 +1209,8 @@ def test_a_publications_row_filter_or_column_list_changed_is_copied(
     publishes a column it left out, changes what the lake must hold without a change in
     the stream: rows that now pass the filter, or values of the column, the lake never
     had (rows that no longer pass it, it must lose). The run that sees it copies the
-    table; a list that leaves a column out, or a column added to a table without a list,
-    needs no copy. Before, the mirror lacked them for good."""
+    table; a column added to a table without a list needs no copy. Before, the mirror
+    lacked them for good."""
     from slotlake.bootstrap import run_bootstrap
 
     from .sync_helpers import before_the_target
@@ -1277,12 +1277,14 @@ def test_a_publications_row_filter_or_column_list_changed_is_copied(
         c.execute("INSERT INTO m VALUES (4, 'w'), (8, 'w'), (5, 'w')")
         sync_copies(["public.m", "public.t"])
 
-        # A list that leaves b out, a column added to m (no list): nothing to copy.
+        # A list that leaves b out needs no copy, but SET TABLE replaces t's row in the
+        # publication, as if t was taken out and put back: copied. A column added to m
+        # (no list, its row kept): nothing to copy.
         publish((["id", "x"], "id > 5"), scope["public.m"])
         c.execute("ALTER TABLE m ADD COLUMN w int")
         c.execute("INSERT INTO m VALUES (8, 'x', 1)")
         c.execute("UPDATE t SET b = 'unseen', x = 0 WHERE id = 7")
-        sync_copies([])
+        sync_copies(["public.t"])
         assert mirrored_columns(lake, "public.t") == ["id", "x"]
 
         # No list any more: every column, b's and d's values among them.
@@ -1414,3 +1416,43 @@ def test_tables_holding_an_enum_or_composite_whose_values_read_otherwise_are_cop
         copied = Lake(lake).read_commit(result.batch).snapshot["tables"]
         assert sorted(copied) == ["public.comp", "public.rows"]
         assert_mirror(c, lake, tables)
+
+
+@pytest.mark.parametrize("how", ["table", "schema"])
+def test_a_table_taken_out_of_its_publication_and_put_back_is_copied(
+    pg_dsn: str, slot: str, tmp_path: Path, how: str
+) -> None:
+    """``ALTER PUBLICATION … DROP TABLE t``, changes of t, ``ADD TABLE t`` (or its
+    schema's ``TABLES IN SCHEMA``) between two runs: the changes in between were published
+    by none, and t is in the published set as before, with its oid. The publication's row
+    that publishes t is another one (each commit records them, ``snapshot.memberships``):
+    the run copies t, and no other table. Before, the mirror lacked those changes for
+    good."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    member = "TABLE s.t" if how == "table" else "TABLES IN SCHEMA s"
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA s")
+        c.execute("CREATE TABLE s.t (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
+        c.execute(f"CREATE PUBLICATION pub FOR {member}, TABLE u")
+        c.execute("INSERT INTO s.t SELECT g, 'a' FROM generate_series(1, 3) g")
+        run_bootstrap(cfg)
+        c.execute("INSERT INTO u VALUES (1, 'x')")
+        assert run_sync(cfg).status == "committed"
+        c.execute(f"ALTER PUBLICATION pub DROP {member}")
+        c.execute("UPDATE s.t SET v = 'unseen' WHERE id = 1")
+        c.execute("DELETE FROM s.t WHERE id = 2")
+        c.execute(f"ALTER PUBLICATION pub ADD {member}")
+        c.execute("INSERT INTO u VALUES (2, 'y')")
+        result = run_sync(cfg)
+        record = Lake(lake).read_commit(result.batch)
+        assert {n: t["reason"] for n, t in record.snapshot["tables"].items()} == {
+            "s.t": "put back into its publication"
+        }
+        assert_mirror(c, lake, ["s.t", "public.u"])
+        c.execute("INSERT INTO u VALUES (3, 'z')")
+        result = run_sync(cfg)
+        assert Lake(lake).read_commit(result.batch).snapshot["tables"] == {}

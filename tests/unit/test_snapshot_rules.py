@@ -17,6 +17,7 @@ from slotlake.snapshot import (
     began_with_copies,
     leaves_in_ddl,
     partitions_left,
+    rejoined,
     retyped,
     rewritten_by_ddl,
     scope_of,
@@ -226,3 +227,18 @@ def test_tables_holding_a_renamed_enum_label_or_a_changed_composite() -> None:
     enums = {"10": {"1": "sad", "2": "ok", "3": "x"}, "40": {"9": "z"}}
     assert retyped(last, {"uses": uses, "enums": enums, "composites": {"30": pair}}) == {}
     assert retyped(record({}), now) == {}
+
+
+def test_tables_put_back_into_a_publication() -> None:
+    def record(members: dict[str, list[int]] | None) -> CommitRecord:
+        rec = CommitRecord.__new__(CommitRecord)
+        rec.snapshot = {} if members is None else {"memberships": members}
+        return rec
+
+    last = record({"public.a": [10], "public.b": [20], "public.c": []})
+    now = {"public.a": [11], "public.b": [20], "public.c": [], "public.new": [30]}
+    # a: another row publishes it (taken out and put back); new: not in the record, a
+    # copy for another reason; c: FOR ALL TABLES, no row.
+    assert rejoined(last, now) == {"public.a": "put back into its publication"}
+    assert rejoined(last, {"public.b": []}) == {}  # a row gone: still published, or gone
+    assert rejoined(record(None), now) == {}  # a record from before they were kept
