@@ -150,6 +150,7 @@ from slotlake.source import (
     lock_key,
     publication_problem,
     quote_ident,
+    relation_sql,
 )
 from slotlake.spark import LazySession
 
@@ -220,10 +221,7 @@ class TablePlan:
     @property
     def from_clause(self) -> str:
         schema, _, table = self.name.partition(".")
-        ident = f"{quote_ident(schema)}.{quote_ident(table)}"
-        # A partitioned root has no rows of its own: scanning it covers its partitions.
-        # Anything else is copied alone (inheritance children are published separately).
-        return ident if self.relkind == "p" else f"ONLY {ident}"
+        return relation_sql(schema, table, self.relkind)
 
     def copy_query(self, lo: int | None, hi: int | None) -> str:
         cols = ", ".join(quote_ident(c.name) for c in self.columns) or "1"

@@ -254,18 +254,11 @@ def read_published(conn: psycopg.Connection[Any], publications: Sequence[str]) -
                 found.update(by_schema.get(schema, ()))
     if clashing:
         check_lake_names(conn, ((r[0], r[1]) for r in rows if r[0] in clashing))
-    scopes = {}
-    if lists:
-        for name, pubs in per_publication.items():
-            if len(pubs) == 1 and pubs[0][1] is None:  # the common case, said at once
-                scopes[name] = [None if pubs[0][0] is None else [pubs[0][0]], None]
-            else:
-                scopes[name] = scope_of(pubs)
     return Published(
         tables,
         xmins,
         joins,
-        scopes,
+        {name: scope_of(pubs) for name, pubs in per_publication.items()} if lists else {},
         held_types(conn, {name: t[0] for name, t in tables.items()}),
         {k: sorted(v) for k, v in members.items()},
     )
@@ -382,12 +375,28 @@ def scope_of(publications: Sequence[tuple[str | None, list[int] | None]]) -> lis
 
     A change of it between two batches moves rows or values in or out of what the lake
     mirrors without a change in the stream (:func:`scope_widened`)."""
+    if len(publications) == 1 and publications[0][1] is None:
+        # The common case, said at once: 1,000 tables are read before every batch.
+        rowfilter = publications[0][0]
+        return [None if rowfilter is None else [rowfilter], None]
     filters = sorted({f for f, _ in publications if f is not None})
     unfiltered = any(f is None for f, _ in publications)
     # pgoutput refuses a table whose publications give it two column lists: one decides.
     lists = [cols for _, cols in publications]
     attnums = None if any(c is None for c in lists) else sorted({n for c in lists for n in c or ()})
     return [None if unfiltered else filters, attnums]
+
+
+def drifted(last: CommitRecord, catalog: Published) -> dict[str, str]:
+    """The tables whose mirror the source changed since ``last`` was planned without a
+    change in the stream (name → why): put back into a publication (:func:`rejoined`),
+    holding a type whose values read otherwise (:func:`retyped`), or published with
+    another row filter or a wider column list (:func:`rescoped`; its reason wins)."""
+    return {
+        **rejoined(last, catalog.memberships),
+        **retyped(last, catalog.types),
+        **rescoped(last, catalog.scopes),
+    }
 
 
 def rejoined(last: CommitRecord, members: Mapping[str, Sequence[int]]) -> dict[str, str]:
@@ -898,12 +907,7 @@ def waiting(lake: Lake, published: Published | None) -> dict[str, str]:
                 if name not in base or (base[name] is not None and base[name] != oid):
                     out[name] = "new in the publication"
         if published is not None:
-            drift = {
-                **rejoined(last, published.memberships),
-                **retyped(last, published.types),
-                **rescoped(last, published.scopes),
-            }
-            for name, why in drift.items():
+            for name, why in drifted(last, published).items():
                 out.setdefault(name, why)
     for r in pending_requests(lake):
         out.setdefault(r["table"], r.get("reason", "requested by hand"))
@@ -971,25 +975,19 @@ def table_snapshots(plan_snapshot: dict[str, Any]) -> dict[str, TableSnapshot]:
 def _wanted(
     lake: Lake,
     last: CommitRecord | None,
-    published: dict[str, tuple[int, int]],
+    catalog: Published,
     moved: Mapping[str, str] | None = None,
-    joins: Mapping[str, str] | None = None,
-    scopes: Mapping[str, Sequence[Any]] | None = None,
-    types: Mapping[str, Any] | None = None,
-    members: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Tables to snapshot in this run (name → reason) and the request ids honoured.
     ``moved``: roots that gained a partition with rows (:func:`attached_with_rows`) or
-    lost one (:func:`partitions_left`); ``joins``: each partition's ``pg_inherits``
-    xmins (:func:`published_catalog`), another than the last commit's for one published
-    as itself: detached and attached again since, rows written meanwhile unseen;
-    ``scopes``: what the publications publish of each table (:func:`scope_widened`);
-    ``types``: the enum and composite types the tables' columns hold (:func:`retyped`);
-    ``members``: the publications' rows that publish each table (:func:`rejoined`)."""
+    lost one (:func:`partitions_left`). Of ``catalog``, each partition's ``pg_inherits``
+    xmins, another than the last commit's for one published as itself: detached and
+    attached again since, rows written meanwhile unseen; and :func:`drifted`."""
     if last is None:
         # A lake's first batch: existing rows come from `slotlake bootstrap`, not here.
         return {}, []
     drop_requests(lake, last.snapshot.get("requests", []))
+    published = catalog.tables
     wanted: dict[str, str] = {}
     base = _baseline(last)
     if base is not None:
@@ -999,11 +997,10 @@ def _wanted(
             elif base[name] is not None and base[name] != oid:
                 wanted[name] = f"recreated (oid {base[name]} → {oid})"
     joins_before = last.snapshot.get("joins") or {}
-    for name, path in sorted((joins or {}).items()):
+    for name, path in sorted(catalog.joins.items()):
         if joins_before.get(name, path) != path:
             wanted.setdefault(name, "detached and attached again")
-    drift = {**rejoined(last, members or {}), **retyped(last, types or {})}
-    for name, why in {**drift, **rescoped(last, scopes or {})}.items():
+    for name, why in drifted(last, catalog).items():
         wanted.setdefault(name, why)
     for name, reason in last.snapshot.get("wanted", {}).items():
         if name in published:
@@ -1132,9 +1129,8 @@ def _read(
     """The published set as the plan records it (with the snapshot requests honoured) and
     the tables it needs copied (name → reason)."""
     try:
-        published, xmins, joins, scopes, types, members = published_catalog(
-            conn, cfg.source.publications
-        )
+        catalog = published_catalog(conn, cfg.source.publications)
+        published, xmins, joins, scopes, types, members = catalog
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
@@ -1158,7 +1154,7 @@ def _read(
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
     )
-    wanted, prep.requests = _wanted(lake, last, published, moved, joins, scopes, types, members)
+    wanted, prep.requests = _wanted(lake, last, catalog, moved)
     return prep, wanted
 
 

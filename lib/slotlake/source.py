@@ -236,6 +236,14 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def relation_sql(schema: str, table: str, relkind: str | None) -> str:
+    """A table as a query reads its own rows, as pgoutput sends them: ``ONLY`` (a table
+    inheriting from it is published as itself), but for a partitioned table, which has
+    no rows of its own (scanning it covers its partitions)."""
+    ident = f"{quote_ident(schema)}.{quote_ident(table)}"
+    return ident if relkind == "p" else f"ONLY {ident}"
+
+
 def _sql_name(name: str) -> str:
     """``name`` as a statement to copy would spell it: quoted unless plain."""
     if name.isidentifier() and name.isascii() and name == name.lower():

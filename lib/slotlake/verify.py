@@ -15,7 +15,7 @@ from typing import Any
 
 from slotlake.lake import read_state
 from slotlake.pgtypes import Fallback, resolve_type
-from slotlake.source import quote_ident
+from slotlake.source import quote_ident, relation_sql
 
 SESSION_SETTINGS = {
     "DateStyle": "ISO, YMD",
@@ -93,7 +93,7 @@ def source_counter(
     schema, _, name = table.partition(".")
     cols = conn.execute(
         """
-        SELECT a.attname, a.atttypid::int, a.atttypmod
+        SELECT a.attname, a.atttypid::int, a.atttypmod, c.relkind::text
         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
           AND a.attgenerated = ''
@@ -101,29 +101,19 @@ def source_counter(
         """,
         (schema, name),
     ).fetchall()
+    relkind = cols[0][3] if cols else None
     if columns is not None:
         cols = [c for c in cols if c[0] in columns]
     names = {oid: tn for oid, tn in _type_names(conn).items()}
-    converters = [resolve_type(oid, typmod, names).from_text for _, oid, typmod in cols]
-    select = ", ".join(quote_ident(c) for c, _, _ in cols)
+    converters = [resolve_type(oid, typmod, names).from_text for _, oid, typmod, _ in cols]
+    select = ", ".join(quote_ident(c[0]) for c in cols)
     counter: Counter = Counter()
     # COPY's text format runs each type's output function, exactly as pgoutput's text
     # tuples do (a cast to text would not: bool::text is 'true', the output is 't').
     buf = bytearray()
     filtered = f" WHERE {where}" if where else ""
-    # A table's own rows, as pgoutput sends them and the bootstrap copies them: those of a
-    # table inheriting from it are another table's; a partitioned table's are its
-    # partitions'.
-    kind = conn.execute(
-        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s",
-        (schema, name),
-    ).fetchone()
-    only = "" if kind is not None and kind[0] == "p" else "ONLY "
-    query = (
-        f"COPY (SELECT {select} FROM {only}{quote_ident(schema)}.{quote_ident(name)}{filtered})"
-        " TO STDOUT"
-    )
+    # The table's own rows, as pgoutput sends them and the bootstrap copies them.
+    query = f"COPY (SELECT {select} FROM {relation_sql(schema, name, relkind)}{filtered}) TO STDOUT"
     with conn.cursor().copy(query) as copy:
         for chunk in copy:
             buf += chunk
@@ -137,7 +127,7 @@ def source_counter(
                 for v, conv in zip(fields, converters, strict=True)
             )
         ] += 1
-    return [c for c, _, _ in cols], counter
+    return [c[0] for c in cols], counter
 
 
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
