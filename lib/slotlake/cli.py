@@ -351,7 +351,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             with psycopg.connect(
                 cfg.source.dsn, autocommit=True, application_name="slotlake"
             ) as conn:
-                published = snapshot.published_catalog(conn, cfg.source.publications)
+                published = snapshot.published_catalog(conn, cfg.source.publications, last)
         except Exception as exc:  # status must still show the lake
             log.warning("could not read the published tables: %s", exc)
     out["source_error"] = unreachable

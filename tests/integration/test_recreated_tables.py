@@ -391,11 +391,11 @@ def test_a_failed_second_read_leaves_the_copy_to_the_next_run(
         read_published = snapshot.published_catalog
         reads: list[int] = []
 
-        def published_once(conn: Any, publications: list[str]) -> Any:
+        def published_once(conn: Any, publications: list[str], since: Any = None) -> Any:
             reads.append(1)
             if len(reads) > 1:
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return read_published(conn, publications)
+            return read_published(conn, publications, since)
 
         monkeypatch.setattr(snapshot, "published_catalog", published_once)
         ops = [lambda: c.execute("ALTER TABLE t RENAME TO t2")]

@@ -1416,6 +1416,74 @@ def test_tables_holding_an_enum_or_composite_whose_values_read_otherwise_are_cop
         assert_mirror(c, lake, tables)
 
 
+def test_a_generated_column_made_ordinary_is_copied(
+    pg_dsn: str, slot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ALTER TABLE … ALTER COLUMN … DROP EXPRESSION`` makes a stored generated column,
+    which pgoutput of PostgreSQL 15 and 16 never sends, an ordinary one: no rewrite, no
+    change in the stream, and every row keeps the value it had. The next Relation message
+    brings the column, which the lake added as NULL for every earlier row, for good. The
+    run that sees it copies the table; a generated column dropped, or made ordinary
+    outside the publication's column list, needs nothing (until the list takes it)."""
+    from slotlake.bootstrap import run_bootstrap
+
+    from .sync_helpers import before_the_target
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    config = write_config(tmp_path / "sync.toml", pg_dsn, slot, lake)
+    tables = ["public.g", "public.h", "public.l"]
+
+    def sync_copies(*want: list[str]) -> None:
+        c.execute("UPDATE h SET a = a + 1 WHERE id = 1")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.batch is not None
+        batches = range(result.followed or result.batch, result.batch + 1)
+        got = [sorted(Lake(lake).read_commit(b).snapshot.get("tables", {})) for b in batches]
+        assert got == list(want)
+        assert_mirror(c, lake, ["public.g", "public.h"])
+        listed = ["id", "a"] if "c" not in mirrored_columns(lake, "public.l") else None
+        cmp = compare_table(c, lake, "public.l", listed)
+        assert cmp.equal, cmp.describe()
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for name in ("g", "h", "l"):
+            c.execute(
+                f"CREATE TABLE {name} (id int PRIMARY KEY, a int, "
+                "b int GENERATED ALWAYS AS (a * 2) STORED, "
+                "c text GENERATED ALWAYS AS ('c' || a) STORED)"
+            )
+            c.execute(f"INSERT INTO {name} (id, a) SELECT x, x FROM generate_series(1, 5) x")
+        c.execute("CREATE PUBLICATION pub FOR TABLE g, h, l (id, a)")
+        run_bootstrap(cfg)
+        sync_copies([])
+
+        c.execute("ALTER TABLE g ALTER COLUMN b DROP EXPRESSION")
+        c.execute("ALTER TABLE h DROP COLUMN b")
+        c.execute("ALTER TABLE l ALTER COLUMN c DROP EXPRESSION")  # outside l's list
+        capsys.readouterr()
+        assert cli_main(["status", "--config", str(config), "--json"]) == 0
+        waiting = json.loads(capsys.readouterr().out)["snapshots"]["waiting"]
+        assert waiting == {"public.g": "its generated column b became an ordinary column"}
+        c.execute("INSERT INTO g (id, a, b) VALUES (10, 10, 7)")
+        c.execute("UPDATE g SET a = 0 WHERE id = 2")  # b stays 4
+        sync_copies(["public.g"])
+        assert mirrored_columns(lake, "public.g") == ["id", "a", "b"]
+
+        # The list takes c (SET TABLE replaces l's row in the publication: copied).
+        c.execute("ALTER PUBLICATION pub SET TABLE g, h, l (id, a, c)")
+        sync_copies(["public.l"])
+        assert mirrored_columns(lake, "public.l") == ["id", "a", "c"]
+
+        # Between the run's read of its publications and its target: one more batch.
+        ops = [lambda: c.execute("ALTER TABLE g ALTER COLUMN c DROP EXPRESSION")]
+        with before_the_target(ops):
+            sync_copies([], ["public.g"])
+        assert not ops
+        assert mirrored_columns(lake, "public.g") == ["id", "a", "b", "c"]
+        assert_mirror(c, lake, tables[:2])
+
+
 @pytest.mark.parametrize("how", ["table", "schema"])
 def test_a_table_taken_out_of_its_publication_and_put_back_is_copied(
     pg_dsn: str, slot: str, tmp_path: Path, how: str
