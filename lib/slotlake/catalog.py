@@ -18,8 +18,9 @@ Schema evolution rule (documented in the README):
   only the columns of the latest version.
 * ALTER COLUMN TYPE: the column takes the latest type when every earlier type widens to
   it losslessly (smallint→int→bigint, float→double, decimal(p,s)→decimal(p',s') with
-  p'-s' ≥ p-s and s' ≥ s, anything→string); otherwise the column becomes string and
-  older values are written as their text.
+  p'-s' ≥ p-s and s' ≥ s, anything→string), or moves between timestamp and timestamptz
+  (cast at UTC); otherwise the column becomes string and older values are written as
+  their text.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from slotlake.pgtypes import resolve_type
 
 _INT_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
 _DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
+_TIMESTAMPS = {"timestamp", "timestamp_ntz"}
 
 
 def table_name(rel: Relation) -> str:
@@ -59,6 +61,12 @@ def widens_to(old: str, new: str) -> bool:
         digits = {"tinyint": 3, "smallint": 5, "int": 10, "bigint": 19}[old]
         return int(m.group(1)) - int(m.group(2)) >= digits
     if old == "float" and new == "double":
+        return True
+    if {old, new} == _TIMESTAMPS:
+        # PostgreSQL changes timestamp to timestamptz, or back, without a rewrite only in
+        # a session whose zone is UTC, where the instant is the wall clock at UTC (as the
+        # cast reads it under the lake's UTC). In another zone it rewrites every row,
+        # and the table is copied (see Snapshots).
         return True
     mo, mn = _DECIMAL.match(old), _DECIMAL.match(new)
     if mo and mn:

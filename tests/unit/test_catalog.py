@@ -526,6 +526,10 @@ def test_tables_are_kept_apart() -> None:
         ("double", "float", False),
         ("boolean", "int", False),
         ("timestamp", "string", True),
+        # Changed into each other without a rewrite only at UTC, as the lake casts.
+        ("timestamp_ntz", "timestamp", True),
+        ("timestamp", "timestamp_ntz", True),
+        ("date", "timestamp", False),
     ],
 )
 def test_widens_to(old: str, new: str, ok: bool) -> None:
