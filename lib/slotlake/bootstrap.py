@@ -435,6 +435,31 @@ def missing_privileges(conn: psycopg.Connection[Any], plans: Sequence[TablePlan]
     return lacking
 
 
+def hidden_by_row_security(conn: psycopg.Connection[Any], plans: Sequence[TablePlan]) -> list[str]:
+    """Published tables whose row-level security applies to the current role: a copy would
+    lack the rows their policies hide, while pgoutput sends every change. A superuser, a
+    role with BYPASSRLS, and the owner (unless FORCE ROW LEVEL SECURITY) read every row."""
+    rows = conn.execute(
+        """SELECT c.oid::int FROM pg_class c
+           WHERE c.oid = ANY(%s) AND c.relrowsecurity
+             AND NOT (SELECT r.rolsuper OR r.rolbypassrls FROM pg_roles r
+                      WHERE r.rolname = current_user)
+             AND (c.relforcerowsecurity OR NOT pg_has_role(c.relowner, 'USAGE'))""",
+        ([p.oid for p in plans],),
+    ).fetchall()
+    hidden = {r[0] for r in rows}
+    return [p.name for p in plans if p.oid in hidden]
+
+
+def row_security_advice(role: str, tables: Sequence[str]) -> str:
+    return (
+        f"role {role!r} reads published table(s) {', '.join(tables)} through row-level "
+        "security: a copy would lack the rows its policies hide, while the slot sends every "
+        f"change. ALTER ROLE {quote_ident(role)} BYPASSRLS (as a superuser), or copy as the "
+        "tables' owner (without FORCE ROW LEVEL SECURITY)"
+    )
+
+
 # -- executor side: one range of one table → Arrow batches ---------------------------------
 
 
@@ -463,6 +488,10 @@ def open_snapshot_connection(
             except psycopg.errors.InsufficientPrivilege:
                 # As in SlotSource: lc_monetary may be superuser-only; money stays exact.
                 log.warning("could not SET %s=%r on a copy connection", name, value)
+        # A table's row-level security would hide rows from the copy that the slot sends
+        # changes of: with it off, such a query fails instead (hidden_by_row_security
+        # says so first).
+        conn.execute("SET row_security = off")
         conn.autocommit = False
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
@@ -836,6 +865,9 @@ def _refuse_missing_privileges(
             f"role {role!r} lacks SELECT on published table(s) {', '.join(lacking)}: "
             f"GRANT SELECT ON … TO {quote_ident(role)}, or leave them out of the publication"
         )
+    hidden = hidden_by_row_security(conn, plans)
+    if hidden:
+        raise BootstrapError(row_security_advice(role, hidden))
 
 
 def _check_lake(lake: Lake, slot: str, onto_existing_lake: bool) -> Any:

@@ -1261,10 +1261,12 @@ def _copy(
         DEFAULT_PARALLEL,
         CopyTask,
         _state_ddl,
+        hidden_by_row_security,
         keep_history_types,
         missing_privileges,
         open_snapshot_connection,
         read_plan,
+        row_security_advice,
     )
     from slotlake.decode import arrow_schema_for
     from slotlake.source import SESSION_SETTINGS
@@ -1290,12 +1292,16 @@ def _copy(
                 if p.name in wanted
             }
             lacking = missing_privileges(conn, list(plans.values()))
+            hidden = hidden_by_row_security(conn, list(plans.values()))
+            role = conn.info.user
             conn.rollback()
         if lacking:
             raise SnapshotError(
                 f"cannot snapshot {', '.join(lacking)}: the role lacks SELECT (GRANT SELECT ON … "
                 "to the sync role)"
             )
+        if hidden:
+            raise SnapshotError(f"cannot snapshot: {row_security_advice(role, hidden)}")
         for name, reason in wanted.items():
             plan = plans.get(name)
             if plan is None:

@@ -566,6 +566,62 @@ def test_refusals(pg_dsn: str, slot: str, spark, tmp_path: Path, capsys, monkeyp
             )
 
 
+def test_row_level_security_that_would_hide_rows_from_a_copy_is_refused(
+    pg_dsn: str, slot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgoutput sends every change of a table whatever its row-level security, but a copy
+    read by a role its policies apply to lacks the rows they hide: before, the bootstrap
+    (and a sync's per-table copy) mirrored a subset, silently. Both refuse, naming the
+    tables and what to do; the copy's session runs with ``row_security = off``, so a
+    table the check missed fails the copy instead of filtering it. A role with BYPASSRLS
+    copies every row."""
+    from slotlake.snapshot import SnapshotError
+
+    from .sync_helpers import assert_mirror
+
+    lake = str(tmp_path / "lake")
+    role = f"rls_{slot[-20:]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+        try:
+            cfg = make_config(_role_dsn(pg_dsn, role), lake, slot)
+            for name in ("t", "u"):
+                c.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
+                c.execute(f"INSERT INTO {name} SELECT g, 'v' FROM generate_series(1, 6) g")
+                c.execute(f"GRANT SELECT ON {name} TO {role}")
+            c.execute("ALTER TABLE t ENABLE ROW LEVEL SECURITY")
+            c.execute("CREATE POLICY even ON t USING (id % 2 = 0)")
+            c.execute("CREATE PUBLICATION pub FOR TABLE t")
+            with pytest.raises(BootstrapError, match=r"public\.t through row-level security"):
+                run_bootstrap(cfg)
+            # Without the check, the copy's own setting refuses the rows the policy hides.
+            monkeypatch.setattr(bootstrap_module, "hidden_by_row_security", lambda *_: [])
+            with pytest.raises(BootstrapError, match="affected by row-level security policy"):
+                run_bootstrap(cfg)
+            monkeypatch.undo()
+            assert c.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone() == (0,)
+
+            c.execute(f"ALTER ROLE {role} BYPASSRLS")
+            run_bootstrap(cfg)
+            assert_mirror(c, lake, ["public.t"])
+            # A table that joins the publication is copied by the sync: refused alike.
+            c.execute(f"ALTER ROLE {role} NOBYPASSRLS")
+            c.execute("ALTER TABLE u ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY")
+            c.execute("CREATE POLICY none ON u USING (false)")
+            c.execute("ALTER PUBLICATION pub ADD TABLE u")
+            with pytest.raises(SnapshotError, match=r"public\.u through row-level security"):
+                run_sync(cfg)
+            c.execute(f"ALTER ROLE {role} BYPASSRLS")
+            c.execute("UPDATE t SET v = 'w' WHERE id < 4")
+            assert run_sync(cfg).status == "committed"
+            assert_mirror(c, lake, ["public.t", "public.u"])
+        finally:
+            c.execute(f"DROP OWNED BY {role}")
+            c.execute(f"DROP ROLE {role}")
+
+
 def test_refuses_without_logical_wal(pg_cluster: LocalPostgres, tmp_path: Path) -> None:
     with LocalPostgres(version=pg_cluster.version, settings={"wal_level": "replica"}) as pg:
         with psycopg.connect(pg.dsn(), autocommit=True) as c:
