@@ -244,7 +244,10 @@ def install(conn: psycopg.Connection[Any]) -> bool:
                 f"CREATE EVENT TRIGGER {TRIGGERS[1]} ON table_rewrite EXECUTE FUNCTION {FUNCTION}()"
             )
         for name in TRIGGERS:
-            conn.execute(f"ALTER EVENT TRIGGER {name} ENABLE")
+            # ALWAYS: a trigger enabled plainly does not fire in a session with
+            # session_replication_role = replica (replication and migration tools set
+            # it), whose DDL would reach the lake without its messages.
+            conn.execute(f"ALTER EVENT TRIGGER {name} ENABLE ALWAYS")
     return not was
 
 
