@@ -237,13 +237,13 @@ def read_published(
     ).fetchall()
     # Each table's rows in the publications: its own, its partitioned ancestors', their
     # schemas' — one read of the publications' rows, matched here (a subquery per table
-    # cost 1,000 tables 5 ms).
+    # cost 1,000 tables 5 ms); the stored generated columns in the same statement.
     by_rel: dict[int, list[int]] = {}
     by_schema: dict[int, list[int]] = {}
     generated_in: dict[int, list[int]] = {}
+    kinds = {"r": by_rel, "n": by_schema, "g": generated_in}
     lookup = _MEMBERS_SQL + "UNION ALL " + _GENERATED_SQL if lists else _GENERATED_SQL
     for kind, target, oid in conn.execute(lookup, {"p": list(publications)} if lists else None):
-        kinds = {"r": by_rel, "n": by_schema, "g": generated_in}
         kinds[kind].setdefault(target, []).append(oid)
     # One pass over the rows (a row per publication and table): 1,000 tables are read
     # before every batch, twice.
