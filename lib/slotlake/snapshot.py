@@ -650,15 +650,14 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
     rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
     a needless copy, one after it is seen."""
     catalog = published_catalog(conn, publications)
-    published, xmins, joins, scopes, types, members = catalog[:6]
-    trees = partition_trees(conn, published)
+    trees = partition_trees(conn, catalog.tables)
     return {
-        "relfilenodes": {k: v[1] for k, v in published.items()},
-        "xmins": xmins,
-        "joins": joins,
-        "scopes": scopes,
-        "types": types,
-        "memberships": members,
+        "relfilenodes": {k: v[1] for k, v in catalog.tables.items()},
+        "xmins": catalog.xmins,
+        "joins": catalog.joins,
+        "scopes": catalog.scopes,
+        "types": catalog.types,
+        "memberships": catalog.memberships,
         "generated": catalog.generated,
         "leaves": leaves_of(trees),
         "leaf_xmins": leaf_xmins_of(trees),
@@ -1218,7 +1217,7 @@ def _read(
     the tables it needs copied (name → reason)."""
     try:
         catalog = published_catalog(conn, cfg.source.publications, last)
-        published, xmins, joins, scopes, types, members = catalog[:6]
+        published, xmins = catalog.tables, catalog.xmins
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
@@ -1233,10 +1232,10 @@ def _read(
         published={k: v[0] for k, v in published.items()},
         relfilenodes={k: v[1] for k, v in published.items()},
         xmins=xmins,
-        joins=joins,
-        scopes=scopes,
-        types=types,
-        memberships=members,
+        joins=catalog.joins,
+        scopes=catalog.scopes,
+        types=catalog.types,
+        memberships=catalog.memberships,
         generated=catalog.generated,
         leaves=leaves,
         leaf_xmins=leaf_xmins,

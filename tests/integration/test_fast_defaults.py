@@ -169,6 +169,16 @@ def test_drop_and_readd_with_the_trigger(
         assert ("ALTER TABLE", "ALTER TABLE k ADD COLUMN c text DEFAULT 'third'") in tags
 
 
+def _drop_then_add_renamed(c: psycopg.Connection[Any]) -> None:
+    """A row under ``c2``, ``DROP c2``, ``ADD c3 DEFAULT``, a row, ``c3 → r4``, a row."""
+    c.execute("INSERT INTO k VALUES (27, 'y', 'big')")
+    c.execute("ALTER TABLE k DROP COLUMN c2")
+    c.execute("ALTER TABLE k ADD COLUMN c3 text DEFAULT 'dflt'")
+    c.execute("INSERT INTO k VALUES (46, 'n', NULL)")
+    c.execute("ALTER TABLE k RENAME COLUMN c3 TO r4")
+    c.execute("UPDATE k SET v = 'after' WHERE id = 46")
+
+
 def test_a_drop_then_an_add_renamed_later_in_the_batch(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:
@@ -182,12 +192,7 @@ def test_a_drop_then_an_add_renamed_later_in_the_batch(
         setup(c, slot, trigger=True)
         c.execute("ALTER TABLE k ADD COLUMN c2 text")
         run_sync(cfg)
-        c.execute("INSERT INTO k VALUES (27, 'y', 'big')")
-        c.execute("ALTER TABLE k DROP COLUMN c2")
-        c.execute("ALTER TABLE k ADD COLUMN c3 text DEFAULT 'dflt'")
-        c.execute("INSERT INTO k VALUES (46, 'n', NULL)")
-        c.execute("ALTER TABLE k RENAME COLUMN c3 TO r4")
-        c.execute("UPDATE k SET v = 'after' WHERE id = 46")
+        _drop_then_add_renamed(c)
         run_sync(cfg)
         assert_mirror(c, lake, ["public.k"])
         rows = {r["id"]: r["r4"] for r in read_state(lake, "public.k").to_pylist()}
@@ -213,12 +218,7 @@ def test_the_trigger_fires_in_a_session_replication_role_replica_session(
         c.execute("ALTER TABLE k ADD COLUMN c2 text")
         run_sync(cfg)
         c.execute("SET session_replication_role = replica")
-        c.execute("INSERT INTO k VALUES (27, 'y', 'big')")
-        c.execute("ALTER TABLE k DROP COLUMN c2")
-        c.execute("ALTER TABLE k ADD COLUMN c3 text DEFAULT 'dflt'")
-        c.execute("INSERT INTO k VALUES (46, 'n', NULL)")
-        c.execute("ALTER TABLE k RENAME COLUMN c3 TO r4")
-        c.execute("UPDATE k SET v = 'after' WHERE id = 46")
+        _drop_then_add_renamed(c)
         c.execute("RESET session_replication_role")
         run_sync(cfg)
         assert_mirror(c, lake, ["public.k"])
