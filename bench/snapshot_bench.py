@@ -12,7 +12,8 @@ On one throwaway PostgreSQL and one local SparkSession:
           catches up, then the state is compared with the table: count and a digest)
   quiet   a table of the same shape and size added with no writes to it: one
           ``slotlake sync`` process from start to exit, the re-base on the driver
-          (default) and, after ``slotlake resnapshot``, in Spark (``driver_write_rows=0``)
+          (default) and, after ``slotlake resnapshot``, in Spark (``driver_write_rows=0``);
+          then the same for a REPLICA IDENTITY FULL table without a key (a multiset)
 
 The lake starts with ``slotlake bootstrap`` of a small table, so ``big`` is new to the
 published set when it is added. Not a test: run by hand.
@@ -82,12 +83,17 @@ def writer(dsn: str, rows: int, rate: float, stop: threading.Event, done: list[i
 
 
 def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
-    """Seconds of one ``slotlake sync`` process that copies a table with no writes to it."""
+    """Seconds of one ``slotlake sync`` process that copies a table with no writes to it:
+    ``big``'s copy with its key, and one of REPLICA IDENTITY FULL without a key (a
+    multiset, its rows' values repeated: each distinct once twice)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE quiet (LIKE big INCLUDING ALL)")
         c.execute("INSERT INTO quiet SELECT * FROM big")
-        c.execute("VACUUM ANALYZE quiet")
-        c.execute("ALTER PUBLICATION pub ADD TABLE quiet")
+        c.execute("CREATE TABLE quiet_full (LIKE big)")
+        c.execute("ALTER TABLE quiet_full REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO quiet_full SELECT * FROM big WHERE id <= %s", (rows // 2,))
+        c.execute("INSERT INTO quiet_full SELECT * FROM big WHERE id <= %s", (rows // 2,))
+        c.execute("VACUUM ANALYZE quiet, quiet_full")
     cli = [sys.executable, "-m", "slotlake.cli"]
     where = [
         f"--set=source.dsn={dsn}",
@@ -96,17 +102,23 @@ def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
         f"--set=lake.path={cfg.lake.path}",
     ]
     out: dict[str, float] = {}
-    for path, extra in (("driver", []), ("spark", ["--set=lake.driver_write_rows=0"])):
-        if path == "spark":
-            subprocess.run(
-                [*cli, "resnapshot", *where, "--table", "public.quiet"],
-                check=True,
-                stdout=subprocess.DEVNULL,
+    for table in ("quiet", "quiet_full"):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(f"ALTER PUBLICATION pub ADD TABLE {table}")
+        for path, extra in (("driver", []), ("spark", ["--set=lake.driver_write_rows=0"])):
+            if path == "spark":
+                subprocess.run(
+                    [*cli, "resnapshot", *where, "--table", f"public.{table}"],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
+            t0 = time.monotonic()
+            subprocess.run([*cli, "sync", *where, *extra], check=True, stdout=subprocess.DEVNULL)
+            out[f"{table}_{path}"] = time.monotonic() - t0
+            log(
+                f"{table}: {rows:,}-row table added, re-based by {path}: sync process "
+                f"{out[f'{table}_{path}']:.1f}s"
             )
-        t0 = time.monotonic()
-        subprocess.run([*cli, "sync", *where, *extra], check=True, stdout=subprocess.DEVNULL)
-        out[path] = time.monotonic() - t0
-        log(f"quiet: {rows:,}-row table added, re-based by {path}: sync process {out[path]:.1f}s")
     return out
 
 

@@ -571,6 +571,15 @@ def _whole_prior(
     return fastdefault.apply_arrow(whole, prior_defaults, None) if prior_defaults else whole
 
 
+def rebased_on_driver(cat: TableCatalog) -> bool:
+    """Whether the driver may re-base the table on a copy (a small one: DriverWrites.take).
+    A multiset is rebuilt whole there (:func:`slotlake.multiset_arrow.multiset_state`),
+    but not one only appended to (its copy is stored a row a copy,
+    :attr:`TableCommit.spread`) or one whose identity changed in the batch: Spark
+    re-bases those."""
+    return not cat.is_multiset or not (insert_only(cat) or cat.identity_switches)
+
+
 def insert_only(cat: TableCatalog) -> bool:
     """A multiset none of whose versions in the batch (nor its latest shape) has a FULL
     identity or a key. PostgreSQL refuses an UPDATE or DELETE of a published table without
@@ -1394,7 +1403,7 @@ def _process_local(
     (nothing of its state written)."""
     import pyarrow as pa
 
-    assert snap is None or (state_merge in ON_DRIVER and not cat.is_multiset), cat.name
+    assert snap is None or (state_merge in ON_DRIVER and rebased_on_driver(cat)), cat.name
     assert state_merge != "append" or (cat.is_multiset and not defaults[0]), cat.name
 
     from slotlake import local_table
@@ -1433,7 +1442,8 @@ def _process_local(
 
         at = events.schema.get_field_index("_missing_toast")
         changes = events.set_column(at, "_missing_toast", events.column("_unchanged"))
-        unique = unique_key(cat, prior)
+        # A state re-based on a copy is rebuilt whole from it, whatever the prior one was.
+        unique = unique_key(cat, prior) if snap is None else None
         big = state_merge in ("driver-dv", "dv")  # picked for its key (DriverWrites.take)
         if unique is not None and not truncs:
             try:
@@ -1447,10 +1457,29 @@ def _process_local(
             if big and not truncs:
                 raise Broken("its key's columns changed")
             whole = None
-            if version is not None and not truncs and not appends:
+            images = events
+            if snap is not None:
+                # Every change is logged; the state becomes the copy's rows (one copy each,
+                # fast defaults of columns added after it taken) with the images from its
+                # consistent point on counted onto them, as Spark's re-base does.
+                import pyarrow.compute as pc
+
+                copy = local_table.read_copy(
+                    str(local_path(lake.path(snap.staging))), cat, state_arrow, fast
+                )
+                whole = copy
+                images = events.filter(
+                    pc.greater_equal(events.column("_commit_lsn"), snap.cp_signed)
+                )
+                truncs = [t for t in truncs if t[0] >= snap.cp_signed]
+                # A FULL table's copy is unique on its primary key: checked below.
+                unique = _whole_state_key(cat, prior, snap) or None
+            elif version is not None and not truncs and not appends:
                 whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
-            images = fastdefault.fill_events_arrow(events, fast)
+            images = fastdefault.fill_events_arrow(images, fast)
             finals = multiset_state(images, whole, cat, truncs, state_arrow)
+            if snap is not None:
+                copy = multiset_state(images.slice(0, 0), copy, cat, [], state_arrow)
             # The whole new state at hand: whether it is still unique costs a grouping.
             if unique is not None and not unique_multiset.holds(finals, unique):
                 unique = None
@@ -1951,13 +1980,14 @@ def process_batch(
         ]
     busy = without_collisions(busy, _target_names(target_catalog), snapshots or {}, batch)
     expected = {c.name: sum(counts.get(o, 0) for o in c.oids) for c in busy}
-    # A keyed table re-based on a snapshot is done on the driver when its copy would be
-    # (the copy's size standing for its state's); a multiset's copy goes through Spark.
+    # A table re-based on a snapshot is done on the driver when its copy would be (the
+    # copy's size standing for its state's), but for the multisets rebased_on_driver
+    # leaves to Spark.
     snaps = snapshots or {}
     copies = {
         c.name: _dir_bytes(local_path(lake.path(snaps[c.name].staging)))
         for c in busy
-        if lake.on_local_disk and c.name in snaps and not c.is_multiset
+        if lake.on_local_disk and c.name in snaps and rebased_on_driver(c)
     }
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
     cats = {c.name: c for c in busy}
@@ -1969,7 +1999,11 @@ def process_batch(
         for c in candidates
         if appends_only(c, prior_tables.get(c.name), bool(c.oids & scan.removing))
     }
-    unique = {c.name for c in candidates if unique_key(c, prior_tables.get(c.name)) is not None}
+    unique = {
+        c.name
+        for c in candidates
+        if c.name not in snaps and unique_key(c, prior_tables.get(c.name)) is not None
+    }
     local = driver.pick(lake, candidates, expected, copies, appending, unique)
     timings["pick"] = time.monotonic() - t_pick
     for name in [n for n, who in local.items() if n in snaps and who not in ON_DRIVER]:

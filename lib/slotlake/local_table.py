@@ -31,7 +31,9 @@ usual MERGE.
 
 A multiset table (rows matched by their whole value) skips 3 and 4: its small state is
 read whole and rebuilt with the batch's images counted in Arrow
-(:func:`slotlake.multiset_arrow.multiset_state`), then overwritten in one commit.
+(:func:`slotlake.multiset_arrow.multiset_state`), then overwritten in one commit; re-based
+on a copy, the copy's rows stand for that state and only the images from its consistent
+point on are counted onto them.
 
 A new table is created by the driver, and so are renamed, added and dropped columns (DDL
 at the source, :func:`slotlake.delta.ensure_local`); Spark is asked only to rewrite a

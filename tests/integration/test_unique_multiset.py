@@ -347,6 +347,7 @@ def test_a_rerun_after_the_tables_were_written_keeps_the_key_if_merged_by_it(
 
 
 @pytest.mark.one_pg_version  # the lake's copy is under test, not the source
+@pytest.mark.parametrize("by", ["driver", "spark"])
 @pytest.mark.parametrize("crash", [False, True], ids=["whole", "rerun"])
 def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
     pg_dsn: str,
@@ -355,28 +356,42 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     crash: bool,
+    by: str,
 ) -> None:
     """A FULL table with a primary key added to the publication is copied for a batch
-    (a per-table snapshot, through Spark): its copy is not grouped, the batch's changes
-    after the copy's consistent point are applied, the state is found unique on the key
-    and recorded so, and the next batch is MERGEd by the key. ``rerun``: the copy's
-    batch first dies after its tables were written, and the rerun finds the key too."""
+    (a per-table snapshot; a small one re-based on the driver, ``spark``: through
+    Spark): its copy is not grouped, the batch's changes after the copy's consistent
+    point are applied, the state is found unique on the key and recorded so, and the next
+    batch is MERGEd by the key. A FULL table without a key added with it is copied
+    grouped, its equal rows counted. ``rerun``: the copy's batch first dies after its
+    tables were written, and the rerun finds the key too."""
+    from deltalake import DeltaTable
+
+    from slotlake.delta import DRIVER_ENGINE
     from slotlake.sync import FAULT_ENV, InjectedFault
 
     _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
+    if by == "spark":  # as before 2026-12-06: every multiset's copy through Spark
+        monkeypatch.setattr(batch_module, "rebased_on_driver", lambda cat: not cat.is_multiset)
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     lake = Lake(root)
+    tables = ["public.a", "public.f", "public.g"]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE public.a (id int PRIMARY KEY, v text)")
         c.execute("CREATE TABLE public.f (id int PRIMARY KEY, v text)")
         c.execute("ALTER TABLE public.f REPLICA IDENTITY FULL")
         c.execute("INSERT INTO public.f SELECT g, 'v' || g FROM generate_series(1, 300) g")
+        c.execute("CREATE TABLE public.g (x int, v text)")
+        c.execute("ALTER TABLE public.g REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO public.g SELECT g % 7, 'v' FROM generate_series(1, 50) g")
         c.execute("CREATE PUBLICATION pub FOR TABLE public.a")
         run_bootstrap(cfg, spark=spark)
-        c.execute("ALTER PUBLICATION pub ADD TABLE public.f")
+        c.execute("ALTER PUBLICATION pub ADD TABLE public.f, public.g")
         c.execute("UPDATE public.f SET v = 'after the add' WHERE id < 20")
+        c.execute("DELETE FROM public.g WHERE ctid = (SELECT min(ctid) FROM public.g WHERE x = 3)")
+        c.execute("INSERT INTO public.g VALUES (3, 'v'), (8, NULL)")
         c.execute("INSERT INTO public.a VALUES (1, 'a')")
         if crash:  # every table written, no record: the rerun finds the copy written
             monkeypatch.setenv(FAULT_ENV, "before_commit")
@@ -385,14 +400,24 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
             monkeypatch.delenv(FAULT_ENV)
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
-        assert_mirror(c, root, ["public.a", "public.f"])
-        copied = lake.read_commit(result.batch or 0).tables["public.f"]
+        assert_mirror(c, root, tables)
+        # A rerun finishes the copy's batch, then takes what arrived since.
+        record = lake.read_commit(result.resumed or result.batch or 0)
+        assert sorted(record.snapshot["tables"]) == ["public.f", "public.g"]
+        copied = record.tables["public.f"]
         assert copied.unique_on == ["id"] and copied.state_rows == 300
+        grouped = record.tables["public.g"]
+        assert grouped.unique_on == [] and grouped.state_rows == 8  # x = 0-6 and (8, NULL)
+        # The copy's batch wrote the state last (the next one is not written yet).
+        for name in ("public.f", "public.g"):
+            last = DeltaTable(f"{root}/{Lake.table_path('state', name)}").history(1)[0]
+            assert (last.get("engineInfo") == DRIVER_ENGINE) is (by == "driver"), (name, last)
         c.execute("UPDATE public.f SET v = 'next' WHERE id > 250")
         c.execute("DELETE FROM public.f WHERE id = 7")
+        c.execute("UPDATE public.g SET v = 'w' WHERE x = 5")
         result = run_sync(cfg, spark=spark)
         assert result.status == "committed", result
-        assert_mirror(c, root, ["public.a", "public.f"])
+        assert_mirror(c, root, tables)
         assert "public.f" in merged
         assert lake.read_commit(result.batch or 0).tables["public.f"].unique_on == ["id"]
 
