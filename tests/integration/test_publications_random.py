@@ -4,9 +4,11 @@ what its publication publishes of the source.
 `test_sync_random.py` keeps the published set fixed; this one changes it the way operators
 do, between and inside the batches: tables taken out of the publication and put back,
 added with a row filter or a column list, `SET TABLE` with other filters and lists (some
-tables' scopes kept as they were), a schema's tables published and unpublished, columns
-added (with and without defaults), renamed and dropped under those filters and lists,
-tables truncated, and rows moving into and out of a filter. The oracle is the source read
+tables' scopes kept as they were), a schema's tables published and unpublished, a
+partitioned table published as itself or as its partitions (`publish_via_partition_root`
+switched), a stored generated column made ordinary and generated again, columns added
+(with and without defaults), renamed and dropped under those filters and lists, tables
+truncated, and rows moving into and out of a filter. The oracle is the source read
 through `pg_publication_tables` (its columns, its row filter) as a multiset
 (:func:`slotlake.verify.compare_table`). Some rounds run during the sync, between the
 run's read of its published set and its target.
@@ -144,7 +146,8 @@ class Churn:
                 f"UPDATE {table} SET id = id - 2000 - (id - 2000) / 10 * 10 + %s WHERE id >= 2000",
                 (self._id(),),
             )
-        else:
+        else:  # a DELETE (also in place of a key update of the FULL table)
+            kind = "delete"
             low = rng.randint(0, 60)
             c.execute(f"DELETE FROM {table} WHERE id BETWEEN %s AND %s", (low, low + 3))
         self.done[kind] += 1
