@@ -303,13 +303,18 @@ def _renamed(
             pinned = ids.added_in_batch(prev, origin)
             old_ids = {n: pinned.get(n) if i is None else i for n, i in old_ids.items()}
         new_ids = {n: new_at.get(n, ids.after.get(n, ids.before.get(n))) for n in came}
+        by_id = {i: n for n, i in new_ids.items() if i is not None}
+        found = {n: by_id[i] for n, i in old_ids.items() if i is not None and i in by_id}
         if None not in old_ids.values():
-            by_id = {i: n for n, i in new_ids.items() if i is not None}
-            found = {n: by_id[i] for n, i in old_ids.items() if i in by_id}
             # Every column that went found under another name: the others came (an ADD
             # dropped again by the target has no attnum, but cannot be one of them).
             if None not in new_ids.values() or len(found) == len(gone):
                 return found
+        elif found and len(found) == len(came):
+            # Some that went have no attnum (added after the lake read its attnums, a
+            # copy's say, and dropped before the target), but the attnums explain every
+            # column that came: those went by another name, the unknown ones were dropped.
+            return found
     if len(prev) != len(new):
         return {}
     renamed: dict[str, str] = {}

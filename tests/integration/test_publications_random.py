@@ -304,3 +304,36 @@ def test_random_publication_churn_mirror_equals_what_is_published(
                  "drop expression", "generated", "via root",
                  "during the sync"}  # fmt: skip
         assert kinds <= set(work.done), f"seed {seed}: {dict(work.done)}"
+
+
+def test_a_rename_after_a_copy_whose_added_column_was_dropped_before_its_target(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """A table put back into its publication is copied with a column added meanwhile,
+    which is dropped between the copy and the run's target: the lake's record knows no
+    attnum for it. A later RENAME of another column is told by that column's attnum, the
+    unknown one dropped. Before, the rename read as a DROP and an ADD, and the mirror
+    held NULL in the renamed column for every row (seed 6453 of the workload above)."""
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE a (id int PRIMARY KEY)")
+        c.execute("CREATE TABLE m (id int, x int, s text)")
+        c.execute("ALTER TABLE m REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO m VALUES (1, 2, 'a'), (3, 4, 'b'), (3, 4, 'b')")
+        c.execute("CREATE PUBLICATION pub FOR TABLE a, m")
+        run_bootstrap(cfg)
+        c.execute("ALTER PUBLICATION pub DROP TABLE m")
+        c.execute("INSERT INTO a VALUES (1)")
+        run_sync(cfg)
+        c.execute("ALTER PUBLICATION pub ADD TABLE m WHERE (x % 2 = 0)")
+        c.execute("ALTER TABLE m ADD COLUMN n3 int DEFAULT 3")
+        with before_the_target([lambda: c.execute("ALTER TABLE m DROP COLUMN n3")]):
+            assert run_sync(cfg).status == "committed"
+        _check(c, lake, "the copy")
+        c.execute("ALTER TABLE m RENAME COLUMN id TO id_")
+        c.execute("INSERT INTO m VALUES (5, 6, 'c')")
+        assert run_sync(cfg).status == "committed"
+        _check(c, lake, "the rename")
+        last = Lake(lake).last_commit()
+        assert last is not None and last.tables["public.m"].renames == {"id": "id_"}
