@@ -1467,7 +1467,6 @@ def _process_local(
                 copy = local_table.read_copy(
                     str(local_path(lake.path(snap.staging))), cat, state_arrow, fast
                 )
-                whole = copy
                 images = events.filter(
                     pc.greater_equal(events.column("_commit_lsn"), snap.cp_signed)
                 )
@@ -1477,9 +1476,10 @@ def _process_local(
             elif version is not None and not truncs and not appends:
                 whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
             images = fastdefault.fill_events_arrow(images, fast)
-            finals = multiset_state(images, whole, cat, truncs, state_arrow)
             if snap is not None:
-                copy = multiset_state(images.slice(0, 0), copy, cat, [], state_arrow)
+                # Grouped once: the base written below and the prior the images count onto.
+                copy = whole = multiset_state(images.slice(0, 0), copy, cat, [], state_arrow)
+            finals = multiset_state(images, whole, cat, truncs, state_arrow)
             # The whole new state at hand: whether it is still unique costs a grouping.
             if unique is not None and not unique_multiset.holds(finals, unique):
                 unique = None
