@@ -13,7 +13,9 @@ On one throwaway PostgreSQL and one local SparkSession:
   quiet   a table of the same shape and size added with no writes to it: one
           ``slotlake sync`` process from start to exit, the re-base on the driver
           (default) and, after ``slotlake resnapshot``, in Spark (``driver_write_rows=0``);
-          then the same for a REPLICA IDENTITY FULL table without a key (a multiset)
+          then the same for a REPLICA IDENTITY FULL table without a key (a multiset),
+          and for a table without a key or FULL identity (INSERT-only: its copy stored a
+          row a copy)
 
 The lake starts with ``slotlake bootstrap`` of a small table, so ``big`` is new to the
 published set when it is added. Not a test: run by hand.
@@ -84,8 +86,9 @@ def writer(dsn: str, rows: int, rate: float, stop: threading.Event, done: list[i
 
 def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
     """Seconds of one ``slotlake sync`` process that copies a table with no writes to it:
-    ``big``'s copy with its key, and one of REPLICA IDENTITY FULL without a key (a
-    multiset, its rows' values repeated: each distinct once twice)."""
+    ``big``'s copy with its key, one of REPLICA IDENTITY FULL without a key (a multiset,
+    its rows' values repeated: each distinct once twice), and the same rows in a table
+    without a key or FULL identity (INSERT-only)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE quiet (LIKE big INCLUDING ALL)")
         c.execute("INSERT INTO quiet SELECT * FROM big")
@@ -93,7 +96,9 @@ def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
         c.execute("ALTER TABLE quiet_full REPLICA IDENTITY FULL")
         c.execute("INSERT INTO quiet_full SELECT * FROM big WHERE id <= %s", (rows // 2,))
         c.execute("INSERT INTO quiet_full SELECT * FROM big WHERE id <= %s", (rows // 2,))
-        c.execute("VACUUM ANALYZE quiet, quiet_full")
+        c.execute("CREATE TABLE quiet_log (LIKE big)")
+        c.execute("INSERT INTO quiet_log SELECT * FROM quiet_full")
+        c.execute("VACUUM ANALYZE quiet, quiet_full, quiet_log")
     cli = [sys.executable, "-m", "slotlake.cli"]
     where = [
         f"--set=source.dsn={dsn}",
@@ -102,7 +107,7 @@ def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
         f"--set=lake.path={cfg.lake.path}",
     ]
     out: dict[str, float] = {}
-    for table in ("quiet", "quiet_full"):
+    for table in ("quiet", "quiet_full", "quiet_log"):
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f"ALTER PUBLICATION pub ADD TABLE {table}")
         for path, extra in (("driver", []), ("spark", ["--set=lake.driver_write_rows=0"])):

@@ -571,13 +571,16 @@ def _whole_prior(
     return fastdefault.apply_arrow(whole, prior_defaults, None) if prior_defaults else whole
 
 
-def rebased_on_driver(cat: TableCatalog) -> bool:
+def rebased_on_driver(cat: TableCatalog, removes: bool = False) -> bool:
     """Whether the driver may re-base the table on a copy (a small one: DriverWrites.take).
-    A multiset is rebuilt whole there (:func:`slotlake.multiset_arrow.multiset_state`),
-    but not one only appended to (its copy is stored a row a copy,
-    :attr:`TableCommit.spread`) or one whose identity changed in the batch: Spark
-    re-bases those."""
-    return not cat.is_multiset or not (insert_only(cat) or cat.identity_switches)
+    A multiset is rebuilt whole there (:func:`slotlake.multiset_arrow.multiset_state`), or
+    an INSERT-only one's copy stored a row a copy and its later rows appended
+    (:attr:`TableCommit.spread`); not one whose identity changed in the batch, nor an
+    INSERT-only one that ``removes`` rows after all (:func:`appends_only`): Spark re-bases
+    those."""
+    if not cat.is_multiset:
+        return True
+    return not cat.identity_switches and not (removes and insert_only(cat))
 
 
 def insert_only(cat: TableCatalog) -> bool:
@@ -878,7 +881,7 @@ class DriverWrites:
             return None
         if not lake.on_local_disk:
             return None  # object stores and HDFS: Spark's Hadoop file systems write
-        if appends and cat.versions:
+        if appends and (cat.versions or size != -1):  # (a copy's size is known)
             return "append"
         if size == -1:
             if not cat.versions:
@@ -988,7 +991,7 @@ def process_table(
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # An INSERT-only multiset's rows are appended to its state (after a TRUNCATE they are
     # all of it); a spread one that must be matched now is rebuilt (TableCommit.spread).
-    # Re-based on a copy (through Spark), its state becomes the copy's rows one copy each,
+    # Re-based on a copy (by the driver or Spark), its state becomes the copy's rows one copy each,
     # and those from the copy's consistent point on are appended.
     only_inserts = insert_only(cat)  # (a multiset: no key in its latest shape either)
     spread_base = snap is not None and only_inserts
@@ -1026,7 +1029,7 @@ def process_table(
     # one's only to its final rows: its state becomes the copy).
     driver_defaults = state_merge in ON_DRIVER
     local_done = None
-    if local_raw is not None and (not defaults or driver_defaults):
+    if local_raw is not None and (not defaults or driver_defaults or snap is not None):
         # None may be a log that could not be read: the writer then reads it again itself.
         held = (
             done[0] if done[0] is not None else UNREAD,
@@ -1403,8 +1406,9 @@ def _process_local(
     (nothing of its state written)."""
     import pyarrow as pa
 
-    assert snap is None or (state_merge in ON_DRIVER and rebased_on_driver(cat)), cat.name
-    assert state_merge != "append" or (cat.is_multiset and not defaults[0]), cat.name
+    assert snap is None or (state_merge in SPARKLESS and rebased_on_driver(cat)), cat.name
+    # An append leaves the prior rows without the fast defaults; a copy's rows take them.
+    assert state_merge != "append" or (cat.is_multiset and not (defaults[0] and snap is None))
 
     from slotlake import local_table
     from slotlake.replay_duckdb import fill_keyed_local
@@ -1476,9 +1480,11 @@ def _process_local(
             elif version is not None and not truncs and not appends:
                 whole = _whole_prior(lake, state_rel, version, cat, state_arrow, fast)
             images = fastdefault.fill_events_arrow(images, fast)
-            if snap is not None:
+            if snap is not None and not appends:
                 # Grouped once: the base written below and the prior the images count onto.
                 copy = whole = multiset_state(images.slice(0, 0), copy, cat, [], state_arrow)
+            # An INSERT-only table's copy is its base a row a copy (TableCommit.spread), and
+            # the rows from the consistent point on are appended to it.
             finals = multiset_state(images, whole, cat, truncs, state_arrow)
             # The whole new state at hand: whether it is still unique costs a grouping.
             if unique is not None and not unique_multiset.holds(finals, unique):
@@ -1987,17 +1993,26 @@ def process_batch(
     copies = {
         c.name: _dir_bytes(local_path(lake.path(snaps[c.name].staging)))
         for c in busy
-        if lake.on_local_disk and c.name in snaps and rebased_on_driver(c)
+        if lake.on_local_disk
+        and c.name in snaps
+        and rebased_on_driver(c, bool(c.oids & scan.removing))
     }
     candidates = [c for c in busy if c.name not in snaps or c.name in copies]
     cats = {c.name: c for c in busy}
     t_pick = time.monotonic()
     # A table without an identity whose batch updates or deletes after all (appends_only)
-    # has its rows matched: the driver rebuilds its state only if it is small.
+    # has its rows matched: the driver rebuilds its state only if it is small. An
+    # INSERT-only table's copy is appended to, whatever its prior state was (process_table),
+    # if the copy is small enough to read whole.
     appending = {
         c.name
         for c in candidates
-        if appends_only(c, prior_tables.get(c.name), bool(c.oids & scan.removing))
+        if (
+            insert_only(c) and copies[c.name] <= driver.max_state_bytes
+            if c.name in snaps
+            else appends_only(c, prior_tables.get(c.name))
+        )
+        and not c.oids & scan.removing
     }
     unique = {
         c.name
@@ -2006,7 +2021,7 @@ def process_batch(
     }
     local = driver.pick(lake, candidates, expected, copies, appending, unique)
     timings["pick"] = time.monotonic() - t_pick
-    for name in [n for n, who in local.items() if n in snaps and who not in ON_DRIVER]:
+    for name in [n for n, who in local.items() if n in snaps and who not in SPARKLESS]:
         del local[name]
     local_raw: dict[str, RawRows] = {}
     if local:

@@ -325,17 +325,38 @@ def test_an_append_interrupted_and_run_again_is_written_once(
         assert_rows_recorded(root, lake.commit_batches())
 
 
-@pytest.mark.one_pg_version  # the copy goes through Spark: the same on both versions
+@pytest.mark.parametrize(
+    "writer", ["driver", pytest.param("spark", marks=pytest.mark.one_pg_version)]
+)
 def test_an_insert_only_table_added_to_the_publication_is_copied_as_single_copies(
-    pg_dsn: str, slot: str, spark: Any, tmp_path: Path
+    pg_dsn: str, slot: str, spark: Any, tmp_path: Path, writer: str
 ) -> None:
-    """A table added to the publication with rows is copied (a per-table snapshot, through
-    Spark for a multiset): an INSERT-only one's copy is not grouped, each row one copy,
-    and its inserts from the copy's consistent point on are appended. Copied again by
-    hand after it took a FULL identity, its copy is grouped as any multiset's."""
+    """A table added to the publication with rows is copied (a per-table snapshot; a
+    small one on the driver, or by Spark): an INSERT-only one's copy is not grouped, each
+    row one copy, and its inserts from the copy's consistent point on are appended, with
+    the fast default of a column added after the copy on the copied rows. A TRUNCATE after
+    a copy's consistent point leaves what followed it, grouped. Copied again by hand after
+    it took a FULL identity, its copy is grouped as any multiset's."""
     from slotlake.snapshot import request
 
-    root, cfg, lake = _lake(pg_dsn, slot, tmp_path)
+    from .sync_helpers import before_the_target
+
+    root, cfg, lake = _lake(pg_dsn, slot, tmp_path, writer)
+    state = os.path.join(root, "state", TABLE)
+
+    def sync(ops: list[Any] = []) -> Any:  # noqa: B006 (read, never changed)
+        with before_the_target(list(ops)):
+            assert run_sync(cfg, spark=spark).status == "committed"
+        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        assert_mirror(c, root, [TABLE])
+        assert _duckdb_rows(state) == Counter(c.execute("SELECT id, v FROM ev").fetchall())
+        return t
+
+    def written_by(version: int, mode: str) -> None:
+        info = _commit_info(state, version)
+        assert info["operationParameters"]["mode"] == mode, info
+        assert (info["engineInfo"] == DRIVER_ENGINE) == (writer == "driver"), info
+
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE k (id int PRIMARY KEY)")
         _publish(c, slot, "k")
@@ -344,28 +365,44 @@ def test_an_insert_only_table_added_to_the_publication_is_copied_as_single_copie
         c.execute("CREATE TABLE ev (id int, v text)")
         c.execute("INSERT INTO ev SELECT g % 3, 'old' FROM generate_series(1, 9) g")
         c.execute("ALTER PUBLICATION pub ADD TABLE ev")
-        c.execute("INSERT INTO ev VALUES (1, 'old'), (7, 'new')")
-        assert run_sync(cfg, spark=spark).status == "committed"
-        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        c.execute("INSERT INTO ev VALUES (1, 'old'), (7, 'new')")  # before the copy: in it
+        # After the copy: a column with a fast default its rows lack, and a row appended.
+        t = sync(
+            [
+                lambda: c.execute("ALTER TABLE ev ADD COLUMN n int DEFAULT 5"),
+                lambda: c.execute("INSERT INTO ev VALUES (7, 'new', 6)"),
+            ]
+        )
         assert t.spread
         stored = _stored(root, t.state_version)
-        assert sum(stored.values()) == t.state_rows == 11
+        assert sum(stored.values()) == t.state_rows == 12
         assert set(copies for _, _, copies in stored) == {1}
-        assert_mirror(c, root, [TABLE])
+        rows = read_delta(root, f"state/{TABLE}", t.state_version).to_pylist()
+        assert Counter(r["n"] for r in rows) == {5: 11, 6: 1}  # the copy's 11 lack n
+        written_by(t.state_version - 1, "Overwrite")  # the copy, under its own txnAppId
+        written_by(t.state_version, "Append")
 
-        c.execute("INSERT INTO ev VALUES (7, 'new')")
-        assert run_sync(cfg, spark=spark).status == "committed"
-        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
-        assert t.spread and t.state_rows == 12
-        assert_mirror(c, root, [TABLE])
+        c.execute("INSERT INTO ev VALUES (7, 'new', 5)")
+        t = sync()
+        assert t.spread and t.state_rows == 13
 
+        # Copied by hand; truncated after the copy: the rows that followed, grouped.
+        request(lake, TABLE)
+        t = sync([lambda: c.execute("TRUNCATE ev; INSERT INTO ev VALUES (9, 't'), (9, 't')")])
+        assert not t.spread and t.state_rows == 1
+        assert _stored(root, t.state_version) == Counter({(9, "t", 2): 1})
+        written_by(t.state_version, "Overwrite")
+
+        c.execute("INSERT INTO ev SELECT g % 3, 'old' FROM generate_series(1, 9) g")
+        c.execute("INSERT INTO ev VALUES (7, 'new'), (7, 'new')")
+        assert sync().spread
         c.execute("ALTER TABLE ev REPLICA IDENTITY FULL")
         request(lake, TABLE)
+        c.execute("DELETE FROM ev WHERE v = 't'")
         c.execute("DELETE FROM ev WHERE ctid = (SELECT min(ctid) FROM ev WHERE v = 'new')")
-        assert run_sync(cfg, spark=spark).status == "committed"
-        t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
+        t = sync()
         assert not t.spread
         assert _stored(root, t.state_version) == Counter(
-            {(0, "old", 3): 1, (1, "old", 4): 1, (2, "old", 3): 1, (7, "new", 1): 1}
+            {(0, "old", 3): 1, (1, "old", 3): 1, (2, "old", 3): 1, (7, "new", 1): 1}
         )
         assert_mirror(c, root, [TABLE])

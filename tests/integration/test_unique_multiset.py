@@ -373,7 +373,9 @@ def test_a_full_table_added_to_the_publication_is_copied_unique_on_its_key(
     _vectors_always(monkeypatch)
     merged = _merged_by_key(monkeypatch)
     if by == "spark":  # as before 2026-12-06: every multiset's copy through Spark
-        monkeypatch.setattr(batch_module, "rebased_on_driver", lambda cat: not cat.is_multiset)
+        monkeypatch.setattr(
+            batch_module, "rebased_on_driver", lambda cat, removes=False: not cat.is_multiset
+        )
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
     lake = Lake(root)
