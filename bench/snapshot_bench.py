@@ -16,6 +16,10 @@ On one throwaway PostgreSQL and one local SparkSession:
           then the same for a REPLICA IDENTITY FULL table without a key (a multiset),
           and for a table without a key or FULL identity (INSERT-only: its copy stored a
           row a copy)
+  vacuum  ``VACUUM FULL big`` (a new relfilenode, the values kept), then one ``slotlake
+          sync`` process: with the DDL capture trigger in place since the previous commit
+          (no copy), and after its rewrite trigger was disabled and enabled again in
+          between (the relfilenode rule: the table copied again)
 
 The lake starts with ``slotlake bootstrap`` of a small table, so ``big`` is new to the
 published set when it is added. Not a test: run by hand.
@@ -99,13 +103,7 @@ def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
         c.execute("CREATE TABLE quiet_log (LIKE big)")
         c.execute("INSERT INTO quiet_log SELECT * FROM quiet_full")
         c.execute("VACUUM ANALYZE quiet, quiet_full, quiet_log")
-    cli = [sys.executable, "-m", "slotlake.cli"]
-    where = [
-        f"--set=source.dsn={dsn}",
-        f"--set=source.slot={cfg.source.slot}",
-        "--set=source.publications=pub",
-        f"--set=lake.path={cfg.lake.path}",
-    ]
+    cli, where = _cli(dsn, cfg)
     out: dict[str, float] = {}
     for table in ("quiet", "quiet_full", "quiet_log"):
         with psycopg.connect(dsn, autocommit=True) as c:
@@ -124,6 +122,39 @@ def quiet(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
                 f"{table}: {rows:,}-row table added, re-based by {path}: sync process "
                 f"{out[f'{table}_{path}']:.1f}s"
             )
+    return out
+
+
+def _cli(dsn: str, cfg: Config) -> tuple[list[str], list[str]]:
+    """The ``slotlake`` command line and the options that name the bench's source and lake."""
+    return [sys.executable, "-m", "slotlake.cli"], [
+        f"--set=source.dsn={dsn}",
+        f"--set=source.slot={cfg.source.slot}",
+        "--set=source.publications=pub",
+        f"--set=lake.path={cfg.lake.path}",
+    ]
+
+
+def vacuum(dsn: str, cfg: Config, rows: int) -> dict[str, float]:
+    """Seconds of one ``slotlake sync`` process after ``VACUUM FULL big``: with the DDL
+    capture in place throughout, then with its rewrite trigger disabled and enabled again
+    before the VACUUM (what the sync cannot rely on: it copies ``big`` again)."""
+    cli, where = _cli(dsn, cfg)
+    subprocess.run([*cli, "sync", *where], check=True, stdout=subprocess.DEVNULL)
+    out: dict[str, float] = {}
+    for how in ("in_place", "broken"):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            if how == "broken":
+                c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite DISABLE")
+                c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite ENABLE ALWAYS")
+            c.execute("VACUUM FULL big")
+        t0 = time.monotonic()
+        subprocess.run([*cli, "sync", *where], check=True, stdout=subprocess.DEVNULL)
+        out[how] = time.monotonic() - t0
+        log(
+            f"vacuum: VACUUM FULL of the {rows:,}-row table, DDL capture {how}: sync process "
+            f"{out[how]:.1f}s"
+        )
     return out
 
 
@@ -200,6 +231,7 @@ def main() -> int:
         out["updates"] = done[0]
         out["syncs"] = syncs
         out["quiet"] = quiet(dsn, cfg, args.rows)
+        out["vacuum"] = vacuum(dsn, cfg, args.rows)
         shutil.rmtree(cfg.lake.path, ignore_errors=True)  # measured: its gigabytes go
     log(
         f"mirror: state == source ({out['equal']}) {out['mirror_s']:.1f}s after ADD TABLE, "

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import namedtuple
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -176,13 +176,29 @@ BEGIN
     ) INTO msg;
     PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', msg::text);
   EXCEPTION WHEN OTHERS THEN
-    -- Never fail the user's DDL: the sync then behaves as without the trigger.
+    -- Never fail the user's DDL: the sync then behaves as without the trigger. A rewrite
+    -- is still told in the least message there is: a sync takes a new relfilenode that
+    -- no message names for one that kept the values (VACUUM FULL, CLUSTER).
+    IF TG_EVENT = 'table_rewrite' THEN
+      BEGIN
+        PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', jsonb_build_object(
+          'event', TG_EVENT, 'tag', TG_TAG, 'tables', jsonb_build_array(jsonb_build_object(
+            'name', n.nspname || '.' || c.relname, 'oid', c.oid::bigint, 'rewrite', true)))::text)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = pg_event_trigger_table_rewrite_oid();
+      EXCEPTION WHEN OTHERS THEN
+        NULL;
+      END;
+    END IF;
     RAISE WARNING 'slotlake DDL capture failed (%: %); the DDL is not in the change stream',
       SQLSTATE, SQLERRM;
   END;
 END
 $fn$;
 """
+# What PostgreSQL stores as the function's source (pg_proc.prosrc): a sync relies on the
+# triggers' messages only while this very body is installed (capture_fingerprint).
+FUNCTION_BODY = FUNCTION_SQL.split("$fn$")[1]
 
 
 class DdlCaptureError(RuntimeError):
@@ -208,6 +224,55 @@ def installed(conn: psycopg.Connection[Any]) -> bool:
         (list(TRIGGERS),),
     ).fetchone() or (0,)
     return int(n) == len(TRIGGERS)
+
+
+# The triggers, their function and the publications as a sync reads them with its
+# published set. A PostgreSQL 17 session can turn event triggers off (event_triggers =
+# off) without a trace in the catalog: there, nothing is relied on.
+_FINGERPRINT_SQL = """
+SELECT (SELECT array_agg(e.evtname::text || ':' || e.xmin::text ORDER BY e.evtname)
+          FROM pg_event_trigger e
+         WHERE e.evtname = ANY(%(triggers)s) AND e.evtenabled = 'A' AND e.evttags IS NULL
+           AND e.evtfoid = p.oid),
+       p.xmin::text, p.prosrc = %(body)s,
+       (SELECT array_agg(b.pubname::text || ':' || b.xmin::text ORDER BY b.pubname)
+          FROM pg_publication b WHERE b.pubname = ANY(%(publications)s)),
+       current_setting('server_version_num')::int
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = %(schema)s AND p.proname = %(name)s AND p.pronargs = 0
+"""
+
+
+def capture_fingerprint(conn: psycopg.Connection[Any], publications: Sequence[str]) -> str | None:
+    """What the DDL capture is as of now, or None when it cannot be relied on (a trigger
+    missing, not enabled ALWAYS or limited to some commands, another function body, a
+    PostgreSQL that can switch event triggers off).
+
+    Two readings that give the same text had the triggers in place between them: altering,
+    disabling or re-creating a trigger, its function or a publication writes its catalog
+    row again, with another xmin. Then every rewrite that can change values (ALTER TABLE's
+    ``table_rewrite`` event) sent a message in between, and a new relfilenode that no
+    message and no TRUNCATE explains kept the values (VACUUM FULL, CLUSTER, pg_repack): it
+    needs no copy. The publications are part of it: one that stopped publishing TRUNCATE
+    for a while leaves a TRUNCATE out of the stream."""
+    row = conn.execute(
+        _FINGERPRINT_SQL,
+        {
+            "triggers": list(TRIGGERS),
+            "body": FUNCTION_BODY,
+            "publications": list(publications),
+            "schema": SCHEMA,
+            "name": FUNCTION.split(".")[1],
+        },
+    ).fetchone()
+    if row is None:
+        return None
+    triggers, function_xmin, same_body, pubs, version = row
+    if len(triggers or []) != len(TRIGGERS) or not same_body or version >= 170000:
+        return None
+    if len(pubs or []) != len(set(publications)):
+        return None
+    return ";".join([*triggers, f"function:{function_xmin}", *pubs])
 
 
 def install(conn: psycopg.Connection[Any]) -> bool:

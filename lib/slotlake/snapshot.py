@@ -36,7 +36,8 @@ published set (each commit records it), except on a lake's very first batch (sta
 transactional ``slotlake.ddl`` message with ``"rewrite": true`` for it (the DDL capture
 trigger), or, without the trigger, a changed ``pg_class.relfilenode`` that no TRUNCATE in
 the stream explains (logged as a warning; VACUUM FULL and CLUSTER change it too and cost
-a needless but harmless snapshot) — snapshotted by the next run; (c) a partitioned
+a needless but harmless snapshot, unless the DDL capture was in place since the previous
+commit: :func:`slotlake.ddl.capture_fingerprint`) — snapshotted by the next run; (c) a partitioned
 table published as itself that lost a leaf (the same run: :func:`partitions_left`;
 with the DDL capture trigger also one no run read), rewrote one (the next run), or
 gained one attached with rows it had before (the same run: :func:`attached_with_rows`);
@@ -643,12 +644,16 @@ def leaves_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dic
     }
 
 
-def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -> dict[str, Any]:
+def source_catalog(
+    conn: psycopg.Connection[Any], publications: Sequence[str], messages: bool = False
+) -> dict[str, Any]:
     """What a bootstrap records of the source for the first sync's checks
     (:func:`for_record`, :func:`attached_with_rows`): each published table's relfilenode
-    and each partitioned table's leaves. Read before the bootstrap's slot exists: a
-    rewrite, DETACH or ATTACH between this and the copy's consistent point costs at most
-    a needless copy, one after it is seen."""
+    and each partitioned table's leaves (and the DDL capture, when the syncs pull
+    ``messages``). Read before the bootstrap's slot exists: a rewrite, DETACH or ATTACH
+    between this and the copy's consistent point costs at most a needless copy, one
+    after it is seen."""
+    capture = _capture_around(conn, publications, messages)
     catalog = published_catalog(conn, publications)
     trees = partition_trees(conn, catalog.tables)
     return {
@@ -664,7 +669,23 @@ def source_catalog(conn: psycopg.Connection[Any], publications: Sequence[str]) -
         "partition_joins": joins_of(trees),
         "truncated_oids": [],
         "truncation_xids": {},
+        "ddl_capture": capture(),
     }
+
+
+def _capture_around(
+    conn: psycopg.Connection[Any], publications: Sequence[str], messages: bool
+) -> Callable[[], str | None]:
+    """The DDL capture (:func:`slotlake.ddl.capture_fingerprint`) read now, before the
+    relfilenodes, and by the function returned, after them: the same both times, it was
+    in place throughout their reading (which is not one snapshot). None when the run does
+    not pull the messages (``messages``) or the two differ."""
+    from slotlake.ddl import capture_fingerprint
+
+    if not messages:
+        return lambda: None
+    before = capture_fingerprint(conn, publications)
+    return lambda: before if capture_fingerprint(conn, publications) == before else None
 
 
 def joins_of(trees: Mapping[str, Mapping[int, PartitionNode]]) -> dict[str, dict[str, str]]:
@@ -1028,6 +1049,8 @@ class Prepared:
     # Tables and leaves rewritten after rows were written by the same transaction
     # (rewritten_after_writes): no TRUNCATE explains their relfilenodes.
     rewritten_oids: list[int] = field(default_factory=list)
+    # The DDL capture as read when the run pulls its messages (ddl.capture_fingerprint).
+    ddl_capture: str | None = None
     tables: dict[str, TableSnapshot] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # ids of the requests honoured
 
@@ -1045,6 +1068,7 @@ class Prepared:
             "leaf_xmins": self.leaf_xmins,
             "partition_joins": self.partition_joins,
             "rewritten_oids": self.rewritten_oids,
+            "ddl_capture": self.ddl_capture,
             "tables": {k: asdict(v) for k, v in self.tables.items()},
             "requests": self.requests,
         }
@@ -1216,12 +1240,17 @@ def _read(
     """The published set as the plan records it (with the snapshot requests honoured) and
     the tables it needs copied (name → reason)."""
     try:
+        # The run pulls the messages: the capture may be relied on (for_record).
+        capture = _capture_around(
+            conn, cfg.source.publications, cfg.source.capture_ddl or cfg.source.messages
+        )
         catalog = published_catalog(conn, cfg.source.publications, last)
         published, xmins = catalog.tables, catalog.xmins
         trees = partition_trees(conn, published)
         moved = {**partitions_left(trees, last), **attached_with_rows(conn, trees, last)}
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
         rewritten = rewritten_after_writes(conn, published, xmins, leaves, leaf_xmins, last)
+        ddl_capture = capture()
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(
@@ -1241,6 +1270,7 @@ def _read(
         leaf_xmins=leaf_xmins,
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
+        ddl_capture=ddl_capture,
     )
     wanted, prep.requests = _wanted(lake, last, catalog, moved)
     return prep, wanted
@@ -1605,6 +1635,12 @@ def for_record(
     now = plan_snapshot.get("relfilenodes", {})
     # Rewritten by the TRUNCATE's own transaction after it wrote rows: not explained.
     after_writes = {int(o) for o in plan_snapshot.get("rewritten_oids", [])}
+    # The DDL capture in place since the previous reading: a rewrite that changes values
+    # sent its message (above), so an unexplained relfilenode kept them.
+    capture = plan_snapshot.get("ddl_capture")
+    captured = (
+        capture is not None and last is not None and last.snapshot.get("ddl_capture") == capture
+    )
     for name, node in sorted(now.items()):
         old = before.get(name)
         if old is None or int(old) == int(node) or name in taken or name in wanted:
@@ -1617,10 +1653,21 @@ def for_record(
             xmin = plan_snapshot.get("xmins", {}).get(name)
             if truncating is None or xmin is None or int(xmin) in truncating.get(oid, set()):
                 continue
+        if captured:
+            log.info(
+                "table %s got another relfilenode (%s → %s) that no rewrite message names, "
+                "the DDL capture in place throughout: its values were kept (VACUUM FULL, "
+                "CLUSTER, pg_repack), no copy",
+                name,
+                old,
+                node,
+            )
+            continue
         log.warning(
             "table %s was rewritten at the source (relfilenode %s → %s) without a TRUNCATE in "
             "the stream, or after one: its rows may have changed without being decoded; the "
-            "next sync re-snapshots it (install the DDL capture trigger to know exactly)",
+            "next sync re-snapshots it (with the DDL capture trigger in place since the last "
+            "run, a VACUUM FULL or CLUSTER would need no copy)",
             name,
             old,
             node,

@@ -1014,9 +1014,11 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
             copies = [[["public.p", "public.u"]], [[]]]
         else:
             c.execute("ALTER TABLE p DETACH PARTITION p1")
-            # A rewrite that keeps the values and sends no change: a needless copy, but a
-            # USING that changes them would be just as silent.
-            c.execute("VACUUM FULL t")
+            # A rewrite that changes values unseen: the DDL capture's rewrite trigger off
+            # for it (a VACUUM FULL under the capture needs no copy: the test below).
+            c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite DISABLE")
+            c.execute("ALTER TABLE t ALTER COLUMN v TYPE text USING v || '!'")
+            c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite ENABLE ALWAYS")
             # The rewrite is found by the batch (relfilenode): one more batch copies it.
             copies = [[["public.p"], ["public.t"]], [[]]]
         for i, want in enumerate(copies):
@@ -1027,6 +1029,80 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
             got = [sorted(Lake(lake).read_commit(b).snapshot.get("tables", {})) for b in batches]
             assert got == want, after
         assert_mirror(c, lake, ["public.p", "public.t", "public.u"])
+
+
+def test_a_rewrite_that_keeps_values_needs_no_copy_while_the_ddl_capture_is_in_place(
+    pg_dsn: str, slot: str, tmp_path: Path, caplog: Any
+) -> None:
+    """With the DDL capture's triggers in place since the previous commit (the same
+    triggers, function and publications: their catalog rows' xmins), a rewrite that
+    changes values sends its message, so a new relfilenode that no message and no
+    TRUNCATE explains kept the values: VACUUM FULL and CLUSTER cost no copy (before
+    2026-12-06, each copied the table). The trigger disabled for a while, or a
+    publication that stopped publishing TRUNCATE for a while, and the relfilenode rule
+    copies the table again."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    tables = ["public.t", "public.m"]
+
+    def sync(*want: str) -> dict[str, Any]:
+        c.execute("UPDATE t SET v = v || '.' WHERE id = 1")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.batch is not None
+        batches = range(result.followed or result.batch, result.batch + 1)
+        records = [Lake(lake).read_commit(b) for b in batches]
+        copied = sorted(n for r in records for n in r.snapshot.get("tables", {}))
+        assert copied == sorted(want)
+        assert_mirror(c, lake, tables)
+        return records[0].snapshot
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n int)")
+        c.execute("CREATE TABLE m (x int, y text)")
+        c.execute("ALTER TABLE m REPLICA IDENTITY FULL")
+        c.execute("INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 50) g")
+        c.execute("INSERT INTO m SELECT g % 5, 'y' FROM generate_series(1, 20) g")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t, m")
+        run_bootstrap(cfg)
+        assert sync()["ddl_capture"] is not None
+
+        def relfilenode(table: str) -> int:
+            row = c.execute("SELECT relfilenode FROM pg_class WHERE oid = %s::regclass", (table,))
+            return int(row.fetchone()[0])  # type: ignore[index]
+
+        nodes = {n: relfilenode(n) for n in ("t", "m")}
+        c.execute("DELETE FROM t WHERE id > 40")
+        c.execute("VACUUM FULL t")
+        c.execute("CLUSTER t USING t_pkey")
+        c.execute("VACUUM FULL m")
+        assert all(relfilenode(n) != node for n, node in nodes.items())
+        with caplog.at_level(logging.INFO, logger="slotlake.snapshot"):
+            snapshot = sync()
+        assert not snapshot.get("wanted")
+        assert "its values were kept (VACUUM FULL" in caplog.text
+
+        # A rewrite that changes values sends its message: copied by one more batch.
+        c.execute("ALTER TABLE t ALTER COLUMN n TYPE bigint USING n * 10")
+        sync("public.t")
+
+        # The rewrite trigger off for a while: nothing is relied on, the rule copies.
+        c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite DISABLE")
+        c.execute("ALTER TABLE t ALTER COLUMN n TYPE bigint USING n + 1")
+        c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite ENABLE ALWAYS")
+        assert "relfilenode" in sync("public.t")["wanted"]["public.t"]
+
+        # A TRUNCATE its publication did not publish for a while: copied as well.
+        c.execute("ALTER PUBLICATION pub SET (publish = 'insert, update, delete')")
+        c.execute("TRUNCATE m")
+        c.execute("ALTER PUBLICATION pub SET (publish = 'insert, update, delete, truncate')")
+        sync("public.m")
+        assert c.execute("SELECT count(*) FROM m").fetchone() == (0,)
+
+        # In place again since the previous commit: a VACUUM FULL needs no copy.
+        c.execute("VACUUM FULL t")
+        assert not sync().get("wanted")
 
 
 @pytest.mark.parametrize("table", ["t", "r"], ids=["table", "root"])
