@@ -991,8 +991,8 @@ def process_table(
     truncs = sorted((t.commit_lsn, t.tx_ordinal) for t in bcat.truncates if cat.name in t.tables)
     # An INSERT-only multiset's rows are appended to its state (after a TRUNCATE they are
     # all of it); a spread one that must be matched now is rebuilt (TableCommit.spread).
-    # Re-based on a copy (by the driver or Spark), its state becomes the copy's rows one copy each,
-    # and those from the copy's consistent point on are appended.
+    # Re-based on a copy (by the driver or Spark), its state becomes the copy's rows one
+    # copy each, and those from the copy's consistent point on are appended.
     only_inserts = insert_only(cat)  # (a multiset: no key in its latest shape either)
     spread_base = snap is not None and only_inserts
     appends = appends_only(cat, prior, removes) if snap is None else spread_base and not removes

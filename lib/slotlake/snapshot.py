@@ -36,12 +36,12 @@ published set (each commit records it), except on a lake's very first batch (sta
 transactional ``slotlake.ddl`` message with ``"rewrite": true`` for it (the DDL capture
 trigger), or, without the trigger, a changed ``pg_class.relfilenode`` that no TRUNCATE in
 the stream explains (logged as a warning; VACUUM FULL and CLUSTER change it too and cost
-a needless but harmless snapshot, unless the DDL capture was in place since the previous
-commit: :func:`slotlake.ddl.capture_fingerprint`) — snapshotted by the next run; (c) a partitioned
-table published as itself that lost a leaf (the same run: :func:`partitions_left`;
-with the DDL capture trigger also one no run read), rewrote one (the next run), or
-gained one attached with rows it had before (the same run: :func:`attached_with_rows`);
-(d) by hand, ``slotlake resnapshot --table schema.table`` records a request the next sync
+a needless but harmless snapshot, unless the DDL capture was in place since the
+previous commit: :func:`slotlake.ddl.capture_fingerprint`) — snapshotted by the next
+run; (c) a partitioned table published as itself that lost a leaf (the same run:
+:func:`partitions_left`; with the DDL capture trigger also one no run read), rewrote one
+(the next run), or gained one attached with rows it had before (the same run:
+:func:`attached_with_rows`); (d) by hand, ``slotlake resnapshot --table schema.table`` records a request the next sync
 honours.
 """
 
