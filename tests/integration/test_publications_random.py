@@ -8,7 +8,9 @@ tables' scopes kept as they were), a schema's tables published and unpublished, 
 partitioned table published as itself or as its partitions (`publish_via_partition_root`
 switched), a stored generated column made ordinary and generated again, columns added
 (with and without defaults), renamed and dropped under those filters and lists, tables
-truncated, and rows moving into and out of a filter. The oracle is the source read
+truncated, rows moving into and out of a filter, and tables rewritten: with their values
+kept (CLUSTER, VACUUM FULL: no copy while the DDL capture is in place) or changed with
+the capture's rewrite trigger off meanwhile (copied again). The oracle is the source read
 through `pg_publication_tables` (its columns, its row filter) as a multiset
 (:func:`slotlake.verify.compare_table`). Some rounds run during the sync, between the
 run's read of its published set and its target.
@@ -45,7 +47,7 @@ from .sync_helpers import (
 
 ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "30"))
 # Pinned seeds: runs that cover every kind of operation (checked below).
-SEEDS = {(15, "trigger"): 6401, (16, "trigger"): 6402, (16, "no trigger"): 6403}
+SEEDS = {(15, "trigger"): 6470, (16, "trigger"): 6471, (16, "no trigger"): 6404}
 
 SCHEMA = """
 CREATE TABLE a (id int PRIMARY KEY, x int, s text, big text);
@@ -94,8 +96,10 @@ def published(c: psycopg.Connection[Any]) -> dict[str, tuple[list[str], str | No
 class Churn:
     """The random operations; ``done`` counts each kind that PostgreSQL accepted."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, trigger: bool = True) -> None:
         self.rng = rng
+        self.trigger = trigger
+        self.during = False  # a transaction run during a sync (before_the_target)
         self.done: Counter[str] = Counter()
         self.next_id = 1000
         self.added = 0
@@ -232,13 +236,49 @@ class Churn:
             c.execute(f"TRUNCATE {table}")
         self.done[kind] += 1
 
+    def rewrite(self, c: psycopg.Connection[Any]) -> None:
+        """A keyed table rewritten with its values kept (CLUSTER), or, with the DDL
+        capture, an int column's values changed by a rewrite that its rewrite trigger,
+        off meanwhile, does not tell (the sync cannot rely on the capture: copied). Not
+        during a sync: the next run finds such a rewrite (README, "Known limits"), and
+        without the capture any (one that cleared a fast default leaves it unknown)."""
+        rng = self.rng
+        if self.during and not self.trigger:
+            return
+        table = rng.choice(["public.a", "public.b", "sch.c"])
+        if not self.trigger or self.during or rng.random() < 0.5:
+            c.execute(f"CLUSTER {table} USING {table.split('.')[1]}_pkey")
+            self.done["cluster"] += 1
+            return
+        ints = [
+            r[0]
+            for r in c.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                "AND NOT attisdropped AND attgenerated = '' AND atttypid = 'int4'::regtype "
+                "AND attname <> 'id'",
+                (table,),
+            )
+        ]
+        if not ints:
+            return
+        col = rng.choice(ints)
+        c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite DISABLE")
+        c.execute(f"ALTER TABLE {table} ALTER COLUMN {col} TYPE int USING {col} + 1")
+        c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite ENABLE ALWAYS")
+        self.done["unseen rewrite"] += 1
+
+    def during_the_sync(self, c: psycopg.Connection[Any]) -> None:
+        self.during = True
+        try:
+            self.transaction(c)
+        finally:
+            self.during = False
+
     def transaction(self, c: psycopg.Connection[Any]) -> None:
         """One to three operations in one transaction; one PostgreSQL refuses (a filter
         that names a column no longer in the key, a list without it) rolls it back."""
-        steps = [
-            self.rng.choices([self.dml, self.publication, self.columns], [6, 3, 2])[0]
-            for _ in range(self.rng.randint(1, 3))
-        ]
+        kinds = [self.dml, self.publication, self.columns, self.rewrite]
+        steps = [self.rng.choices(kinds, [6, 3, 2, 1])[0] for _ in range(self.rng.randint(1, 3))]
         self.attempt(c, steps)
 
     def attempt(
@@ -272,7 +312,7 @@ def test_random_publication_churn_mirror_equals_what_is_published(
     and its target); after each, every published table equals its publication's view."""
     seed = int(os.environ.get("SLOTLAKE_RANDOM_SEED", "0")) or SEEDS[(pg_cluster.version, mode)]
     rng = random.Random(seed)
-    work = Churn(rng)
+    work = Churn(rng, mode == "trigger")
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
     spark_writers_by_hand(cfg)
@@ -288,9 +328,12 @@ def test_random_publication_churn_mirror_equals_what_is_published(
         for rnd in range(ROUNDS):
             for _ in range(rng.randint(1, 4)):
                 work.transaction(c)
+            if rng.random() < 0.1:  # not in a transaction block
+                c.execute(f"VACUUM FULL {rng.choice(TABLES)}")
+                work.done["vacuum full"] += 1
             meanwhile: list[Callable[[], None]] = []
             if rng.random() < 0.2:
-                meanwhile.append(lambda: work.transaction(c))
+                meanwhile.append(lambda: work.during_the_sync(c))
                 work.done["during the sync"] += 1
             with before_the_target(meanwhile):
                 result = run_sync(cfg)
@@ -301,8 +344,10 @@ def test_random_publication_churn_mirror_equals_what_is_published(
     if "SLOTLAKE_RANDOM_SEED" not in os.environ:
         kinds = {"insert", "update", "update key", "delete", "drop table", "add table",
                  "set table", "schema", "add column", "add default", "rename", "truncate",
-                 "drop expression", "generated", "via root",
+                 "drop expression", "generated", "via root", "cluster", "vacuum full",
                  "during the sync"}  # fmt: skip
+        if mode == "trigger":
+            kinds.add("unseen rewrite")
         assert kinds <= set(work.done), f"seed {seed}: {dict(work.done)}"
 
 
