@@ -1105,6 +1105,35 @@ def test_a_rewrite_that_keeps_values_needs_no_copy_while_the_ddl_capture_is_in_p
         assert not sync().get("wanted")
 
 
+def test_a_rewrite_whose_capture_fails_still_sends_its_rewrite_message(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """The capture function's failure path (its main part raising, the DDL going on with a
+    WARNING) still sends a ``table_rewrite`` message with the table's name and oid: the
+    sync copies the table for that message, not only for its relfilenode."""
+    from slotlake import ddl
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+        c.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 20) g")
+        c.execute("CREATE PUBLICATION pub FOR TABLE t")
+        run_bootstrap(cfg)
+        # Every event's main part made to fail first thing: the failure path alone speaks.
+        main = "  BEGIN\n    IF TG_EVENT = 'table_rewrite' THEN\n"
+        assert ddl.FUNCTION_SQL.count(main) == 1
+        c.execute(ddl.FUNCTION_SQL.replace(main, main.replace("BEGIN", "BEGIN PERFORM 1 / 0;")))
+        c.execute("ALTER TABLE t ALTER COLUMN n TYPE bigint USING n * 10")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.batch is not None
+        named = Lake(lake).read_commit(result.followed or result.batch).snapshot
+        assert named["ddl_capture"] is None  # another function body: not relied on
+        assert named["wanted"]["public.t"].startswith("rewritten (DDL message")
+        assert_mirror(c, lake, ["public.t"])
+
+
 @pytest.mark.parametrize("table", ["t", "r"], ids=["table", "root"])
 def test_a_rewrite_after_a_truncate_is_copied_by_the_same_run(
     pg_dsn: str, slot: str, tmp_path: Path, table: str
