@@ -593,17 +593,23 @@ def insert_only(cat: TableCatalog) -> bool:
     return not any(identity == "f" or key for identity, key in shapes)
 
 
-def appends_only(cat: TableCatalog, prior: TableCommit | None, removes: bool = False) -> bool:
+def appends_only(
+    cat: TableCatalog, prior: TableCommit | None, removes: bool = False, copied: bool = False
+) -> bool:
     """Whether the batch can only add rows to the table's state (:func:`insert_only`, with
     rows in the batch), which is then appended to without being read. A state still
     stored keyed (the key dropped since) takes the usual rebuild first. ``removes``: the
     raw batch has an UPDATE or DELETE of the table after all
     (:attr:`slotlake.decode.RawScan.removing`): a partitioned table's root keeps an
     identity of its own while a leaf of FULL identity sends old rows under the root's
-    name; then its rows are matched, as any multiset's."""
-    if removes or not cat.versions or not insert_only(cat):
+    name; then its rows are matched, as any multiset's. ``copied``: the state is re-based
+    on a copy in this batch, its rows one copy each, whatever it was before: the rows
+    from the copy's consistent point on are appended to it (rows in the batch or not)."""
+    if removes or not insert_only(cat):
         return False
-    return prior is None or not prior.state or prior.multiset
+    if copied:
+        return True
+    return bool(cat.versions) and (prior is None or not prior.state or prior.multiset)
 
 
 def _write_state(
@@ -995,7 +1001,7 @@ def process_table(
     # copy each, and those from the copy's consistent point on are appended.
     only_inserts = insert_only(cat)  # (a multiset: no key in its latest shape either)
     spread_base = snap is not None and only_inserts
-    appends = appends_only(cat, prior, removes) if snap is None else spread_base and not removes
+    appends = appends_only(cat, prior, removes, copied=snap is not None)
     if removes and only_inserts:
         log.info("%s: an UPDATE or DELETE of a table without an identity: rows matched", cat.name)
     # A TRUNCATE before a copy's consistent point is inside the copy.
@@ -1405,6 +1411,7 @@ def _process_local(
     batch cannot be, a small state is rebuilt whole, a big one raises :class:`Broken`
     (nothing of its state written)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     assert snap is None or (state_merge in SPARKLESS and rebased_on_driver(cat)), cat.name
     # An append leaves the prior rows without the fast defaults; a copy's rows take them.
@@ -1424,6 +1431,12 @@ def _process_local(
     state_arrow = arrow_schema_for(state_struct)
     version = prior.state_version if prior is not None and prior.state else None
     fast, fault = defaults
+    # A copy's rows (with the fast defaults of columns added after it) stand for the prior
+    # state of the changes from its consistent point on.
+    copy = None
+    if snap is not None:
+        staging = str(local_path(lake.path(snap.staging)))
+        copy = local_table.read_copy(staging, cat, state_arrow, fast)
     # Events of two identities (slotlake.identity_segments): the whole state is rebuilt.
     switched = cat.identity_switches and snap is None
     unique: list[str] | None = None
@@ -1463,14 +1476,9 @@ def _process_local(
             whole = None
             images = events
             if snap is not None:
-                # Every change is logged; the state becomes the copy's rows (one copy each,
-                # fast defaults of columns added after it taken) with the images from its
-                # consistent point on counted onto them, as Spark's re-base does.
-                import pyarrow.compute as pc
-
-                copy = local_table.read_copy(
-                    str(local_path(lake.path(snap.staging))), cat, state_arrow, fast
-                )
+                # Every change is logged; the state becomes the copy's rows (one copy each)
+                # with the images from its consistent point on counted onto them, as
+                # Spark's re-base does.
                 images = events.filter(
                     pc.greater_equal(events.column("_commit_lsn"), snap.cp_signed)
                 )
@@ -1492,12 +1500,8 @@ def _process_local(
     elif snap is not None:
         # The changes before the copy's consistent point are logged, filled from the
         # previous state; those from it on are filled from the copy and make the finals.
-        import pyarrow.compute as pc
-
+        assert copy is not None
         cp = snap.cp_signed
-        copy = local_table.read_copy(
-            str(local_path(lake.path(snap.staging))), cat, state_arrow, fast
-        )
         lsn = events.column("_commit_lsn")
         read_prior = local_table.prior_reader(state_path, version, cat, state_arrow)
         logged, _ = fill_keyed_local(
@@ -1555,6 +1559,7 @@ def _process_local(
         # skips it), then the usual change log and MERGE under the lake's.
         from slotlake.snapshot import _fault, snapshot_app_id
 
+        assert copy is not None
         base = local_table.conform_arrow(copy, arrow_schema_for(schemas[1]))
         arrow_overwrite(state_path, base, snapshot_app_id(app_id), batch)
         del copy, base
@@ -2007,12 +2012,8 @@ def process_batch(
     appending = {
         c.name
         for c in candidates
-        if (
-            insert_only(c) and copies[c.name] <= driver.max_state_bytes
-            if c.name in snaps
-            else appends_only(c, prior_tables.get(c.name))
-        )
-        and not c.oids & scan.removing
+        if appends_only(c, prior_tables.get(c.name), bool(c.oids & scan.removing), c.name in snaps)
+        and (c.name not in snaps or copies[c.name] <= driver.max_state_bytes)
     }
     unique = {
         c.name

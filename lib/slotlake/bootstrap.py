@@ -1561,9 +1561,7 @@ def _bootstrap(
     # A lake on local disk whose tables are all copied on the driver starts no JVM.
     spark = LazySession(lambda: _session(cfg), started)
     # Before the slot: what the first sync compares the source with (slotlake.snapshot).
-    seen = source_catalog(
-        ctl, cfg.source.publications, cfg.source.capture_ddl or cfg.source.messages
-    )
+    seen = source_catalog(ctl, cfg.source.publications, cfg.source.pulls_messages)
     try:
         repl, consistent, snapshot = _create_slot(dsn, slot, version)
     except psycopg.Error as exc:

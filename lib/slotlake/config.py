@@ -51,6 +51,11 @@ class SourceConfig:
     # it) so the slot's restart point follows the batches: see SlotSource.log_restart_point.
     log_snapshots: bool = True
 
+    @property
+    def pulls_messages(self) -> bool:
+        """Whether the peek asks pgoutput for messages: the DDL capture's ride on them."""
+        return self.messages or self.capture_ddl
+
 
 @dataclass
 class LakeConfig:

@@ -1241,9 +1241,7 @@ def _read(
     the tables it needs copied (name → reason)."""
     try:
         # The run pulls the messages: the capture may be relied on (for_record).
-        capture = _capture_around(
-            conn, cfg.source.publications, cfg.source.capture_ddl or cfg.source.messages
-        )
+        capture = _capture_around(conn, cfg.source.publications, cfg.source.pulls_messages)
         catalog = published_catalog(conn, cfg.source.publications, last)
         published, xmins = catalog.tables, catalog.xmins
         trees = partition_trees(conn, published)

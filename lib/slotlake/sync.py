@@ -124,8 +124,7 @@ def open_source(cfg: Config) -> SlotSource:
         src.publications,
         proto_version=src.proto_version,
         binary=src.binary,
-        # The DDL capture's messages ride on pgoutput's messages option.
-        messages=src.messages or src.capture_ddl,
+        messages=src.pulls_messages,
         streaming=src.streaming,
         session_settings=src.settings,
         split_bytes=int(src.split_peek_mb * 1024 * 1024) if src.split_peek_mb > 0 else None,
