@@ -547,10 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-tables", type=int, default=300)
     p.add_argument("--series-batches", type=int, default=32)
     p.add_argument("--steady-batches", type=int, default=8)
+    p.add_argument("--spark-tables", type=int, default=10)
+    p.add_argument("--spark-changes", type=int, default=100)
     p.add_argument("--identity-rows", type=int, default=1_000_000)
     p.add_argument(
         "--steps",
-        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,full,mid,ddl,rollback",
+        default="size,spread,floor,steady,series,quiet,process,multiset,appends,uuid,composite,full,mid,ddl,rollback,spark",
     )
     p.add_argument("--version", type=int, default=16)
     p.add_argument(
@@ -626,6 +628,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"= {many / one:.2f}× (target ≤ 2×); threads only {threads:.2f}s "
                 f"= {threads / one:.2f}×; a process each batch {many_p:.2f}s vs "
                 f"{one_p:.2f}s = {many_p / one_p:.2f}×"
+            )
+        if "spark" in steps:
+            # A lake off the local disk (an object store, HDFS): every table through
+            # Spark's writers, ten keyed tables side by side vs their changes in one.
+            n, per = args.spark_tables, args.spark_changes
+            tables = {f"sp_{i:02d}": max(per * 2, args.small // n) for i in range(n)}
+            many = scenario(pg, spark, "spark_many", tables, per, repeat=3, driver_rows=0)
+            one = scenario(
+                pg, spark, "spark_one", {"sp_one": args.small}, per * n, repeat=3, driver_rows=0
+            )
+            out["spark"] = {"many_s": many, "one_s": one, "tables": n, "changes": per * n}
+            log(
+                f"spark: {per * n:,} changes over {n} tables through Spark {many:.2f}s "
+                f"vs in one table {one:.2f}s ({many / n:.2f}s a table)"
             )
         if "floor" in steps:
             tables, per = spread_tables(args, "f")

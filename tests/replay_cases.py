@@ -202,6 +202,18 @@ def delete_then_reinsert() -> Case:
 
 
 @hand_built
+def every_column_sent_needs_no_prior_row() -> Case:
+    u = ev("U", 10, 1, after="k1", id=1, a="y", b="B", n=2)
+    d = ev("D", 10, 2, before="k2")
+    return Case(
+        [u, d],
+        [prior("k1", id=1, a="x", b="OLD", n=1), prior("k2", id=2, a="z")],
+        [filled(u), filled(d)],
+        [{"_k": "k1", "id": 1, "a": "y", "b": "B", "n": 2}, {"_k": "k2", "_deleted": True}],
+    )
+
+
+@hand_built
 def truncate_in_the_middle() -> Case:
     u1 = ev("U", 10, 1, after="k1", id=1, unchanged=("b",))
     i1 = ev("I", 10, 2, after="k4", id=4, b="I4")

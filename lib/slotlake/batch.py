@@ -81,6 +81,7 @@ from slotlake.delta import (
     renames_left,
     renames_marker,
     reusing_local_tables,
+    state_bytes,
     swaps,
     table_bytes,
     table_session,
@@ -662,6 +663,7 @@ def _write_state(
             ),
             app_id,
             batch,
+            vectors=_merged_with_vectors(session, path),
         )
     if truncated:
         rows = source.filter(~F.col("_deleted")).select(*data, "_fallback", "_missing_toast")
@@ -679,7 +681,17 @@ def _write_state(
         ),
         app_id,
         batch,
+        vectors=_merged_with_vectors(session, path),
     )
+
+
+def _merged_with_vectors(session: SparkSession, path: str) -> bool:
+    """Whether Spark's MERGE of a state writes deletion vectors: not into a state of at
+    most ``DriverWrites.DV_FROM_BYTES``, whose touched files are rewritten, as the driver
+    does (a few small files; measured on a 222-row keyed state: 15 Spark jobs with
+    vectors, 7 without, ~0.6 s of a 5 s batch). A size not to be had keeps the vectors."""
+    size = state_bytes(session, path)
+    return size is None or size > DriverWrites.DV_FROM_BYTES
 
 
 def _merge_unique(
@@ -724,6 +736,7 @@ def _merge_unique(
             app_id,
             batch,
             metadata=text,
+            vectors=_merged_with_vectors(session, path),
         )
     except Exception as exc:  # raised in a task, it reaches here wrapped in the write's error
         if _NOT_UNIQUE not in str(exc):

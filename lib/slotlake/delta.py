@@ -50,6 +50,9 @@ TABLE_PROPERTIES: dict[str, str] = {
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+# Whether a MERGE writes deletion vectors (the table's property allowing them) or rewrites
+# the files it touches: a session setting of open-source Delta and Databricks alike.
+MERGE_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 
 @dataclass
@@ -704,12 +707,14 @@ def merge(
     app_id: str,
     batch: int,
     metadata: str | None = None,
+    vectors: bool = True,
 ) -> WriteResult:
     """MERGE ``source`` (alias ``s``) into the table (alias ``t``) as batch ``batch``.
 
     ``build`` adds the WHEN clauses to the merge builder. ``session`` must be the
     table's own session: the txn pair (and ``metadata``, the commit's ``userMetadata``)
-    lives in its SQL conf for the duration of the MERGE.
+    lives in its SQL conf for the duration of the MERGE, and so does ``vectors=False``
+    (the files the MERGE touches rewritten instead of given deletion vectors).
     """
     from delta.tables import DeltaTable
 
@@ -718,13 +723,34 @@ def merge(
     session.conf.set(TXN_VERSION, str(batch))
     if metadata is not None:
         session.conf.set(USER_METADATA, metadata)
+    if not vectors:
+        session.conf.set(MERGE_VECTORS, "false")
     try:
         build(target.alias("t").merge(source.alias("s"), condition)).execute()
     finally:
-        session.conf.unset(TXN_APP_ID)
-        session.conf.unset(TXN_VERSION)
-        session.conf.unset(USER_METADATA)
+        for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA, MERGE_VECTORS):
+            session.conf.unset(key)
     return last_commit(session, path)
+
+
+def state_bytes(spark: SparkSession, path: str) -> int | None:
+    """Bytes of the live data files of the Delta table at ``path``, or None when they are
+    not to be had cheaply: read from the log on a local disk, elsewhere from the JVM's
+    snapshot, whose file list the MERGE that asks then reuses (a runtime without
+    open-source Delta's classes: None)."""
+    from py4j.protocol import Py4JError
+
+    from slotlake.lake import is_local, local_path
+
+    if is_local(path):
+        return table_bytes(str(local_path(path)))
+    if not has_open_source_delta_log(spark):
+        return None
+    try:
+        return int(jvm_snapshot(spark, path).sizeInBytes())
+    except Py4JError as exc:
+        log.debug("size of %s not read: %s", path, exc)
+        return None
 
 
 # --- The driver-side writer for small tables -------------------------------------------

@@ -49,7 +49,7 @@ UPDATE only sees the base's text. (The decoder gives text only to values it has.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
@@ -216,7 +216,7 @@ def _resolve_moves(windowed: DataFrame, n: int) -> DataFrame:
 
 def replay_window(
     events: DataFrame,
-    prior_rows: DataFrame,
+    prior_rows: DataFrame | Callable[[], DataFrame] | None,
     data_columns: list[str],
     truncations: list[tuple[int, int]],
 ) -> tuple[DataFrame, DataFrame]:
@@ -226,7 +226,8 @@ def replay_window(
     ``_fallback`` (map), ``_op``, ``_commit_lsn``, ``_tx_ordinal`` (unique order),
     ``_k_before``, ``_k_after``, ``_unchanged`` (array) and any passthrough columns.
     ``prior_rows``: previous-state rows of the keys that need them: the data columns,
-    ``_fallback``, ``_missing_toast`` and ``_pk`` (the key).
+    ``_fallback``, ``_missing_toast`` and ``_pk`` (the key); or a function that returns
+    them, called only when some column is open (finding the keys costs Spark jobs).
     ``truncations``: (commit_lsn, tx_ordinal) of the table's TRUNCATEs in the batch.
 
     ``changes``: the events, same columns in the same order (``_missing_toast`` appended if
@@ -306,6 +307,8 @@ def replay_window(
             _EPOCH,
             _MOVED,
         )
+    if n and callable(prior_rows):
+        prior_rows = prior_rows()
     if n and prior_rows is not None:
         prior = prior_rows.select(
             *[_col(c).cast(types[c]).alias(c) for c in open_cols if c in prior_rows.columns],

@@ -211,19 +211,24 @@ def fill_keyed(
     else:
         root_df = None
     events = _with_lineage(events, own_key, root_df)
-    # No count first: finding the keys with open TOAST is the one job, and none → no read.
-    prior_rows = prior_rows_for(prior, events.filter(F.size("_unchanged") > 0), keys)
+
+    def prior_rows() -> DataFrame:
+        # No count first: finding the keys with open TOAST is the one job, and none → no read.
+        return prior_rows_for(prior, events.filter(F.size("_unchanged") > 0), keys)
+
     data_columns = list(cat.state_columns)
     if REPLAY == "window":
         from slotlake.replay_sql import replay_window
 
+        # Asked for only when the replay's first aggregate finds a column open: a batch
+        # without unchanged TOAST (most) spends no job on finding keys it would not read.
         changes, finals = replay_window(
             events.drop("_gid"), prior_rows, data_columns, list(truncations)
         )
         changes = changes.drop("_k_before", "_k_after", "_ka", "_kb")
     else:
         changes, finals = _replay_python(
-            events, prior_rows, cat, truncations, expected_rows, root_df, persisted
+            events, prior_rows(), cat, truncations, expected_rows, root_df, persisted
         )
     keymap = (
         events.select(F.col("_k_after").alias("_k"), F.col("_ka").alias("_key"))

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 
+from slotlake.batch import DriverWrites
 from slotlake.hadoopfs import HadoopFS
 from slotlake.lake import Lake, LakeError, TableCommit, make_record, read_changes
 from slotlake.sync import run_sync
@@ -60,7 +62,23 @@ def test_hadoop_fs_operations(spark, tmp_path: Path) -> None:
     assert lake.read_commit(1).end_lsn == "0/3"
 
 
-def test_sync_into_a_file_uri_lake(pg_dsn: str, slot: str, spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "state",
+    [
+        "driver",
+        pytest.param("spark", marks=pytest.mark.one_pg_version),
+        pytest.param("spark-mid", marks=pytest.mark.one_pg_version),
+    ],
+)
+def test_sync_into_a_file_uri_lake(
+    pg_dsn: str, slot: str, spark, tmp_path: Path, state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written by the driver (a file:// root is on the local disk), or by Spark as on an
+    object store: the keyed state's size is then read from the JVM's snapshot, and a small
+    one's MERGE rewrites the files it touches where a bigger one's (``spark-mid``: any
+    size counted as that) writes deletion vectors."""
+    if state == "spark-mid":
+        monkeypatch.setattr(DriverWrites, "DV_FROM_BYTES", 0)
     root = f"file://{tmp_path}/lake"
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -68,6 +86,8 @@ def test_sync_into_a_file_uri_lake(pg_dsn: str, slot: str, spark, tmp_path: Path
         c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         c.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
         cfg = make_config(pg_dsn, root, slot)
+        if state != "driver":
+            cfg.lake.driver_write_rows = 0
         first = run_sync(cfg, spark=spark)
         c.execute("UPDATE t SET v = 'changed' WHERE id <= 5")
         c.execute("DELETE FROM t WHERE id > 15")
@@ -81,3 +101,13 @@ def test_sync_into_a_file_uri_lake(pg_dsn: str, slot: str, spark, tmp_path: Path
     raw = lake.read_commit(2).raw
     assert raw and any(n.endswith(".parquet") for n in lake.fs.listdir(lake.path(raw)))
     assert [r["_op"] for r in read_changes(root, "public.t").to_pylist()].count("U") == 5
+    vectors = list(
+        (tmp_path / "lake" / Lake.table_path("state", "public.t")).glob("deletion_vector_*")
+    )
+    assert bool(vectors) == (state == "spark-mid"), vectors
+    engines = {
+        h.get("engineInfo", "")
+        for h in DeltaTable(str(tmp_path / "lake" / Lake.table_path("state", "public.t"))).history()
+        if h.get("operation") == "MERGE"
+    }
+    assert all(("Spark" in e) == (state != "driver") for e in engines), engines

@@ -106,3 +106,25 @@ def test_matches_oracle_on_random_batches(spark, seed: int) -> None:  # type: ig
     actual = spark_result(spark, events, priors, truncations)
     assert actual[0] == expected[0], "changes"
     assert actual[1] == expected[1], "finals"
+
+
+@pytest.mark.parametrize(
+    "name", ["update_fills_from_prior_row", "every_column_sent_needs_no_prior_row"]
+)
+def test_prior_rows_are_asked_for_only_when_a_column_is_open(spark, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Given as a function, the prior rows (whose keys cost Spark jobs to find) are asked
+    for once a column is left unchanged, and not at all otherwise; the result is the same."""
+    case = HAND_BUILT[name]()
+    asked = []
+
+    def priors():  # type: ignore[no-untyped-def]
+        asked.append(True)
+        return frame(spark, case.priors, PRIOR_DDL)
+
+    changes, finals = replay_window(
+        frame(spark, case.events, EVENT_DDL), priors, list(COLS), list(case.truncations)
+    )
+    assert_changes(spark, changes, case.changes)
+    assert_finals(spark, finals, case.finals)
+    open_events = [e for e in case.events if e["_op"] in ("U", "I") and e["_unchanged"]]
+    assert asked == ([True] if open_events else [])
