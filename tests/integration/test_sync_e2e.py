@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from slotlake import delta_log, dv_merge
 from slotlake.batch import DriverWrites
 from slotlake.delta import DRIVER_ENGINE
-from slotlake.lake import Lake, read_changes, read_state, table_names
+from slotlake.lake import Lake, read_changes, read_state, read_transactions, table_names
 from slotlake.lsn import Lsn
 from slotlake.sync import open_source, run_sync
 
@@ -178,10 +178,12 @@ def _operations(root: str, table: str) -> list[str]:
 
 
 def _writers(root: str, table: str, kind: str = "state") -> set[str]:
-    """Which engines wrote the data commits of a Delta table (from its log)."""
+    """Which engines wrote the data commits of a Delta table (from its log); ``table``
+    "transactions": the lake's transactions table."""
     from deltalake import DeltaTable
 
-    history = DeltaTable(f"{root}/{Lake.table_path(kind, table)}").history()
+    path = table if table == "transactions" else Lake.table_path(kind, table)
+    history = DeltaTable(f"{root}/{path}").history()
     return {
         "delta-rs"
         if "delta-rs" in str(h.get("clientVersion", ""))
@@ -291,6 +293,14 @@ def test_varied_workload_in_batches(
         ops = read_changes(lake, table).column("_op").to_pylist()
         assert ops.count("T") == 1
     assert len(list(Lake(lake).commits())) == 6
+    # Every batch's transactions, whichever writer appended them (through Spark, beside
+    # the tables): one row each, as its commit record counts them, in commit order.
+    records = list(Lake(lake).commits())
+    listed = read_transactions(lake)
+    assert listed.num_rows == sum(r.transaction_count for r in records) > 0
+    assert listed.column("_batch").to_pylist() == sorted(listed.column("_batch").to_pylist())
+    tx_writers = _writers(lake, "transactions")
+    assert ("spark" in tx_writers) == (writer == "spark"), tx_writers
     state_writers = {
         "driver": {"slotlake"},
         "driver-deltalake": {"delta-rs"},
