@@ -101,13 +101,12 @@ def test_sync_into_a_file_uri_lake(
     raw = lake.read_commit(2).raw
     assert raw and any(n.endswith(".parquet") for n in lake.fs.listdir(lake.path(raw)))
     assert [r["_op"] for r in read_changes(root, "public.t").to_pylist()].count("U") == 5
-    vectors = list(
-        (tmp_path / "lake" / Lake.table_path("state", "public.t")).glob("deletion_vector_*")
-    )
+    state_dir = tmp_path / "lake" / Lake.table_path("state", "public.t")
+    vectors = list(state_dir.glob("deletion_vector_*"))
     assert bool(vectors) == (state == "spark-mid"), vectors
     engines = {
         h.get("engineInfo", "")
-        for h in DeltaTable(str(tmp_path / "lake" / Lake.table_path("state", "public.t"))).history()
+        for h in DeltaTable(str(state_dir)).history()
         if h.get("operation") == "MERGE"
     }
     assert all(("Spark" in e) == (state != "driver") for e in engines), engines

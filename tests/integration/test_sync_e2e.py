@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -16,7 +17,14 @@ from psycopg.types.json import Jsonb
 from slotlake import delta_log, dv_merge
 from slotlake.batch import DriverWrites
 from slotlake.delta import DRIVER_ENGINE
-from slotlake.lake import Lake, read_changes, read_state, read_transactions, table_names
+from slotlake.lake import (
+    TRANSACTIONS,
+    Lake,
+    read_changes,
+    read_state,
+    read_transactions,
+    table_names,
+)
 from slotlake.lsn import Lsn
 from slotlake.sync import open_source, run_sync
 
@@ -168,22 +176,20 @@ def _batch5(c: psycopg.Connection) -> None:
     c.execute("INSERT INTO kv (id, txt) VALUES (2, 'reinserted')")
 
 
-def _operations(root: str, table: str) -> list[str]:
+def _history(root: str, rel: str) -> list[dict[str, Any]]:
+    """The commits of the Delta table at ``rel`` in the lake (from its log)."""
     from deltalake import DeltaTable
 
-    return [
-        h.get("operation")
-        for h in DeltaTable(f"{root}/{Lake.table_path('state', table)}").history()
-    ]
+    return DeltaTable(f"{root}/{rel}").history()
 
 
 def _writers(root: str, table: str, kind: str = "state") -> set[str]:
-    """Which engines wrote the data commits of a Delta table (from its log); ``table``
-    "transactions": the lake's transactions table."""
-    from deltalake import DeltaTable
+    """Which engines wrote the data commits of a Delta table (from its log)."""
+    return _engines(_history(root, Lake.table_path(kind, table)))
 
-    path = table if table == "transactions" else Lake.table_path(kind, table)
-    history = DeltaTable(f"{root}/{path}").history()
+
+def _engines(history: list[dict[str, Any]]) -> set[str]:
+    """Which engines made the data commits (MERGE, WRITE) of ``history``."""
     return {
         "delta-rs"
         if "delta-rs" in str(h.get("clientVersion", ""))
@@ -299,7 +305,7 @@ def test_varied_workload_in_batches(
     listed = read_transactions(lake)
     assert listed.num_rows == sum(r.transaction_count for r in records) > 0
     assert listed.column("_batch").to_pylist() == sorted(listed.column("_batch").to_pylist())
-    tx_writers = _writers(lake, "transactions")
+    tx_writers = _engines(_history(lake, TRANSACTIONS))
     assert ("spark" in tx_writers) == (writer == "spark"), tx_writers
     state_writers = {
         "driver": {"slotlake"},
@@ -314,14 +320,14 @@ def test_varied_workload_in_batches(
         {"spark"} if writer == "spark" else state_writers - {"spark"}
     )
     assert _writers(lake, "public.kv") == state_writers
+    kv_rel = Lake.table_path("state", "public.kv")
+    kv_state = Path(lake) / kv_rel
     if writer in ("spark", "spark-merge"):
         # Spark's MERGE rewrites the files it touches in a state this small (under
         # DriverWrites.DV_FROM_BYTES), as the driver does: no deletion vector.
-        kv_state = Path(lake) / Lake.table_path("state", "public.kv")
         assert not list(kv_state.glob("deletion_vector_*.bin"))
-        assert "MERGE" in _operations(lake, "public.kv")
+        assert "MERGE" in [h.get("operation") for h in _history(lake, kv_rel)]
     if writer in ("driver-dv", "dv-merge"):
-        kv_state = Path(lake) / Lake.table_path("state", "public.kv")
         assert list(kv_state.glob("deletion_vector_*.bin")), "no deletion vector written"
         # Spark reads what the driver's deletion vectors and files left, as deltalake does.
         path = f"{lake}/{Lake.table_path('state', 'public.kv')}"
