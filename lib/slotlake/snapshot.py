@@ -653,10 +653,12 @@ def source_catalog(
     ``messages``). Read before the bootstrap's slot exists: a rewrite, DETACH or ATTACH
     between this and the copy's consistent point costs at most a needless copy, one
     after it is seen."""
+    horizon = xid_horizon(conn)
     capture = _capture_around(conn, publications, messages)
     catalog = published_catalog(conn, publications)
     trees = partition_trees(conn, catalog.tables)
     return {
+        "xid_horizon": horizon,
         "relfilenodes": {k: v[1] for k, v in catalog.tables.items()},
         "xmins": catalog.xmins,
         "joins": catalog.joins,
@@ -935,6 +937,82 @@ def _written_before_its_node(conn: psycopg.Connection[Any], oid: int, xid: str) 
     return row is _UNREAD or (row is not None and (not row[0] or bool(row[1])))
 
 
+def xid_horizon(conn: psycopg.Connection[Any]) -> str:
+    """The oldest transaction still running now (a 64-bit xid, as text): every row whose
+    xmin is older was written by a transaction that had ended. Read before the
+    relfilenodes a run records, it dates them for :func:`leaves_with_old_rows`."""
+    row = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+# How far back a recorded horizon is still compared by age (xid ages wrap at 2^31).
+HORIZON_AGE_LIMIT = 1 << 30
+
+
+def leaves_with_old_rows(
+    conn: psycopg.Connection[Any],
+    leaves: Mapping[str, Mapping[str, int]],
+    last: CommitRecord,
+) -> list[int]:
+    """The leaves (of partitioned tables published through their root) that the last
+    commit read and that have another relfilenode since, which still hold a row written
+    before that reading (its xmin older than the horizon read before it,
+    :func:`xid_horizon`).
+
+    A partition truncated alone leaves no trace in the stream (pgoutput sends no TRUNCATE
+    of a partition published through its root, and no event trigger fires on TRUNCATE),
+    and every row it holds after that was written later. VACUUM FULL and CLUSTER keep
+    each row's xmin. So a row from before the reading proves that no TRUNCATE emptied the
+    leaf since; with the DDL capture in place throughout, the new relfilenode then kept
+    the values (:func:`for_record`). pg_repack writes the rows again (new xmins): its
+    leaf is copied, as before.
+
+    Only the first :data:`REWRITE_BLOCKS` blocks are read (a TID range scan, stopped at
+    the first such row): a rewrite writes the table again from its first block. A leaf
+    whose rows there are all newer, or that cannot be read, is left out (a copy is the
+    safe side). One query a renewed leaf: rare (a rewrite or TRUNCATE since the last run)."""
+    from psycopg import sql
+
+    horizon = last.snapshot.get("xid_horizon")
+    had_by_root = last.snapshot.get("leaves") or {}
+    if horizon is None:
+        return []  # a record from before horizons were kept
+    out = []
+    for root, now in sorted(leaves.items()):
+        had = had_by_root.get(root)
+        if had is None:
+            continue
+        for leaf in renewed_leaves(had, now):
+            if leaf not in had:
+                continue  # a partition new since: attached_with_rows speaks for it
+            found = conn.execute(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+                (int(leaf),),
+            ).fetchone()
+            if found is None:
+                continue
+            # xid has no ordering operator; age() orders xids within 2^31 of now, so a
+            # horizon much older than that proves nothing and the leaf is copied.
+            query = sql.SQL(
+                "SELECT CASE WHEN pg_snapshot_xmin(pg_current_snapshot())::text::numeric "
+                "- {h}::numeric BETWEEN 0 AND {limit} THEN EXISTS (SELECT 1 FROM ONLY {t} "
+                "WHERE ctid < {b}::tid AND age(xmin) > age(({h}::numeric % 4294967296)"
+                "::text::xid)) ELSE false END"
+            ).format(
+                t=sql.Identifier(*found),
+                b=sql.Literal(f"({REWRITE_BLOCKS},0)"),
+                h=sql.Literal(str(horizon)),
+                limit=sql.Literal(HORIZON_AGE_LIMIT),
+            )
+            what = f"partition {'.'.join(found)} for rows from before the last run"
+            row = _row_or_warn(conn, query, what)
+            if row is not _UNREAD and row is not None and row[0]:
+                out.append(int(leaf))
+    return out
+
+
 def _baseline(last: CommitRecord | None) -> dict[str, int | None] | None:
     """The previous commit's published set (name → oid), or None when it is unknown."""
     if last is None:
@@ -1051,6 +1129,11 @@ class Prepared:
     rewritten_oids: list[int] = field(default_factory=list)
     # The DDL capture as read when the run pulls its messages (ddl.capture_fingerprint).
     ddl_capture: str | None = None
+    # The oldest running transaction before the relfilenodes were read (xid_horizon).
+    xid_horizon: str | None = None
+    # Renewed leaves that still hold rows from before the last reading, read when the DDL
+    # capture is the last commit's (leaves_with_old_rows).
+    leaves_with_old_rows: list[int] = field(default_factory=list)
     tables: dict[str, TableSnapshot] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # ids of the requests honoured
 
@@ -1069,6 +1152,8 @@ class Prepared:
             "partition_joins": self.partition_joins,
             "rewritten_oids": self.rewritten_oids,
             "ddl_capture": self.ddl_capture,
+            "xid_horizon": self.xid_horizon,
+            "leaves_with_old_rows": self.leaves_with_old_rows,
             "tables": {k: asdict(v) for k, v in self.tables.items()},
             "requests": self.requests,
         }
@@ -1241,6 +1326,7 @@ def _read(
     the tables it needs copied (name → reason)."""
     try:
         # The run pulls the messages: the capture may be relied on (for_record).
+        horizon = xid_horizon(conn)
         capture = _capture_around(conn, cfg.source.publications, cfg.source.pulls_messages)
         catalog = published_catalog(conn, cfg.source.publications, last)
         published, xmins = catalog.tables, catalog.xmins
@@ -1249,6 +1335,14 @@ def _read(
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
         rewritten = rewritten_after_writes(conn, published, xmins, leaves, leaf_xmins, last)
         ddl_capture = capture()
+        # Only where for_record may rely on the capture: it is the previous commit's.
+        old_rows = (
+            leaves_with_old_rows(conn, leaves, last)
+            if last is not None
+            and ddl_capture is not None
+            and last.snapshot.get("ddl_capture") == ddl_capture
+            else []
+        )
     except psycopg.Error as exc:
         raise SnapshotError(
             redact_text(
@@ -1269,6 +1363,8 @@ def _read(
         partition_joins=joins_of(trees),
         rewritten_oids=rewritten,
         ddl_capture=ddl_capture,
+        xid_horizon=horizon,
+        leaves_with_old_rows=old_rows,
     )
     wanted, prep.requests = _wanted(lake, last, catalog, moved)
     return prep, wanted
@@ -1699,6 +1795,20 @@ def for_record(
             ]
             if not rewritten:
                 continue
+        if captured and rewritten:
+            old_rows = {str(o) for o in plan_snapshot.get("leaves_with_old_rows") or []}
+            if kept := [k for k in rewritten if k in old_rows]:
+                log.info(
+                    "partitioned table %s: partitions %s got another relfilenode that no "
+                    "rewrite message names and still hold rows from before the last run "
+                    "(no TRUNCATE since), the DDL capture in place throughout: their values "
+                    "were kept (VACUUM FULL, CLUSTER)",
+                    name,
+                    ", ".join(kept),
+                )
+                rewritten = [k for k in rewritten if k not in old_rows]
+                if not gone and not rewritten:
+                    continue
         log.warning(
             "partitioned table %s lost or rewrote partitions at the source (oids %s) without "
             "a change in the stream: the next sync re-snapshots it",

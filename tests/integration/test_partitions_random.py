@@ -5,7 +5,9 @@ Two partitioned tables: ``r`` published through its root (``publish_via_partitio
 ``l`` as its leaves. Rows move between partitions; partitions are created, detached,
 dropped, attached again with the rows they gained meanwhile, or attached as a table filled
 beforehand (also by the attaching transaction); one is truncated alone, or the whole
-table; columns are added with fast defaults, dropped, and retyped with a rewrite. Rows
+table; columns are added with fast defaults, dropped, and retyped with a rewrite; a leaf
+is rewritten with its values kept (VACUUM FULL, which the DDL capture lets pass without a
+copy unless the leaf was truncated alone since the last run). Rows
 that leave or join a root published as itself without a change in the stream make the
 lake copy it: in the same run (a partition attached, or gone since the last run read the
 leaves; a leaf rewritten, named in ``snapshot.wanted`` and copied by one more batch) or
@@ -60,6 +62,7 @@ COVERED = {
     "new partition",
     "default",
     "retype",
+    "vacuum full",
 }
 TABLES = ("r", "l")
 
@@ -84,6 +87,9 @@ class Partitions:
     fresh: set[str] = field(default_factory=set)
     # The partitions attached when the last sync read them.
     seen: set[str] = field(default_factory=set)
+    # Draws for the rewrites that keep values, apart from ``rng``: a seed's other draws
+    # stay what they were before these were added.
+    upkeep: random.Random = field(default_factory=random.Random)
 
     def synced(self) -> None:
         self.seen = {name for table in TABLES for name in self.leaves(table)}
@@ -258,6 +264,13 @@ class Partitions:
                 rollback = True
             if rollback:
                 self.done = before
+        # A leaf rewritten with its values kept (its rows' xmins too): with the DDL capture
+        # in place, no copy unless the leaf was truncated alone since the last run.
+        if self.upkeep.random() < 0.3:
+            table = self.upkeep.choice(TABLES)
+            if leaves := sorted(self.leaves(table)):
+                self.run(f"VACUUM FULL {self.upkeep.choice(leaves)}")
+                self.done["vacuum full"] += 1
 
 
 def play(
@@ -282,7 +295,9 @@ def play(
     c.execute("CREATE PUBLICATION pub_root FOR TABLE r WITH (publish_via_partition_root = true)")
     c.execute("CREATE PUBLICATION pub_leaf FOR TABLE l")
     run_bootstrap(cfg, spark=spark)
-    work = Partitions(random.Random(seed), c, cfg.source.capture_ddl)
+    work = Partitions(
+        random.Random(seed), c, cfg.source.capture_ddl, upkeep=random.Random(f"upkeep {seed}")
+    )
     work.synced()
     for round_no in range(1, rounds + 1):
         work.statements = []

@@ -1105,6 +1105,85 @@ def test_a_rewrite_that_keeps_values_needs_no_copy_while_the_ddl_capture_is_in_p
         assert not sync().get("wanted")
 
 
+def test_a_partition_rewritten_with_its_values_kept_needs_no_copy_while_the_ddl_capture_is_in_place(
+    pg_dsn: str, slot: str, tmp_path: Path, caplog: Any
+) -> None:
+    """A partitioned table published through its root: a leaf's new relfilenode could be
+    a TRUNCATE of that leaf alone, which leaves no trace in the stream, so it was copied
+    whatever made it. VACUUM FULL and CLUSTER keep each row's xmin: a leaf that still holds
+    a row from before the previous run's reading was not truncated since, and with the DDL
+    capture in place throughout it needs no copy (before 2026-12-06, the root was copied
+    whole). A leaf truncated alone, refilled through the root and then vacuumed holds no
+    such row: copied, and the mirror loses the truncated rows."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+
+    def sync(*want: str) -> dict[str, Any]:
+        c.execute("UPDATE r SET v = v || '.' WHERE id = 120")
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.batch is not None
+        batches = range(result.followed or result.batch, result.batch + 1)
+        records = [Lake(lake).read_commit(b) for b in batches]
+        copied = sorted(n for r in records for n in r.snapshot.get("tables", {}))
+        assert copied == sorted(want)
+        assert_mirror(c, lake, ["public.r"])
+        return records[0].snapshot
+
+    def oid(table: str) -> int:
+        return int(c.execute("SELECT %s::regclass::oid", (table,)).fetchone()[0])  # type: ignore[index]
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE r (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+        c.execute("CREATE TABLE r0 PARTITION OF r FOR VALUES FROM (0) TO (100)")
+        c.execute("CREATE TABLE r1 PARTITION OF r FOR VALUES FROM (100) TO (1000)")
+        c.execute("CREATE PUBLICATION pub FOR TABLE r WITH (publish_via_partition_root)")
+        c.execute("INSERT INTO r SELECT g, 'v' || g FROM generate_series(1, 300) g")
+        run_bootstrap(cfg)
+        assert sync()["xid_horizon"] is not None
+
+        c.execute("DELETE FROM r WHERE id > 250")
+        c.execute("VACUUM FULL r0")
+        c.execute("CLUSTER r1 USING r1_pkey")
+        with caplog.at_level(logging.INFO, logger="slotlake.snapshot"):
+            snapshot = sync()
+        assert not snapshot.get("wanted")
+        assert sorted(snapshot["leaves_with_old_rows"]) == sorted([oid("r0"), oid("r1")])
+        assert "their values were kept (VACUUM FULL, CLUSTER)" in caplog.text
+
+        # Truncated alone (no trace in the stream), refilled through the root, vacuumed:
+        # none of its rows is from before the last run.
+        c.execute("TRUNCATE r0")
+        c.execute("INSERT INTO r SELECT g, 'n' || g FROM generate_series(1, 10) g")
+        c.execute("VACUUM FULL r0")
+        c.execute("VACUUM FULL r1")
+        snapshot = sync("public.r")
+        assert snapshot["leaves_with_old_rows"] == [oid("r1")]
+        assert snapshot["wanted"]["public.r"] == f"partitions detached or rewritten ({oid('r0')})"
+        assert c.execute("SELECT count(*) FROM r").fetchone() == (161,)
+
+        # Truncated alone and left empty: copied as well.
+        c.execute("TRUNCATE r0")
+        assert "rewritten" in sync("public.r")["wanted"]["public.r"]
+
+        # Truncated, refilled and clustered by one transaction: its rows are that one's.
+        with c.transaction():
+            c.execute("TRUNCATE r1")
+            c.execute("INSERT INTO r SELECT g, 'c' || g FROM generate_series(100, 120) g")
+            c.execute("CLUSTER r1 USING r1_pkey")
+        assert sync("public.r")["leaves_with_old_rows"] == []
+        assert c.execute("SELECT count(*) FROM r").fetchone() == (21,)
+
+        # The capture off for a while: nothing is relied on, a vacuumed leaf is copied.
+        c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite DISABLE")
+        c.execute("ALTER EVENT TRIGGER slotlake_table_rewrite ENABLE ALWAYS")
+        c.execute("VACUUM FULL r1")
+        snapshot = sync("public.r")
+        assert snapshot["leaves_with_old_rows"] == []
+        assert "rewritten" in snapshot["wanted"]["public.r"]
+
+
 def test_a_rewrite_whose_capture_fails_still_sends_its_rewrite_message(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:
