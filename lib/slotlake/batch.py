@@ -162,6 +162,8 @@ class BatchOutput:
     # Tables that began to read another relation in the batch (slotlake.snapshot copies
     # them in the next run unless this batch did).
     relation_changes: dict[str, RelationChange] = field(default_factory=dict)
+    # The relations the batch's changes were published under: oid → name (the last).
+    streamed: dict[int, str] = field(default_factory=dict)
 
 
 def colliding(columns: Iterable[str]) -> list[str]:
@@ -2260,6 +2262,12 @@ def process_batch(
     # Every table thread is done: what the replays persisted can go (shared cache manager).
     if spark.started is not None:
         spark.started.catalog.clearCache()
+    names = {
+        v.oid: cat.name
+        for cat in bcat.tables.values()
+        for v in cat.versions
+        if v.seq < TARGET_SEQ - 1  # the stream's, not the target's shapes
+    }
     return BatchOutput(
         tables,
         TRANSACTIONS,
@@ -2275,6 +2283,9 @@ def process_batch(
             {n: t.oid for n, t in prior_tables.items()},
             _target_names(target_catalog),
         ),
+        # The relations the changes name (not the Relation messages: pgoutput describes
+        # a partition beside the root it publishes the partition's changes under).
+        streamed={oid: names.get(oid, str(oid)) for oid, n in counts.items() if n},
     )
 
 

@@ -159,6 +159,8 @@ class Published(NamedTuple):
     # Of the generated columns a commit recorded (``since``), those that are ordinary
     # columns now (``DROP EXPRESSION``): table → {attnum: name} (ungenerated).
     ordinary: dict[str, dict[int, str]]
+    # A partition published as itself → its partitioned ancestors' oids.
+    ancestors: dict[str, list[int]]
 
 
 def published_catalog(
@@ -251,6 +253,7 @@ def read_published(
     tables: dict[str, tuple[int, int]] = {}
     xmins: dict[str, str] = {}
     joins: dict[str, str] = {}
+    ancestors: dict[str, list[int]] = {}
     per_publication: dict[str, list[tuple[str | None, list[int] | None]]] = {}
     members: dict[str, set[int]] = {}
     clashing: set[str] = set()
@@ -262,6 +265,7 @@ def read_published(
         xmins[name] = xmin
         if path is not None:
             joins[name] = path
+            ancestors[name] = sorted(int(r) for r in rels if int(r) != oid)
         per_publication.setdefault(name, []).append((rowfilter, attnums))
         if lists:
             found = members.setdefault(name, set())
@@ -283,6 +287,7 @@ def read_published(
         {k: sorted(v) for k, v in members.items()},
         generated,
         _ordinary_now(conn, since, tables, generated),
+        ancestors,
     )
 
 
@@ -1118,6 +1123,8 @@ class Prepared:
     memberships: dict[str, list[int]] = field(default_factory=dict)
     # Each table's stored generated columns (Published.generated).
     generated: dict[str, list[int]] = field(default_factory=dict)
+    # Each partition published as itself → its ancestors' oids (Published.ancestors).
+    ancestors: dict[str, list[int]] = field(default_factory=dict)
     # A partitioned table published as itself → its leaf partitions (oid → relfilenode).
     leaves: dict[str, dict[str, int]] = field(default_factory=dict)
     # ... and their pg_class xmins (root → leaf oid → xid).
@@ -1147,6 +1154,7 @@ class Prepared:
             "types": self.types,
             "memberships": self.memberships,
             "generated": self.generated,
+            "ancestors": self.ancestors,
             "leaves": self.leaves,
             "leaf_xmins": self.leaf_xmins,
             "partition_joins": self.partition_joins,
@@ -1358,6 +1366,7 @@ def _read(
         types=catalog.types,
         memberships=catalog.memberships,
         generated=catalog.generated,
+        ancestors=catalog.ancestors,
         leaves=leaves,
         leaf_xmins=leaf_xmins,
         partition_joins=joins_of(trees),
@@ -1668,6 +1677,7 @@ def for_record(
     raw_rel: str,
     changed: Mapping[str, RelationChange] | None = None,
     missing_toast: Mapping[str, int] | None = None,
+    streamed: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """The commit record's ``snapshot`` entry: the plan's, plus the tables the next run must
     snapshot (``wanted``). Derived from the plan, the raw batch, the tables' change logs
@@ -1682,7 +1692,12 @@ def for_record(
     (:func:`slotlake.catalog.relation_changes`): wanted unless this batch copied that
     relation. The next run's own check (a published oid against the one this batch
     recorded) misses what happened inside a batch that recorded the new oids: a lake's
-    first batch, or a table renamed away and back."""
+    first batch, or a table renamed away and back.
+
+    ``streamed``: the relations the batch's changes were published under (oid → name).
+    A partitioned table's changes published under another relation than the plan's
+    reading publishes it as: ``publish_via_partition_root`` switched and switched back
+    between two runs (:func:`switched_meanwhile`)."""
     out = dict(plan_snapshot)
     taken = table_snapshots(plan_snapshot)
     messages = _raw_messages(spark, lake, raw_rel)
@@ -1691,6 +1706,9 @@ def for_record(
         snap = taken.get(name)
         if snap is None or snap.oid != change.oid:
             wanted[name] = change.reason
+    for name, why in switched_meanwhile(plan_snapshot, streamed or {}).items():
+        if name not in taken:
+            wanted.setdefault(name, why)
     for name, commit_lsn in rewritten_by_ddl(messages).items():
         snap = taken.get(name)
         if snap is not None and commit_lsn is not None and commit_lsn < snap.cp_signed:
@@ -1825,6 +1843,42 @@ def for_record(
     )
     out["truncated_oids"] = sorted(truncated_now)
     out["truncation_xids"] = {str(k): sorted(v) for k, v in sorted(truncations.items())}
+    return out
+
+
+def switched_meanwhile(
+    plan_snapshot: Mapping[str, Any], streamed: Mapping[int, str]
+) -> dict[str, str]:
+    """The published tables that the batch's changes of a partitioned table went around
+    (name → why): ``publish_via_partition_root`` switched and switched back between two
+    runs, each of which read the same published set. A root published through itself at
+    the plan's reading whose leaf's changes came under the leaf's name (the switch off
+    meanwhile); or partitions published as themselves whose ancestor's changes came under
+    its name (the switch on meanwhile). Those changes went to a table of their own name,
+    not to the published one: it is copied (each partition under such an ancestor, as
+    the changes do not say which partition a row is in). Found by the publications'
+    random workload, seed 6704."""
+    published = {int(oid) for oid in (plan_snapshot.get("published") or {}).values()}
+    out: dict[str, str] = {}
+    for root, leaves in sorted((plan_snapshot.get("leaves") or {}).items()):
+        went = sorted(
+            streamed[int(k)] for k in leaves if int(k) in streamed and int(k) not in published
+        )
+        if went:
+            out[root] = (
+                f"changes published under its partition {went[0]}'s name "
+                "(publish_via_partition_root switched meanwhile)"
+            )
+    for name, above in sorted((plan_snapshot.get("ancestors") or {}).items()):
+        went = sorted(
+            streamed[int(a)] for a in above if int(a) in streamed and int(a) not in published
+        )
+        if went:
+            out.setdefault(
+                name,
+                f"changes published under its partitioned table {went[0]}'s name "
+                "(publish_via_partition_root switched meanwhile)",
+            )
     return out
 
 

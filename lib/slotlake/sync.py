@@ -514,6 +514,7 @@ def _run_batch(
         raw_rel,
         out.relation_changes,
         {n: t.missing_toast for n, t in out.tables.items() if t.written},
+        out.streamed,
     )
     mark_gone(out.tables, plan.snapshot.get("published"), batch)
     fault_point("before_commit")

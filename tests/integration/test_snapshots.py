@@ -1184,6 +1184,68 @@ def test_a_partition_rewritten_with_its_values_kept_needs_no_copy_while_the_ddl_
         assert "rewritten" in snapshot["wanted"]["public.r"]
 
 
+def test_publish_via_partition_root_switched_and_back_between_two_runs_is_copied(
+    pg_dsn: str, slot: str, tmp_path: Path
+) -> None:
+    """``publish_via_partition_root`` switched off, rows written, switched on again, all
+    between two runs: both runs read the root published through itself, but pgoutput
+    published the rows in between as its partitions' changes, under their names, and the
+    root's mirror lacked them (found by the publications' random workload, seed 6704).
+    The batch names the root and the same run copies it. The other way round (partitions
+    published as themselves at both readings, the root's changes in between) copies each
+    partition."""
+    from slotlake.bootstrap import run_bootstrap
+
+    lake = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, lake, slot)
+
+    def sync() -> dict[str, str]:
+        result = run_sync(cfg)
+        assert result.status == "committed" and result.batch is not None
+        return Lake(lake).read_commit(result.followed or result.batch).snapshot.get("wanted", {})
+
+    def via_root(on: bool) -> None:
+        c.execute(f"ALTER PUBLICATION pub SET (publish_via_partition_root = {str(on).lower()})")
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE p (id int PRIMARY KEY, x int) PARTITION BY RANGE (id)")
+        c.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100)")
+        c.execute("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (100) TO (1000)")
+        c.execute("INSERT INTO p SELECT g, g FROM generate_series(1, 150) g")
+        c.execute("CREATE PUBLICATION pub FOR TABLE p WITH (publish_via_partition_root)")
+        run_bootstrap(cfg)
+
+        via_root(False)
+        c.execute("INSERT INTO p SELECT g, g FROM generate_series(151, 155) g")
+        c.execute("DELETE FROM p WHERE id = 3")
+        c.execute("UPDATE p SET x = -1 WHERE id = 120")
+        via_root(True)
+        wanted = sync()
+        assert wanted == {
+            "public.p": "changes published under its partition public.p1's name "
+            "(publish_via_partition_root switched meanwhile)"
+        }
+        assert_mirror(c, lake, ["public.p"])
+        # pgoutput describes a partition beside the root it publishes the partition's
+        # changes under: the Relation messages name it, the changes the root alone.
+        c.execute("UPDATE p SET x = x + 1 WHERE id = 130")
+        assert sync() == {}
+        assert_mirror(c, lake, ["public.p"])
+
+        via_root(False)
+        c.execute("UPDATE p SET x = x + 1 WHERE id = 130")
+        assert sync() == {}  # the partitions new in the publication: copied before it
+        assert_mirror(c, lake, ["public.p1", "public.p2"])
+        via_root(True)
+        c.execute("INSERT INTO p VALUES (160, 160)")
+        c.execute("DELETE FROM p WHERE id = 4")
+        via_root(False)
+        wanted = sync()
+        assert sorted(wanted) == ["public.p1", "public.p2"]
+        assert wanted["public.p1"].startswith("changes published under its partitioned table p")
+        assert_mirror(c, lake, ["public.p1", "public.p2"])
+
+
 def test_a_rewrite_whose_capture_fails_still_sends_its_rewrite_message(
     pg_dsn: str, slot: str, tmp_path: Path
 ) -> None:
