@@ -1697,7 +1697,9 @@ def for_record(
     ``streamed``: the relations the batch's changes were published under (oid → name).
     A partitioned table's changes published under another relation than the plan's
     reading publishes it as: ``publish_via_partition_root`` switched and switched back
-    between two runs (:func:`switched_meanwhile`)."""
+    between two runs (:func:`switched_meanwhile`). (A TRUNCATE in between renews the
+    partitions' relfilenodes, and the switch changed the publication's row: the
+    relfilenode rule copies them without relying on the DDL capture.)"""
     out = dict(plan_snapshot)
     taken = table_snapshots(plan_snapshot)
     messages = _raw_messages(spark, lake, raw_rel)
