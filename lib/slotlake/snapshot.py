@@ -1708,8 +1708,9 @@ def for_record(
         snap = taken.get(name)
         if snap is None or snap.oid != change.oid:
             wanted[name] = change.reason
-    for name, why in switched_meanwhile(plan_snapshot, streamed or {}).items():
-        if name not in taken:
+    for name, (why, oids) in switched_meanwhile(plan_snapshot, streamed or {}).items():
+        snap = taken.get(name)
+        if snap is None or _committed_since(spark, lake, raw_rel, oids, snap.cp_signed):
             wanted.setdefault(name, why)
     for name, commit_lsn in rewritten_by_ddl(messages).items():
         snap = taken.get(name)
@@ -1848,9 +1849,21 @@ def for_record(
     return out
 
 
+def _committed_since(
+    spark: SparkSession | None, lake: Lake, raw_rel: str, oids: Sequence[int], cp: int
+) -> bool:
+    """Whether a change of the batch under one of ``oids`` committed at or after ``cp``
+    (a copy's consistent point, signed): the copy taken in the batch lacks it. Read
+    only for a table both copied and switched around in one batch (rare)."""
+    from slotlake.decode import DML_TYPES
+
+    rows = _raw_rows(spark, lake, raw_rel, DML_TYPES, ["commit_lsn"], list(oids))
+    return any(r["commit_lsn"] is None or r["commit_lsn"] >= cp for r in rows)
+
+
 def switched_meanwhile(
     plan_snapshot: Mapping[str, Any], streamed: Mapping[int, str]
-) -> dict[str, str]:
+) -> dict[str, tuple[str, list[int]]]:
     """The published tables that the batch's changes of a partitioned table went around
     (name → why): ``publish_via_partition_root`` switched and switched back between two
     runs, each of which read the same published set. A root published through itself at
@@ -1859,27 +1872,24 @@ def switched_meanwhile(
     its name (the switch on meanwhile). Those changes went to a table of their own name,
     not to the published one: it is copied (each partition under such an ancestor, as
     the changes do not say which partition a row is in). Found by the publications'
-    random workload, seed 6704."""
+    random workload, seed 6704). Each with the oids the changes came under."""
     published = {int(oid) for oid in (plan_snapshot.get("published") or {}).values()}
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, list[int]]] = {}
     for root, leaves in sorted((plan_snapshot.get("leaves") or {}).items()):
-        went = sorted(
-            streamed[int(k)] for k in leaves if int(k) in streamed and int(k) not in published
-        )
+        went = sorted(int(k) for k in leaves if int(k) in streamed and int(k) not in published)
         if went:
             out[root] = (
-                f"changes published under its partition {went[0]}'s name "
-                "(publish_via_partition_root switched meanwhile)"
+                f"changes published under its partition {streamed[went[0]]}'s name "
+                "(publish_via_partition_root switched meanwhile)",
+                went,
             )
     for name, above in sorted((plan_snapshot.get("ancestors") or {}).items()):
-        went = sorted(
-            streamed[int(a)] for a in above if int(a) in streamed and int(a) not in published
-        )
-        if went:
-            out.setdefault(
-                name,
-                f"changes published under its partitioned table {went[0]}'s name "
+        went = sorted(int(a) for a in above if int(a) in streamed and int(a) not in published)
+        if went and name not in out:
+            out[name] = (
+                f"changes published under its partitioned table {streamed[went[0]]}'s name "
                 "(publish_via_partition_root switched meanwhile)",
+                went,
             )
     return out
 

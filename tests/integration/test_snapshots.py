@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from .sync_helpers import (
     assert_mirror,
     audit,
     audited_ops,
+    before_the_target,
     make_config,
     published_as_leaves,
 )
@@ -1195,14 +1197,20 @@ def test_publish_via_partition_root_switched_and_back_between_two_runs_is_copied
     published as themselves at both readings, the root's changes in between) copies each
     partition."""
     from slotlake.bootstrap import run_bootstrap
+    from slotlake.snapshot import request
 
     lake = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, lake, slot)
 
-    def sync() -> dict[str, str]:
-        result = run_sync(cfg)
+    def run(*meanwhile: Callable[[], None]) -> dict[str, Any]:
+        """The run's first batch's ``snapshot`` record (``meanwhile``: during the run)."""
+        with before_the_target(list(meanwhile)):
+            result = run_sync(cfg)
         assert result.status == "committed" and result.batch is not None
-        return Lake(lake).read_commit(result.followed or result.batch).snapshot.get("wanted", {})
+        return Lake(lake).read_commit(result.followed or result.batch).snapshot
+
+    def sync() -> dict[str, str]:
+        return run().get("wanted", {})
 
     def via_root(on: bool) -> None:
         c.execute(f"ALTER PUBLICATION pub SET (publish_via_partition_root = {str(on).lower()})")
@@ -1254,6 +1262,28 @@ def test_publish_via_partition_root_switched_and_back_between_two_runs_is_copied
         via_root(False)
         assert sorted(sync()) == ["public.p1", "public.p2"]
         assert_mirror(c, lake, ["public.p1", "public.p2"])
+
+        # Switched on for good, rows written through the partitions before: the root's
+        # copy (new in the publication) has them, and no second copy follows.
+        c.execute("INSERT INTO p VALUES (8, 8)")
+        via_root(True)
+        first = run()
+        assert sorted(first["tables"]) == ["public.p"] and not first.get("wanted"), first
+        assert_mirror(c, lake, ["public.p"])
+
+        # Switched off and on by a transaction that commits after the root's copy (asked
+        # for by hand) and before the target: its changes are not in the copy.
+        def off_and_on() -> None:
+            with c.transaction():
+                via_root(False)
+                c.execute("INSERT INTO p VALUES (9, 9)")
+                via_root(True)
+
+        request(Lake(lake), "public.p")
+        first = run(off_and_on)
+        assert sorted(first["tables"]) == ["public.p"]
+        assert first["wanted"]["public.p"].startswith("changes published under its partition")
+        assert_mirror(c, lake, ["public.p"])
 
 
 def test_a_rewrite_whose_capture_fails_still_sends_its_rewrite_message(
