@@ -1865,14 +1865,14 @@ def switched_meanwhile(
     plan_snapshot: Mapping[str, Any], streamed: Mapping[int, str]
 ) -> dict[str, tuple[str, list[int]]]:
     """The published tables that the batch's changes of a partitioned table went around
-    (name → why): ``publish_via_partition_root`` switched and switched back between two
+    (name → why, and the oids the changes came under): ``publish_via_partition_root`` switched and switched back between two
     runs, each of which read the same published set. A root published through itself at
     the plan's reading whose leaf's changes came under the leaf's name (the switch off
     meanwhile); or partitions published as themselves whose ancestor's changes came under
     its name (the switch on meanwhile). Those changes went to a table of their own name,
     not to the published one: it is copied (each partition under such an ancestor, as
     the changes do not say which partition a row is in). Found by the publications'
-    random workload, seed 6704). Each with the oids the changes came under."""
+    random workload (seed 6704)."""
     published = {int(oid) for oid in (plan_snapshot.get("published") or {}).values()}
     out: dict[str, tuple[str, list[int]]] = {}
     for root, leaves in sorted((plan_snapshot.get("leaves") or {}).items()):
