@@ -680,6 +680,13 @@ def source_catalog(
     }
 
 
+def capture_held(capture: str | None, last: CommitRecord | None) -> bool:
+    """Whether the DDL capture read now (:func:`_capture_around`) is the one the previous
+    commit recorded: in place, unchanged, since then, so that every rewrite that changes
+    values sent its message and a new relfilenode no message explains kept them."""
+    return capture is not None and last is not None and last.snapshot.get("ddl_capture") == capture
+
+
 def _capture_around(
     conn: psycopg.Connection[Any], publications: Sequence[str], messages: bool
 ) -> Callable[[], str | None]:
@@ -903,6 +910,16 @@ def rewritten_after_writes(
     return sorted(oid for oid, xid in changed if _written_before_its_node(conn, oid, xid))
 
 
+def _qualified_name(conn: psycopg.Connection[Any], oid: int) -> tuple[str, str] | None:
+    """(schema, name) of relation ``oid`` now, or None when it is gone."""
+    row = conn.execute(
+        "SELECT n.nspname::text, c.relname::text FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
 def _written_before_its_node(conn: psycopg.Connection[Any], oid: int, xid: str) -> bool:
     """Whether table ``oid`` holds a row that transaction ``xid`` wrote by the command
     that last wrote the table's ``pg_class`` row (its ``cmin``: a rewrite writes the rows
@@ -919,11 +936,7 @@ def _written_before_its_node(conn: psycopg.Connection[Any], oid: int, xid: str) 
     side); the table gone: not (its absence is told elsewhere)."""
     from psycopg import sql
 
-    found = conn.execute(
-        "SELECT n.nspname::text, c.relname::text FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
-        (oid,),
-    ).fetchone()
+    found = _qualified_name(conn, oid)
     if found is None:
         return False
     # cid has no ordering operator: its text is the command's number.
@@ -991,11 +1004,7 @@ def leaves_with_old_rows(
         for leaf in renewed_leaves(had, now):
             if leaf not in had:
                 continue  # a partition new since: attached_with_rows speaks for it
-            found = conn.execute(
-                "SELECT n.nspname::text, c.relname::text FROM pg_class c "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
-                (int(leaf),),
-            ).fetchone()
+            found = _qualified_name(conn, int(leaf))
             if found is None:
                 continue
             # xid has no ordering operator; age() orders xids within 2^31 of now, so a
@@ -1343,12 +1352,10 @@ def _read(
         leaves, leaf_xmins = leaves_of(trees), leaf_xmins_of(trees)
         rewritten = rewritten_after_writes(conn, published, xmins, leaves, leaf_xmins, last)
         ddl_capture = capture()
-        # Only where for_record may rely on the capture: it is the previous commit's.
+        # Only where for_record may rely on the capture.
         old_rows = (
             leaves_with_old_rows(conn, leaves, last)
-            if last is not None
-            and ddl_capture is not None
-            and last.snapshot.get("ddl_capture") == ddl_capture
+            if last is not None and capture_held(ddl_capture, last)
             else []
         )
     except psycopg.Error as exc:
@@ -1753,9 +1760,7 @@ def for_record(
     # The DDL capture in place since the previous reading: a rewrite that changes values
     # sent its message (above), so an unexplained relfilenode kept them.
     capture = plan_snapshot.get("ddl_capture")
-    captured = (
-        capture is not None and last is not None and last.snapshot.get("ddl_capture") == capture
-    )
+    captured = capture_held(capture, last)
     for name, node in sorted(now.items()):
         old = before.get(name)
         if old is None or int(old) == int(node) or name in taken or name in wanted:

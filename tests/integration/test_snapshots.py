@@ -1033,6 +1033,22 @@ def test_the_first_sync_after_a_bootstrap_sees_what_changed_since(
         assert_mirror(c, lake, ["public.p", "public.t", "public.u"])
 
 
+def _run_copying(
+    c: psycopg.Connection[Any], cfg: Any, tables: list[str], want: tuple[str, ...]
+) -> dict[str, Any]:
+    """A committed run whose batches copy exactly ``want`` and leave ``tables`` equal to
+    the source; the ``snapshot`` record of its first batch."""
+    lake = cfg.lake.path
+    result = run_sync(cfg)
+    assert result.status == "committed" and result.batch is not None
+    batches = range(result.followed or result.batch, result.batch + 1)
+    records = [Lake(lake).read_commit(b) for b in batches]
+    copied = sorted(n for r in records for n in r.snapshot.get("tables", {}))
+    assert copied == sorted(want)
+    assert_mirror(c, lake, tables)
+    return records[0].snapshot
+
+
 def test_a_rewrite_that_keeps_values_needs_no_copy_while_the_ddl_capture_is_in_place(
     pg_dsn: str, slot: str, tmp_path: Path, caplog: Any
 ) -> None:
@@ -1051,14 +1067,7 @@ def test_a_rewrite_that_keeps_values_needs_no_copy_while_the_ddl_capture_is_in_p
 
     def sync(*want: str) -> dict[str, Any]:
         c.execute("UPDATE t SET v = v || '.' WHERE id = 1")
-        result = run_sync(cfg)
-        assert result.status == "committed" and result.batch is not None
-        batches = range(result.followed or result.batch, result.batch + 1)
-        records = [Lake(lake).read_commit(b) for b in batches]
-        copied = sorted(n for r in records for n in r.snapshot.get("tables", {}))
-        assert copied == sorted(want)
-        assert_mirror(c, lake, tables)
-        return records[0].snapshot
+        return _run_copying(c, cfg, tables, want)
 
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY, v text, n int)")
@@ -1124,14 +1133,7 @@ def test_a_partition_rewritten_with_its_values_kept_needs_no_copy_while_the_ddl_
 
     def sync(*want: str) -> dict[str, Any]:
         c.execute("UPDATE r SET v = v || '.' WHERE id = 120")
-        result = run_sync(cfg)
-        assert result.status == "committed" and result.batch is not None
-        batches = range(result.followed or result.batch, result.batch + 1)
-        records = [Lake(lake).read_commit(b) for b in batches]
-        copied = sorted(n for r in records for n in r.snapshot.get("tables", {}))
-        assert copied == sorted(want)
-        assert_mirror(c, lake, ["public.r"])
-        return records[0].snapshot
+        return _run_copying(c, cfg, ["public.r"], want)
 
     def oid(table: str) -> int:
         return int(c.execute("SELECT %s::regclass::oid", (table,)).fetchone()[0])  # type: ignore[index]
