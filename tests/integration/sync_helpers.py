@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from unittest import mock
@@ -14,6 +15,14 @@ from slotlake.batch import local_table_rows
 from slotlake.config import Config, LakeConfig, SourceConfig
 from slotlake.lake import Lake, read_changes, read_delta
 from slotlake.source import SlotSource
+from slotlake.sync import (
+    FAULT_ENV,
+    FAULT_FASTDEFAULT,
+    FAULT_STEPS,
+    InjectedFault,
+    SyncResult,
+    run_sync,
+)
 from slotlake.verify import compare_table
 
 # Every published table gets BEFORE triggers that log (table, op, key) into an unpublished
@@ -93,6 +102,37 @@ def spark_writers_by_hand(cfg: Config) -> None:
     if os.environ.get("SLOTLAKE_RANDOM_SPARK"):
         cfg.lake.driver_write_rows = 0
         cfg.lake.bootstrap_driver_mb = 0
+
+
+# Every step a sync can be made to die at (slotlake.sync.fault_point), copies' included.
+CRASH_STEPS = (*FAULT_STEPS, "snapshot_copied", "snapshot_rebased", FAULT_FASTDEFAULT)
+
+
+def crashes_by_hand(seed: object) -> random.Random | None:
+    """``SLOTLAKE_RANDOM_FAULTS=<rate>`` (a random workload run by hand): that share of its
+    syncs die first at a random step (:func:`sync_after_a_crash`). A generator of its own,
+    so that every seed's workload draws what it draws without it."""
+    return random.Random(f"crashes {seed}") if os.environ.get("SLOTLAKE_RANDOM_FAULTS") else None
+
+
+def sync_after_a_crash(
+    cfg: Config, crashes: random.Random | None, spark: Any = None
+) -> tuple[SyncResult, str | None]:
+    """``run_sync``; with ``crashes``, at the rate ``SLOTLAKE_RANDOM_FAULTS`` sets, first an
+    attempt that dies at a random step (an InjectedFault raised there: a step the run does
+    not reach lets it finish). The rerun then completes what the attempt left, from its
+    plan. Returns the rerun's result and the step drawn."""
+    step = None
+    if crashes is not None and crashes.random() < float(os.environ["SLOTLAKE_RANDOM_FAULTS"]):
+        step = crashes.choice(CRASH_STEPS)
+        os.environ[FAULT_ENV] = step
+        try:
+            run_sync(cfg, spark=spark)
+        except InjectedFault:
+            pass
+        finally:
+            del os.environ[FAULT_ENV]
+    return run_sync(cfg, spark=spark), step
 
 
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:

@@ -38,14 +38,15 @@ from slotlake import ddl
 from slotlake.bootstrap import run_bootstrap
 from slotlake.lake import Lake
 from slotlake.snapshot import partition_trees, partitions_left, published_catalog
-from slotlake.sync import run_sync
 
 from .sync_helpers import (
     assert_mirror,
     assert_rows_recorded,
+    crashes_by_hand,
     make_config,
     off_record,
     spark_writers_by_hand,
+    sync_after_a_crash,
 )
 
 ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "12"))
@@ -299,10 +300,11 @@ def play(
         random.Random(seed), c, cfg.source.capture_ddl, upkeep=random.Random(f"upkeep {seed}")
     )
     work.synced()
+    crashes = crashes_by_hand(seed)
     for round_no in range(1, rounds + 1):
         work.statements = []
         work.round()
-        result = run_sync(cfg, spark=spark)
+        result, crashed = sync_after_a_crash(cfg, crashes, spark)
         work.synced()
         last = Lake(cfg.lake.path).last_commit()
         assert last is not None
@@ -320,6 +322,8 @@ def play(
             )
         ]
         where = f"seed {seed}, round {round_no}: " + "; ".join(work.statements)
+        if crashed:
+            where += f" (after a crash at {crashed})"
         for name in published:
             if name not in last.tables:  # a partition created since and never written
                 (count,) = c.execute(f"SELECT count(*) FROM {name}").fetchone() or (0,)
@@ -328,7 +332,7 @@ def play(
             assert_mirror(
                 c, cfg.lake.path, [t for t in published if t in last.tables and t not in wanted]
             )
-            assert_rows_recorded(cfg.lake.path, [result.followed, result.batch])
+            assert_rows_recorded(cfg.lake.path, [result.resumed, result.followed, result.batch])
             assert off_record(Lake(cfg.lake.path)) == []
         except AssertionError as exc:
             raise AssertionError(f"{where}\n{exc}") from None

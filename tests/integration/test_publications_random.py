@@ -41,8 +41,10 @@ from slotlake.verify import compare_table
 from .sync_helpers import (
     assert_rows_recorded,
     before_the_target,
+    crashes_by_hand,
     make_config,
     spark_writers_by_hand,
+    sync_after_a_crash,
 )
 
 ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "30"))
@@ -325,6 +327,7 @@ def test_random_publication_churn_mirror_equals_what_is_published(
         if mode == "no trigger":
             ddl.drop(c)  # the bootstrap installed it
         _check(c, lake, f"seed {seed}, bootstrap")
+        crashes = crashes_by_hand(seed)
         for rnd in range(ROUNDS):
             for _ in range(rng.randint(1, 4)):
                 work.transaction(c)
@@ -336,9 +339,11 @@ def test_random_publication_churn_mirror_equals_what_is_published(
                 meanwhile.append(lambda: work.during_the_sync(c))
                 work.done["during the sync"] += 1
             with before_the_target(meanwhile):
-                result = run_sync(cfg)
-            assert result.status in ("committed", "up_to_date"), f"seed {seed}, round {rnd}"
+                result, crashed = sync_after_a_crash(cfg, crashes)
             where = f"seed {seed}, round {rnd}, batch {result.batch}: {dict(work.done)}"
+            if crashed:
+                where += f" (after a crash at {crashed})"
+            assert result.status in ("committed", "up_to_date"), where
             _check(c, lake, where)
         assert_rows_recorded(lake, Lake(lake).commit_batches())
     if "SLOTLAKE_RANDOM_SEED" not in os.environ:

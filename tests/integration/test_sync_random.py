@@ -37,7 +37,6 @@ from psycopg import sql
 from slotlake import ddl
 from slotlake.lake import Lake, read_changes
 from slotlake.reprocess import run_reprocess
-from slotlake.sync import run_sync
 
 from .sync_helpers import (
     assert_log_matches_audit,
@@ -46,10 +45,12 @@ from .sync_helpers import (
     audit,
     audited_schema,
     before_the_target,
+    crashes_by_hand,
     make_config,
     off_record,
     slot_confirmed,
     spark_writers_by_hand,
+    sync_after_a_crash,
 )
 from .test_reprocess import assert_batch_equal, assert_batch_files_equal
 from .test_sync_streaming import streaming_config
@@ -524,6 +525,7 @@ def play(
     work = Workload(rng, c, widen_any=capture_ddl)
     present: list[str] = []
     deferred: list[Callable[[], None]] = []
+    crashes = crashes_by_hand(seed)
 
     def now_or_during_the_sync(op: Callable[[], None], round_no: int) -> None:
         if meanwhile is not None and round_no > 1 and meanwhile.random() < 0.3:
@@ -548,7 +550,8 @@ def play(
                 now_or_during_the_sync(work.recreate_k2, round_no)
             if rng.random() < 0.15:
                 now_or_during_the_sync(work.rename_around, round_no)
-            _sync_and_check(c, cfg, slot, spark, work, tables, f"seed {seed}, round {round_no}")
+            where = f"seed {seed}, round {round_no}"
+            _sync_and_check(c, cfg, slot, spark, work, tables, where, crashes)
             assert not deferred, "the sync did not read its target"
             present = _in_lake(c, lake, tables)
     return work, present
@@ -562,11 +565,14 @@ def _sync_and_check(
     work: Workload,
     tables: list[str],
     where: str,
+    crashes: random.Random | None = None,
 ) -> None:
-    """A sync, then the mirror against the source and the change logs against the audit
-    trail."""
+    """A sync (after one that died, with ``crashes``), then the mirror against the source
+    and the change logs against the audit trail."""
     lake = cfg.lake.path
-    result = run_sync(cfg, spark=spark)
+    result, crashed = sync_after_a_crash(cfg, crashes, spark)
+    if crashed:
+        where += f" (after a crash at {crashed})"
     # A round whose transactions wrote nothing (all rolled back before any write, or
     # nothing left to pick) leaves nothing to pull.
     assert result.status in ("committed", "up_to_date"), (where, result.status)
@@ -582,7 +588,7 @@ def _sync_and_check(
         wanted = last.snapshot.get("wanted", {}) if last is not None else {}
         assert_mirror(c, lake, [t for t in present if not wanted.get(t, "").startswith("renamed")])
         assert_log_matches_audit(c, lake, {t: KEYS[t] for t in present})
-        assert_rows_recorded(lake, [result.followed, result.batch])
+        assert_rows_recorded(lake, [result.resumed, result.followed, result.batch])
         assert off_record(Lake(lake)) == []
     except AssertionError as exc:
         raise AssertionError(f"{where}: {exc}") from None
