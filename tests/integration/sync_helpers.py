@@ -128,8 +128,9 @@ def sync_after_a_crash(
         os.environ[FAULT_ENV] = step
         try:
             run_sync(cfg, spark=spark)
+            print(f"crash at {step}: not reached")
         except InjectedFault:
-            pass
+            print(f"crash at {step}: died")
         finally:
             del os.environ[FAULT_ENV]
     return run_sync(cfg, spark=spark), step
