@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import random
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from unittest import mock
@@ -119,21 +123,63 @@ def sync_after_a_crash(
     cfg: Config, crashes: random.Random | None, spark: Any = None
 ) -> tuple[SyncResult, str | None]:
     """``run_sync``; with ``crashes``, at the rate ``SLOTLAKE_RANDOM_FAULTS`` sets, first an
-    attempt that dies at a random step (an InjectedFault raised there: a step the run does
-    not reach lets it finish). The rerun then completes what the attempt left, from its
-    plan. Returns the rerun's result and the step drawn."""
+    attempt that dies at a random step (a step the run does not reach lets it finish).
+    The rerun then completes what the attempt left, from its plan. Returns the rerun's
+    result and the step drawn.
+
+    The attempt raises an InjectedFault there; with ``SLOTLAKE_RANDOM_FAULTS_EXIT=1`` it
+    runs in a process of its own that ends at the step with ``os._exit``, as a SIGKILL
+    would leave it: no ``finally``, no cleanup.
+    """
     step = None
     if crashes is not None and crashes.random() < float(os.environ["SLOTLAKE_RANDOM_FAULTS"]):
         step = crashes.choice(CRASH_STEPS)
-        os.environ[FAULT_ENV] = step
-        try:
-            run_sync(cfg, spark=spark)
-            print(f"crash at {step}: not reached")
-        except InjectedFault:
-            print(f"crash at {step}: died")
-        finally:
-            del os.environ[FAULT_ENV]
+        if os.environ.get("SLOTLAKE_RANDOM_FAULTS_EXIT"):
+            print(f"crash at {step}: {_die_in_a_process(cfg, step)}")
+        else:
+            os.environ[FAULT_ENV] = step
+            try:
+                run_sync(cfg, spark=spark)
+                print(f"crash at {step}: not reached")
+            except InjectedFault:
+                print(f"crash at {step}: died")
+            finally:
+                del os.environ[FAULT_ENV]
     return run_sync(cfg, spark=spark), step
+
+
+_SYNC_OF_A_PICKLE = (
+    "import pickle, sys; from slotlake.sync import run_sync; "
+    "run_sync(pickle.loads(sys.stdin.buffer.read()))"
+)
+
+
+def _die_in_a_process(cfg: Config, step: str) -> str:
+    """A sync in a process of its own that ends at ``step`` with ``os._exit``; waits until
+    its server backends are gone too (until then the rerun finds the lake's lock held).
+    The operations meant for a target's reading (:func:`before_the_target`) run in the
+    rerun."""
+    env = {**os.environ, FAULT_ENV: f"{step}:exit"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SYNC_OF_A_PICKLE],
+        input=pickle.dumps(cfg),
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
+    assert done.returncode in (0, 137), (done.returncode, done.stderr.decode()[-3000:])
+    with psycopg.connect(cfg.source.dsn, autocommit=True) as c:
+        for _ in range(600):
+            row = c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'slotlake%' "
+                "AND datname = current_database()"
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the killed attempt's server backends did not go away")
+    return "exited" if done.returncode == 137 else "not reached"
 
 
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:
