@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import pickle
 import random
@@ -180,6 +181,29 @@ def _die_in_a_process(cfg: Config, step: str) -> str:
         else:
             raise AssertionError("the killed attempt's server backends did not go away")
     return "exited" if done.returncode == 137 else "not reached"
+
+
+def maintains_by_hand(seed: object) -> random.Random | None:
+    """``SLOTLAKE_RANDOM_MAINTAIN=<rate>`` (a random workload run by hand): after that share
+    of its rounds' checks, ``slotlake maintain`` (:func:`maintain_now`). A generator of
+    its own, as for the crashes."""
+    return random.Random(f"maintain {seed}") if os.environ.get("SLOTLAKE_RANDOM_MAINTAIN") else None
+
+
+def maintain_now(cfg: Config, maintains: random.Random | None, spark: Any = None) -> bool:
+    """With ``maintains``, at its rate: OPTIMIZE and VACUUM every Delta table of the lake
+    (no minimum age), so that the next batches write onto compacted files. Whether it
+    ran."""
+    if maintains is None or maintains.random() >= float(os.environ["SLOTLAKE_RANDOM_MAINTAIN"]):
+        return False
+    from slotlake.maintain import run_maintain
+
+    mcfg = copy.deepcopy(cfg)
+    mcfg.lake.vacuum_min_age_hours = 0
+    result = run_maintain(mcfg, spark=spark)
+    assert result.status == "done", result.status
+    print(f"maintain: {result.files_compacted} files compacted, {result.files_deleted} deleted")
+    return True
 
 
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:

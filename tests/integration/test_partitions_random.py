@@ -43,6 +43,8 @@ from .sync_helpers import (
     assert_mirror,
     assert_rows_recorded,
     crashes_by_hand,
+    maintain_now,
+    maintains_by_hand,
     make_config,
     off_record,
     spark_writers_by_hand,
@@ -300,7 +302,7 @@ def play(
         random.Random(seed), c, cfg.source.capture_ddl, upkeep=random.Random(f"upkeep {seed}")
     )
     work.synced()
-    crashes = crashes_by_hand(seed)
+    crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
     for round_no in range(1, rounds + 1):
         work.statements = []
         work.round()
@@ -336,6 +338,8 @@ def play(
             assert off_record(Lake(cfg.lake.path)) == []
         except AssertionError as exc:
             raise AssertionError(f"{where}\n{exc}") from None
+        if maintain_now(cfg, maintains, spark):
+            work.done["maintain"] += 1
     return work
 
 

@@ -42,6 +42,8 @@ from .sync_helpers import (
     assert_rows_recorded,
     before_the_target,
     crashes_by_hand,
+    maintain_now,
+    maintains_by_hand,
     make_config,
     spark_writers_by_hand,
     sync_after_a_crash,
@@ -327,7 +329,7 @@ def test_random_publication_churn_mirror_equals_what_is_published(
         if mode == "no trigger":
             ddl.drop(c)  # the bootstrap installed it
         _check(c, lake, f"seed {seed}, bootstrap")
-        crashes = crashes_by_hand(seed)
+        crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
         for rnd in range(ROUNDS):
             for _ in range(rng.randint(1, 4)):
                 work.transaction(c)
@@ -345,6 +347,8 @@ def test_random_publication_churn_mirror_equals_what_is_published(
                 where += f" (after a crash at {crashed})"
             assert result.status in ("committed", "up_to_date"), where
             _check(c, lake, where)
+            if maintain_now(cfg, maintains):
+                work.done["maintain"] += 1
         assert_rows_recorded(lake, Lake(lake).commit_batches())
     if "SLOTLAKE_RANDOM_SEED" not in os.environ:
         kinds = {"insert", "update", "update key", "delete", "drop table", "add table",

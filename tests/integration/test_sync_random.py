@@ -46,6 +46,8 @@ from .sync_helpers import (
     audited_schema,
     before_the_target,
     crashes_by_hand,
+    maintain_now,
+    maintains_by_hand,
     make_config,
     off_record,
     slot_confirmed,
@@ -525,7 +527,7 @@ def play(
     work = Workload(rng, c, widen_any=capture_ddl)
     present: list[str] = []
     deferred: list[Callable[[], None]] = []
-    crashes = crashes_by_hand(seed)
+    crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
 
     def now_or_during_the_sync(op: Callable[[], None], round_no: int) -> None:
         if meanwhile is not None and round_no > 1 and meanwhile.random() < 0.3:
@@ -552,6 +554,8 @@ def play(
                 now_or_during_the_sync(work.rename_around, round_no)
             where = f"seed {seed}, round {round_no}"
             _sync_and_check(c, cfg, slot, spark, work, tables, where, crashes)
+            if maintain_now(cfg, maintains, spark):
+                work.done["maintain"] += 1
             assert not deferred, "the sync did not read its target"
             present = _in_lake(c, lake, tables)
     return work, present
