@@ -206,6 +206,33 @@ def maintain_now(cfg: Config, maintains: random.Random | None, spark: Any = None
     return True
 
 
+def reprocesses_by_hand(seed: object) -> random.Random | None:
+    """``SLOTLAKE_RANDOM_REPROCESS=<rate>`` (a random workload run by hand): after that share
+    of its rounds' checks, ``slotlake reprocess --in-place`` of its newest batches
+    (:func:`reprocess_now`). A generator of its own, as for the crashes."""
+    return (
+        random.Random(f"reprocess {seed}") if os.environ.get("SLOTLAKE_RANDOM_REPROCESS") else None
+    )
+
+
+def reprocess_now(cfg: Config, reprocesses: random.Random | None, spark: Any = None) -> bool:
+    """With ``reprocesses``, at its rate: the newest one to four committed batches rebuilt
+    in place from their raw payloads, so that the next batches go on from the rebuilt
+    tables (the checks after the next sync, and the run's own, judge them). Whether it
+    ran."""
+    if reprocesses is None:
+        return False
+    if reprocesses.random() >= float(os.environ["SLOTLAKE_RANDOM_REPROCESS"]):
+        return False
+    from slotlake.reprocess import run_reprocess
+
+    committed = Lake(cfg.lake.path).commit_batches()
+    first = committed[max(0, len(committed) - reprocesses.randint(1, 4))]
+    run_reprocess(cfg.lake.path, in_place=True, first=first, spark=spark)
+    print(f"reprocessed in place from batch {first} to {committed[-1]}")
+    return True
+
+
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:
     """Table ``l`` partitioned into ``l1`` and ``l2`` (itself partitioned: ``l2a``), 12
     rows, published as its leaves (publication ``pub``), and slot ``slot``: the leaves'

@@ -47,6 +47,8 @@ from .sync_helpers import (
     maintains_by_hand,
     make_config,
     off_record,
+    reprocess_now,
+    reprocesses_by_hand,
     spark_writers_by_hand,
     sync_after_a_crash,
 )
@@ -303,6 +305,7 @@ def play(
     )
     work.synced()
     crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
+    reprocesses = reprocesses_by_hand(seed)
     for round_no in range(1, rounds + 1):
         work.statements = []
         work.round()
@@ -340,6 +343,8 @@ def play(
             raise AssertionError(f"{where}\n{exc}") from None
         if maintain_now(cfg, maintains, spark):
             work.done["maintain"] += 1
+        if reprocess_now(cfg, reprocesses, spark):
+            work.done["reprocess"] += 1
     return work
 
 

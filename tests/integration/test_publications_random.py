@@ -45,6 +45,8 @@ from .sync_helpers import (
     maintain_now,
     maintains_by_hand,
     make_config,
+    reprocess_now,
+    reprocesses_by_hand,
     spark_writers_by_hand,
     sync_after_a_crash,
 )
@@ -330,6 +332,7 @@ def test_random_publication_churn_mirror_equals_what_is_published(
             ddl.drop(c)  # the bootstrap installed it
         _check(c, lake, f"seed {seed}, bootstrap")
         crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
+        reprocesses = reprocesses_by_hand(seed)
         for rnd in range(ROUNDS):
             for _ in range(rng.randint(1, 4)):
                 work.transaction(c)
@@ -349,6 +352,8 @@ def test_random_publication_churn_mirror_equals_what_is_published(
             _check(c, lake, where)
             if maintain_now(cfg, maintains):
                 work.done["maintain"] += 1
+            if reprocess_now(cfg, reprocesses):
+                work.done["reprocess"] += 1
         assert_rows_recorded(lake, Lake(lake).commit_batches())
     if "SLOTLAKE_RANDOM_SEED" not in os.environ:
         kinds = {"insert", "update", "update key", "delete", "drop table", "add table",

@@ -50,6 +50,8 @@ from .sync_helpers import (
     maintains_by_hand,
     make_config,
     off_record,
+    reprocess_now,
+    reprocesses_by_hand,
     slot_confirmed,
     spark_writers_by_hand,
     sync_after_a_crash,
@@ -528,6 +530,7 @@ def play(
     present: list[str] = []
     deferred: list[Callable[[], None]] = []
     crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
+    reprocesses = reprocesses_by_hand(seed)
 
     def now_or_during_the_sync(op: Callable[[], None], round_no: int) -> None:
         if meanwhile is not None and round_no > 1 and meanwhile.random() < 0.3:
@@ -556,6 +559,8 @@ def play(
             _sync_and_check(c, cfg, slot, spark, work, tables, where, crashes)
             if maintain_now(cfg, maintains, spark):
                 work.done["maintain"] += 1
+            if reprocess_now(cfg, reprocesses, spark):
+                work.done["reprocess"] += 1
             assert not deferred, "the sync did not read its target"
             present = _in_lake(c, lake, tables)
     return work, present
