@@ -49,6 +49,17 @@ the retention to whole hours. With fewer than K+1 records, the lake's creation t
 layout marker) stands in for record *B-1*. Taking the oldest ``created_at`` of the
 window, not the record *B-1* alone, covers records replaced by ``reprocess --in-place``.
 
+The argument needs the version the newest record names to be the table's newest, and
+maintain's own OPTIMIZE breaks that until a batch writes the table again: a table with no
+change since keeps the version its records name (the batches carry it forward), whose
+files the OPTIMIZE removed, and readers read that version. VACUUM would delete those
+files once their removal is older than the retention, however many records since still
+name them. So a table whose commits after the version the newest record names removed a
+file before the retention's cutoff is not vacuumed (the run says so): its next batch
+names a version past them, and a later maintain vacuums it as above. Until then it keeps
+the files it had before its compaction; a quiet table costs at most that. (An OPTIMIZE of
+this run removes files now, within any retention: the VACUUM after it runs.)
+
 The minimum age protects what the window does not: a reader that pinned a version which
 has since left the window (a long job, a dashboard's cached snapshot), or one reading
 a table's latest version directly; any file removed less than that many hours ago stays.
@@ -111,6 +122,9 @@ SPARK_DEFAULT_LISTING_PARALLELISM = "10000"
 # OPTIMIZE bins files below this size together (Delta's default: 1 GiB).
 OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
 DEFAULT_MIN_FILE_SIZE = str(1 << 30)
+# A removal this close to VACUUM's cutoff counts as past it (a commit's time and its
+# removals' differ by the commit's own duration).
+SLACK_S = 600
 
 
 class MaintainError(RuntimeError):
@@ -321,12 +335,14 @@ def maintain_table(
     relative: str,
     retention: Retention,
     key_columns: Sequence[str] = (),
+    named_version: int | None = None,
 ) -> TableMaintenance:
     """OPTIMIZE then VACUUM one Delta table of the lake, in a Spark session of its own;
     a keyed state (``key_columns``) on a local lake then has its big files' key indexes
     made. On a local lake either step is left out when its check finds nothing for it
     (:func:`optimize_may_change`, :func:`vacuum_may_delete`), and expired log files go
-    (:func:`clean_up_log`)."""
+    (:func:`clean_up_log`). No VACUUM while the table's newest version is past
+    ``named_version``, the one the newest commit record names (module docstring)."""
     out = TableMaintenance(relative)
     t0 = time.monotonic()
     session = spark.newSession()
@@ -343,7 +359,14 @@ def maintain_table(
             out.optimize_skipped = True
         out.optimize_seconds = time.monotonic() - t0
         t1 = time.monotonic()
-        if local is not None and not vacuum_may_delete(local, snap, retention.hours):
+        removed = removed_after(session, path, local, named_version)
+        if removed is not None and removed < time.time() - retention.hours * 3600 + SLACK_S:
+            out.note = (
+                f"a commit after version {named_version}, which the newest commit record "
+                "names and readers still read, removed files it uses: vacuumed once a "
+                "batch writes the table"
+            )
+        elif local is not None and not vacuum_may_delete(local, snap, retention.hours):
             out.vacuum_skipped = True
         else:
             _vacuum_within(session, path, retention, out)
@@ -361,6 +384,40 @@ def maintain_table(
         out.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     out.seconds = time.monotonic() - t0
     return out
+
+
+def removed_after(
+    session: SparkSession, path: str, local: str | None, version: int | None
+) -> float | None:
+    """When the table's commits after ``version`` first removed a file (epoch seconds;
+    None: no commit since, or ``version`` unknown). A local log is read for the removals'
+    own times; other file systems, and a local log whose entries since are gone, answer
+    with the oldest such commit's time, which is no later."""
+    if version is None:
+        return None
+    if local is not None:
+        log_dir = os.path.join(local, "_delta_log")
+        try:
+            newest = delta_log.snapshot(local).version
+            stamps = [
+                int(action["remove"].get("deletionTimestamp") or 0)
+                for v in range(version + 1, newest + 1)
+                for action in delta_log.entry_actions(log_dir, v)
+                if "remove" in action
+            ]
+            return min(stamps) / 1000 if stamps else None
+        except (LookupError, OSError, ValueError):
+            pass
+    from delta.tables import DeltaTable
+
+    row = (
+        DeltaTable.forPath(session, path)
+        .history()
+        .where(f"version > {int(version)}")
+        .selectExpr("min(unix_millis(timestamp)) AS first")
+        .first()
+    )
+    return None if row is None or row["first"] is None else row["first"] / 1000
 
 
 def _vacuum_within(
@@ -551,8 +608,17 @@ def run_maintain(
             }
             workers = max(1, min(cfg.lake.table_workers, len(tables) or 1))
             with ThreadPoolExecutor(workers, thread_name_prefix="slotlake-maintain") as pool:
+                named = last.delta_versions()
                 futures = [
-                    pool.submit(maintain_table, spark, lake, rel, retention, keys.get(rel, ()))
+                    pool.submit(
+                        maintain_table,
+                        spark,
+                        lake,
+                        rel,
+                        retention,
+                        keys.get(rel, ()),
+                        named.get(rel),
+                    )
                     for rel in tables
                 ]
                 for fut in as_completed(futures):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
@@ -113,40 +114,96 @@ def spark_writers_by_hand(cfg: Config) -> None:
 CRASH_STEPS = (*FAULT_STEPS, "snapshot_copied", "snapshot_rebased", FAULT_FASTDEFAULT)
 
 
-def crashes_by_hand(seed: object) -> random.Random | None:
-    """``SLOTLAKE_RANDOM_FAULTS=<rate>`` (a random workload run by hand): that share of its
-    syncs die first at a random step (:func:`sync_after_a_crash`). A generator of its own,
-    so that every seed's workload draws what it draws without it."""
-    return random.Random(f"crashes {seed}") if os.environ.get("SLOTLAKE_RANDOM_FAULTS") else None
+@dataclass
+class ByHand:
+    """What a random workload run by hand adds to its rounds, each at the rate its variable
+    sets (``SLOTLAKE_RANDOM_FAULTS=0.3`` …), drawn from a generator of its own, so that a
+    seed's workload is the same with and without them:
 
-
-def sync_after_a_crash(
-    cfg: Config, crashes: random.Random | None, spark: Any = None
-) -> tuple[SyncResult, str | None]:
-    """``run_sync``; with ``crashes``, at the rate ``SLOTLAKE_RANDOM_FAULTS`` sets, first an
-    attempt that dies at a random step (a step the run does not reach lets it finish).
-    The rerun then completes what the attempt left, from its plan. Returns the rerun's
-    result and the step drawn.
-
-    The attempt raises an InjectedFault there; with ``SLOTLAKE_RANDOM_FAULTS_EXIT=1`` it
-    runs in a process of its own that ends at the step with ``os._exit``, as a SIGKILL
-    would leave it: no ``finally``, no cleanup.
+    - ``SLOTLAKE_RANDOM_FAULTS``: a sync dies first at a random step, then runs again
+      (:meth:`sync`); with ``SLOTLAKE_RANDOM_FAULTS_EXIT=1`` in a process of its own;
+    - ``SLOTLAKE_RANDOM_MAINTAIN``: ``slotlake maintain`` after a round's checks;
+    - ``SLOTLAKE_RANDOM_REPROCESS``: the newest batches rebuilt in place after them.
     """
-    step = None
-    if crashes is not None and crashes.random() < float(os.environ["SLOTLAKE_RANDOM_FAULTS"]):
-        step = crashes.choice(CRASH_STEPS)
-        if os.environ.get("SLOTLAKE_RANDOM_FAULTS_EXIT"):
-            print(f"crash at {step}: {_die_in_a_process(cfg, step)}")
-        else:
-            os.environ[FAULT_ENV] = step
-            try:
-                run_sync(cfg, spark=spark)
-                print(f"crash at {step}: not reached")
-            except InjectedFault:
-                print(f"crash at {step}: died")
-            finally:
-                del os.environ[FAULT_ENV]
-    return run_sync(cfg, spark=spark), step
+
+    seed: object
+    crashes: random.Random | None = None
+    maintains: random.Random | None = None
+    reprocesses: random.Random | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("crashes", "maintains", "reprocesses"):
+            if os.environ.get(self._variable(name)):
+                setattr(self, name, random.Random(f"{name} {self.seed}"))
+
+    @staticmethod
+    def _variable(name: str) -> str:
+        return {
+            "crashes": "SLOTLAKE_RANDOM_FAULTS",
+            "maintains": "SLOTLAKE_RANDOM_MAINTAIN",
+            "reprocesses": "SLOTLAKE_RANDOM_REPROCESS",
+        }[name]
+
+    def _drawn(self, name: str) -> random.Random | None:
+        rng = getattr(self, name)
+        if rng is not None and rng.random() < float(os.environ[self._variable(name)]):
+            return rng
+        return None
+
+    def sync(self, cfg: Config, spark: Any = None) -> tuple[SyncResult, str | None]:
+        """``run_sync``; drawn, first an attempt that dies at a random step (one the run
+        does not reach lets it finish), so that this one completes what it left, from its
+        plan. Returns the result and the step drawn.
+
+        The attempt raises an InjectedFault there; with ``SLOTLAKE_RANDOM_FAULTS_EXIT=1`` it
+        runs in a process of its own that ends at the step with ``os._exit``, as a SIGKILL
+        would leave it: no ``finally``, no cleanup."""
+        step = None
+        crashes = self._drawn("crashes")
+        if crashes is not None:
+            step = crashes.choice(CRASH_STEPS)
+            if os.environ.get("SLOTLAKE_RANDOM_FAULTS_EXIT"):
+                print(f"crash at {step}: {_die_in_a_process(cfg, step)}")
+            else:
+                os.environ[FAULT_ENV] = step
+                try:
+                    run_sync(cfg, spark=spark)
+                    print(f"crash at {step}: not reached")
+                except InjectedFault:
+                    print(f"crash at {step}: died")
+                finally:
+                    del os.environ[FAULT_ENV]
+        return run_sync(cfg, spark=spark), step
+
+    def upkeep(self, cfg: Config, spark: Any = None) -> list[str]:
+        """After a round's checks, each drawn: ``maintain`` (OPTIMIZE, and VACUUM at no
+        minimum age), so that the next batches write onto compacted files; ``reprocess``,
+        the newest one to four batches rebuilt in place from their raw payloads, which the
+        next batches go on from. What ran."""
+        from slotlake.maintain import run_maintain
+        from slotlake.reprocess import run_reprocess
+
+        ran = []
+        if self._drawn("maintains") is not None:
+            mcfg = copy.deepcopy(cfg)
+            mcfg.lake.vacuum_min_age_hours = 0
+            result = run_maintain(mcfg, spark=spark)
+            assert result.status == "done", result.status
+            print(
+                f"maintain: {result.files_compacted} files compacted, {result.files_deleted} deleted"
+            )
+            ran.append("maintain")
+        reprocesses = self._drawn("reprocesses")
+        if reprocesses is not None:
+            lake = Lake(cfg.lake.path)
+            newest = lake.commit_batches()[-reprocesses.randint(1, 4) :]
+            # A bootstrap's batch has no raw payloads: reprocessing starts after it.
+            since = [b for b in newest if all(lake.read_commit(n).raw for n in newest if n >= b)]
+            if since:
+                run_reprocess(cfg.lake.path, in_place=True, first=since[0], spark=spark)
+                print(f"reprocessed in place from batch {since[0]} to {since[-1]}")
+                ran.append("reprocess")
+        return ran
 
 
 _SYNC_OF_A_PICKLE = (
@@ -181,56 +238,6 @@ def _die_in_a_process(cfg: Config, step: str) -> str:
         else:
             raise AssertionError("the killed attempt's server backends did not go away")
     return "exited" if done.returncode == 137 else "not reached"
-
-
-def maintains_by_hand(seed: object) -> random.Random | None:
-    """``SLOTLAKE_RANDOM_MAINTAIN=<rate>`` (a random workload run by hand): after that share
-    of its rounds' checks, ``slotlake maintain`` (:func:`maintain_now`). A generator of
-    its own, as for the crashes."""
-    return random.Random(f"maintain {seed}") if os.environ.get("SLOTLAKE_RANDOM_MAINTAIN") else None
-
-
-def maintain_now(cfg: Config, maintains: random.Random | None, spark: Any = None) -> bool:
-    """With ``maintains``, at its rate: OPTIMIZE and VACUUM every Delta table of the lake
-    (no minimum age), so that the next batches write onto compacted files. Whether it
-    ran."""
-    if maintains is None or maintains.random() >= float(os.environ["SLOTLAKE_RANDOM_MAINTAIN"]):
-        return False
-    from slotlake.maintain import run_maintain
-
-    mcfg = copy.deepcopy(cfg)
-    mcfg.lake.vacuum_min_age_hours = 0
-    result = run_maintain(mcfg, spark=spark)
-    assert result.status == "done", result.status
-    print(f"maintain: {result.files_compacted} files compacted, {result.files_deleted} deleted")
-    return True
-
-
-def reprocesses_by_hand(seed: object) -> random.Random | None:
-    """``SLOTLAKE_RANDOM_REPROCESS=<rate>`` (a random workload run by hand): after that share
-    of its rounds' checks, ``slotlake reprocess --in-place`` of its newest batches
-    (:func:`reprocess_now`). A generator of its own, as for the crashes."""
-    return (
-        random.Random(f"reprocess {seed}") if os.environ.get("SLOTLAKE_RANDOM_REPROCESS") else None
-    )
-
-
-def reprocess_now(cfg: Config, reprocesses: random.Random | None, spark: Any = None) -> bool:
-    """With ``reprocesses``, at its rate: the newest one to four committed batches rebuilt
-    in place from their raw payloads, so that the next batches go on from the rebuilt
-    tables (the checks after the next sync, and the run's own, judge them). Whether it
-    ran."""
-    if reprocesses is None:
-        return False
-    if reprocesses.random() >= float(os.environ["SLOTLAKE_RANDOM_REPROCESS"]):
-        return False
-    from slotlake.reprocess import run_reprocess
-
-    committed = Lake(cfg.lake.path).commit_batches()
-    first = committed[max(0, len(committed) - reprocesses.randint(1, 4))]
-    run_reprocess(cfg.lake.path, in_place=True, first=first, spark=spark)
-    print(f"reprocessed in place from batch {first} to {committed[-1]}")
-    return True
 
 
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:
@@ -281,7 +288,9 @@ def assert_rows_recorded(root: str, batches: Iterable[int | None]) -> None:
 def off_record(lake: Lake) -> list[str]:
     """Delta tables on disk whose newest version is not the one the last commit record
     names (any version of a table it does not name, or when there is no record yet):
-    past it after a crash (work no record accounts for yet), never after a run."""
+    past it after a crash (work no record accounts for yet), never after a run. A
+    maintain's OPTIMIZE since (no batch wrote the table after it) changes no row and
+    counts as on record."""
     from deltalake import DeltaTable
 
     last = lake.last_commit()
@@ -292,8 +301,13 @@ def off_record(lake: Lake) -> list[str]:
             continue
         rel = log.parent.relative_to(lake.root).as_posix()
         version = named.get(rel)
-        if version is None or DeltaTable(str(log.parent)).version() != version:
+        table = DeltaTable(str(log.parent))
+        if version is None:
             out.append(rel)
+        elif table.version() != version:
+            since = [h for h in table.history() if h["version"] > version]
+            if any(h.get("operation") != "OPTIMIZE" for h in since):
+                out.append(rel)
     return out
 
 

@@ -30,6 +30,7 @@ from slotlake.maintain import (
     SPARK_DEFAULT_LISTING_PARALLELISM,
     bound_listing,
     interval_hours,
+    removed_after,
     run_maintain,
     vacuum_retention,
 )
@@ -349,3 +350,104 @@ def test_maintain_reads_only_its_window_and_expires_old_commit_records(
         again = run_maintain(mcfg, spark=spark)
         assert again.commits_expired == [f"_commits/{6:020d}.json"]
         assert lake.commit_batches() == [7, 8, 9]
+
+
+def _age_removals(table: str, version: int, hours: float) -> list[str]:
+    """Make the files that ``version`` of the local Delta table at ``table`` removed look
+    ``hours`` old (their tombstones' deletion time and their modification time), as if it
+    had committed that long ago: a test cannot wait for a retention to pass. The paths."""
+    import json
+
+    entry = Path(table) / "_delta_log" / f"{version:020d}.json"
+    stamp = time.time() - hours * 3600
+    lines, removed = [], []
+    for line in entry.read_text().splitlines():
+        action = json.loads(line)
+        if "remove" in action:
+            action["remove"]["deletionTimestamp"] = int(stamp * 1000)
+            removed.append(unquote(action["remove"]["path"]))
+        lines.append(json.dumps(action))
+    entry.write_text("\n".join(lines) + "\n")
+    # Hadoop's checksum of the entry Spark wrote (its local file system checks it).
+    entry.with_name(f".{entry.name}.crc").unlink(missing_ok=True)
+    for rel in removed:
+        os.utime(Path(table) / rel, (stamp, stamp))
+    # Delta's history dates a commit by its entry's modification time, kept increasing.
+    for v in range(version + 1):
+        os.utime(entry.with_name(f"{v:020d}.json"), (stamp, stamp))
+    return removed
+
+
+@pytest.mark.one_pg_version  # upkeep of the lake's files: the source's version is not seen
+def test_vacuum_keeps_the_files_of_the_version_a_quiet_table_is_read_at(
+    pg_dsn: str, slot: str, spark, tmp_path: Path
+) -> None:
+    """A table that no batch wrote since maintain compacted it: the commit records still
+    name its version from before the OPTIMIZE, whose files the OPTIMIZE removed, and
+    readers of the lake read that version. A later maintain's VACUUM must keep those files
+    however old their removal (before, once it was older than the retention, VACUUM
+    deleted them and reading the table failed); once a batch writes the table, they go."""
+    import copy
+
+    from slotlake.lake import read_changes
+
+    root = str(tmp_path / "lake")
+    cfg = make_config(pg_dsn, root, slot)
+    mcfg = copy.deepcopy(cfg)
+    mcfg.lake.vacuum_min_age_hours = 0  # the retention: the window's hours, here 1
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            "CREATE TABLE kv (id int PRIMARY KEY, n int); CREATE TABLE q (id int PRIMARY KEY);"
+            "CREATE PUBLICATION pub FOR TABLE kv, q"
+        )
+        c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        for batch in range(1, 4):  # a change log file a batch: OPTIMIZE bins them
+            c.execute("INSERT INTO kv VALUES (%s, 0)", (batch,))
+            c.execute("INSERT INTO q VALUES (%s)", (batch,))
+            assert run_sync(cfg, spark=spark).batch == batch
+        lake = Lake(root)
+        q_log = lake.read_commit(3).tables["public.q"].changes
+        assert q_log is not None
+        named = lake.read_commit(3).tables["public.q"].changes_version
+        expected = _rows(read_changes(root, "public.q"))
+        assert len(expected) == 3
+
+        first = run_maintain(mcfg, spark=spark)
+        assert first.status == "done"
+        (q_done,) = [t for t in first.tables if t.path == q_log]
+        assert q_done.files_compacted == 3
+        compacted = DeltaTable(lake.path(q_log)).version()
+        assert compacted > named  # OPTIMIZE's commit, which no record names
+
+        c.execute("UPDATE kv SET n = n + 1")  # q stays quiet
+        assert run_sync(cfg, spark=spark).batch == 4
+        assert lake.read_commit(4).tables["public.q"].changes_version == named
+        removed = _age_removals(lake.path(q_log), compacted, hours=3)
+        assert len(removed) == 3
+
+        second = run_maintain(mcfg, spark=spark)
+        assert second.status == "done" and second.retention is not None
+        assert second.retention.hours < 3  # past it: only the rule below keeps them
+        assert all((Path(lake.path(q_log)) / rel).exists() for rel in removed)
+        assert _rows(read_changes(root, "public.q")) == expected
+        assert_mirror(c, root, ["public.kv", "public.q"])
+        (q_done,) = [t for t in second.tables if t.path == q_log]
+        assert not q_done.vacuumed and "readers still read" in q_done.note, q_done
+        # Off a local disk, when the removals came is read from the table's history.
+        removals = removed_after(spark, lake.path(q_log), lake.path(q_log), named)
+        history = removed_after(spark, lake.path(q_log), None, named)
+        assert removals is not None and history is not None
+        assert abs(history - removals) < 60 and removals < time.time() - 2.9 * 3600
+
+        # Written again: the records name a version past the OPTIMIZE, and once no record
+        # of the window names the old one, the files it alone used go.
+        c.execute("INSERT INTO q VALUES (4)")
+        assert run_sync(cfg, spark=spark).batch == 5
+        for _ in range(3):
+            c.execute("UPDATE kv SET n = n + 1")
+            run_sync(cfg, spark=spark)
+        third = run_maintain(mcfg, spark=spark)
+        (q_done,) = [t for t in third.tables if t.path == q_log]
+        assert q_done.vacuumed, q_done
+        assert not any((Path(lake.path(q_log)) / rel).exists() for rel in removed)
+        assert_mirror(c, root, ["public.kv", "public.q"])

@@ -40,17 +40,12 @@ from slotlake.lake import Lake
 from slotlake.snapshot import partition_trees, partitions_left, published_catalog
 
 from .sync_helpers import (
+    ByHand,
     assert_mirror,
     assert_rows_recorded,
-    crashes_by_hand,
-    maintain_now,
-    maintains_by_hand,
     make_config,
     off_record,
-    reprocess_now,
-    reprocesses_by_hand,
     spark_writers_by_hand,
-    sync_after_a_crash,
 )
 
 ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "12"))
@@ -304,12 +299,11 @@ def play(
         random.Random(seed), c, cfg.source.capture_ddl, upkeep=random.Random(f"upkeep {seed}")
     )
     work.synced()
-    crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
-    reprocesses = reprocesses_by_hand(seed)
+    hand = ByHand(seed)
     for round_no in range(1, rounds + 1):
         work.statements = []
         work.round()
-        result, crashed = sync_after_a_crash(cfg, crashes, spark)
+        result, crashed = hand.sync(cfg, spark)
         work.synced()
         last = Lake(cfg.lake.path).last_commit()
         assert last is not None
@@ -341,10 +335,7 @@ def play(
             assert off_record(Lake(cfg.lake.path)) == []
         except AssertionError as exc:
             raise AssertionError(f"{where}\n{exc}") from None
-        if maintain_now(cfg, maintains, spark):
-            work.done["maintain"] += 1
-        if reprocess_now(cfg, reprocesses, spark):
-            work.done["reprocess"] += 1
+        work.done.update(hand.upkeep(cfg, spark))
     return work
 
 

@@ -39,16 +39,11 @@ from slotlake.sync import run_sync
 from slotlake.verify import compare_table
 
 from .sync_helpers import (
+    ByHand,
     assert_rows_recorded,
     before_the_target,
-    crashes_by_hand,
-    maintain_now,
-    maintains_by_hand,
     make_config,
-    reprocess_now,
-    reprocesses_by_hand,
     spark_writers_by_hand,
-    sync_after_a_crash,
 )
 
 ROUNDS = int(os.environ.get("SLOTLAKE_RANDOM_ROUNDS", "30"))
@@ -331,8 +326,7 @@ def test_random_publication_churn_mirror_equals_what_is_published(
         if mode == "no trigger":
             ddl.drop(c)  # the bootstrap installed it
         _check(c, lake, f"seed {seed}, bootstrap")
-        crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
-        reprocesses = reprocesses_by_hand(seed)
+        hand = ByHand(seed)
         for rnd in range(ROUNDS):
             for _ in range(rng.randint(1, 4)):
                 work.transaction(c)
@@ -344,16 +338,13 @@ def test_random_publication_churn_mirror_equals_what_is_published(
                 meanwhile.append(lambda: work.during_the_sync(c))
                 work.done["during the sync"] += 1
             with before_the_target(meanwhile):
-                result, crashed = sync_after_a_crash(cfg, crashes)
+                result, crashed = hand.sync(cfg)
             where = f"seed {seed}, round {rnd}, batch {result.batch}: {dict(work.done)}"
             if crashed:
                 where += f" (after a crash at {crashed})"
             assert result.status in ("committed", "up_to_date"), where
             _check(c, lake, where)
-            if maintain_now(cfg, maintains):
-                work.done["maintain"] += 1
-            if reprocess_now(cfg, reprocesses):
-                work.done["reprocess"] += 1
+            work.done.update(hand.upkeep(cfg))
         assert_rows_recorded(lake, Lake(lake).commit_batches())
     if "SLOTLAKE_RANDOM_SEED" not in os.environ:
         kinds = {"insert", "update", "update key", "delete", "drop table", "add table",

@@ -39,22 +39,17 @@ from slotlake.lake import Lake, read_changes
 from slotlake.reprocess import run_reprocess
 
 from .sync_helpers import (
+    ByHand,
     assert_log_matches_audit,
     assert_mirror,
     assert_rows_recorded,
     audit,
     audited_schema,
     before_the_target,
-    crashes_by_hand,
-    maintain_now,
-    maintains_by_hand,
     make_config,
     off_record,
-    reprocess_now,
-    reprocesses_by_hand,
     slot_confirmed,
     spark_writers_by_hand,
-    sync_after_a_crash,
 )
 from .test_reprocess import assert_batch_equal, assert_batch_files_equal
 from .test_sync_streaming import streaming_config
@@ -529,8 +524,7 @@ def play(
     work = Workload(rng, c, widen_any=capture_ddl)
     present: list[str] = []
     deferred: list[Callable[[], None]] = []
-    crashes, maintains = crashes_by_hand(seed), maintains_by_hand(seed)
-    reprocesses = reprocesses_by_hand(seed)
+    hand = ByHand(seed)
 
     def now_or_during_the_sync(op: Callable[[], None], round_no: int) -> None:
         if meanwhile is not None and round_no > 1 and meanwhile.random() < 0.3:
@@ -556,11 +550,8 @@ def play(
             if rng.random() < 0.15:
                 now_or_during_the_sync(work.rename_around, round_no)
             where = f"seed {seed}, round {round_no}"
-            _sync_and_check(c, cfg, slot, spark, work, tables, where, crashes)
-            if maintain_now(cfg, maintains, spark):
-                work.done["maintain"] += 1
-            if reprocess_now(cfg, reprocesses, spark):
-                work.done["reprocess"] += 1
+            _sync_and_check(c, cfg, slot, spark, work, tables, where, hand)
+            work.done.update(hand.upkeep(cfg, spark))
             assert not deferred, "the sync did not read its target"
             present = _in_lake(c, lake, tables)
     return work, present
@@ -574,12 +565,12 @@ def _sync_and_check(
     work: Workload,
     tables: list[str],
     where: str,
-    crashes: random.Random | None = None,
+    hand: ByHand,
 ) -> None:
-    """A sync (after one that died, with ``crashes``), then the mirror against the source
+    """A sync (after one that died, drawn by ``hand``), then the mirror against the source
     and the change logs against the audit trail."""
     lake = cfg.lake.path
-    result, crashed = sync_after_a_crash(cfg, crashes, spark)
+    result, crashed = hand.sync(cfg, spark)
     if crashed:
         where += f" (after a crash at {crashed})"
     # A round whose transactions wrote nothing (all rolled back before any write, or
