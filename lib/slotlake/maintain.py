@@ -157,6 +157,7 @@ class TableMaintenance:
     files_deleted: int = 0  # files and directories VACUUM deleted
     # Steps a local table's check found nothing for (optimize_may_change, vacuum_may_delete)
     optimize_skipped: bool = False
+    gone: bool = False  # a table gone from the source: not compacted (maintain_table)
     vacuum_skipped: bool = False
     note: str = ""  # why the table was not vacuumed
     seconds: float = 0.0
@@ -177,6 +178,8 @@ class TableMaintenance:
             if self.files_compacted
             else "nothing to compact" + (" (OPTIMIZE not run)" if self.optimize_skipped else "")
         ]
+        if self.gone:
+            parts[0] = "gone from the source: not compacted"
         if self.vacuum_skipped:
             parts.append("nothing old enough for VACUUM to delete (not run)")
         elif self.vacuumed:
@@ -336,13 +339,16 @@ def maintain_table(
     retention: Retention,
     key_columns: Sequence[str] = (),
     named_version: int | None = None,
+    compact: bool = True,
 ) -> TableMaintenance:
     """OPTIMIZE then VACUUM one Delta table of the lake, in a Spark session of its own;
     a keyed state (``key_columns``) on a local lake then has its big files' key indexes
     made. On a local lake either step is left out when its check finds nothing for it
     (:func:`optimize_may_change`, :func:`vacuum_may_delete`), and expired log files go
     (:func:`clean_up_log`). No VACUUM while the table's newest version is past
-    ``named_version``, the one the newest commit record names (module docstring)."""
+    ``named_version``, the one the newest commit record names (module docstring).
+    ``compact`` False: no OPTIMIZE (a table gone from the source, whose version the
+    records name for good)."""
     out = TableMaintenance(relative)
     t0 = time.monotonic()
     session = spark.newSession()
@@ -351,7 +357,8 @@ def maintain_table(
     try:
         min_size = int(session.conf.get(OPTIMIZE_MIN_FILE_SIZE, DEFAULT_MIN_FILE_SIZE) or 0)
         snap = readable_snapshot(local) if local is not None else None
-        if local is None or optimize_may_change(snap, min_size):
+        out.gone = not compact
+        if compact and (local is None or optimize_may_change(snap, min_size)):
             out.files_compacted, out.files_written = _optimize(session, path)
             if local is not None:  # OPTIMIZE committed: VACUUM's check reads the new version
                 snap = readable_snapshot(local)
@@ -609,6 +616,15 @@ def run_maintain(
             workers = max(1, min(cfg.lake.table_workers, len(tables) or 1))
             with ThreadPoolExecutor(workers, thread_name_prefix="slotlake-maintain") as pool:
                 named = last.delta_versions()
+                # No batch writes a table gone from the source again: compacted, it would
+                # keep its old files for good (see maintain_table).
+                frozen = {
+                    rel
+                    for t in last.tables.values()
+                    if t.gone_since is not None
+                    for rel in (t.changes, t.state)
+                    if rel
+                }
                 futures = [
                     pool.submit(
                         maintain_table,
@@ -618,6 +634,7 @@ def run_maintain(
                         retention,
                         keys.get(rel, ()),
                         named.get(rel),
+                        rel not in frozen,
                     )
                     for rel in tables
                 ]

@@ -451,3 +451,19 @@ def test_vacuum_keeps_the_files_of_the_version_a_quiet_table_is_read_at(
         assert q_done.vacuumed, q_done
         assert not any((Path(lake.path(q_log)) / rel).exists() for rel in removed)
         assert_mirror(c, root, ["public.kv", "public.q"])
+
+        # Gone from the source: no batch writes it again, so no OPTIMIZE either (its
+        # files would stay for good beside the compacted one).
+        c.execute("INSERT INTO q VALUES (5)")
+        run_sync(cfg, spark=spark)
+        c.execute("ALTER PUBLICATION pub DROP TABLE q")
+        c.execute("UPDATE kv SET n = n + 1")
+        last = run_sync(cfg, spark=spark).batch
+        assert lake.read_commit(last).tables["public.q"].gone_since == last
+        before = DeltaTable(lake.path(q_log)).version()
+        lines: list[str] = []
+        fourth = run_maintain(mcfg, spark=spark, progress=lines.append)
+        (q_done,) = [t for t in fourth.tables if t.path == q_log]
+        assert q_done.gone and q_done.files_compacted == 0, q_done
+        assert DeltaTable(lake.path(q_log)).version() == before
+        assert any(line.startswith(f"{q_log}: gone from the source") for line in lines), lines
