@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,6 +53,9 @@ COMMITS = "_commits"
 PENDING = "_pending"
 # Where maintain says up to which batch it expired commit records (Lake.expire_commits).
 EXPIRED_COMMITS = f"{COMMITS}/expired.json"
+# The versions maintain's OPTIMIZE committed past those the newest record names
+# (Lake.write_compacted): the next batch's record names them instead (adopt_compacted).
+COMPACTED = f"{COMMITS}/compacted.json"
 RAW = "_raw"
 CHANGES = "changes"
 STATE = "state"
@@ -770,6 +773,30 @@ class Lake:
             return 0
         return int(json.loads(self.fs.read_text(path))["expired_upto"])
 
+    def write_compacted(self, batch: int, versions: Mapping[str, tuple[int, int]]) -> None:
+        """Say that maintain compacted these tables after ``batch``'s record: relative path
+        → (the version that record names, the newest, holding the same rows). Nothing to
+        say: whatever an earlier maintain said goes."""
+        if not versions:
+            self.fs.rmtree(self.path(COMPACTED))
+            return
+        tables = {rel: list(pair) for rel, pair in sorted(versions.items())}
+        self.fs.replace(self.path(COMPACTED), json.dumps({"batch": batch, "tables": tables}) + "\n")
+
+    def compacted(self, batch: int) -> dict[str, tuple[int, int]]:
+        """What :meth:`write_compacted` said after ``batch``'s record (nothing when it was
+        said after another batch's: that batch's record named those versions or not)."""
+        path = self.path(COMPACTED)
+        if not self.fs.exists(path):
+            return {}
+        said = json.loads(self.fs.read_text(path))
+        if said.get("batch") != batch:
+            return {}
+        return {rel: (int(a), int(b)) for rel, (a, b) in said["tables"].items()}
+
+    def drop_compacted(self) -> None:
+        self.fs.rmtree(self.path(COMPACTED))
+
     def delta_tables(self) -> list[str]:
         """Relative paths of every Delta table the newest commit names."""
         rec = self.last_commit()
@@ -829,6 +856,31 @@ def mark_gone(
             t.gone_since = None
         elif not t.written and t.gone_since is None:
             t.gone_since = batch
+
+
+def adopt_compacted(record: CommitRecord, compacted: Mapping[str, tuple[int, int]]) -> list[str]:
+    """Have ``record`` name, for each table it carries at a version maintain compacted since
+    (:meth:`Lake.write_compacted`: no batch wrote the table after it), the compacted one:
+    the same rows. Else the records of a quiet table kept naming the version before its
+    OPTIMIZE, whose files that OPTIMIZE removed, for as long as the table stays quiet: a
+    VACUUM or a log cleanup past their retention would take what its readers read
+    (slotlake.maintain). A table the batch wrote names a version past both. The paths
+    adopted."""
+    adopted: list[str] = []
+
+    def newest(rel: str | None, version: int | None) -> int | None:
+        if rel is not None and rel in compacted and compacted[rel][0] == version:
+            adopted.append(rel)
+            return compacted[rel][1]
+        return version
+
+    for t in record.tables.values():
+        t.changes_version = newest(t.changes, t.changes_version)
+        t.state_version = newest(t.state, t.state_version)
+    record.transactions_version = newest(record.transactions, record.transactions_version)
+    record.messages_version = newest(record.messages, record.messages_version)
+    record.ddl_version = newest(record.ddl, record.ddl_version)
+    return adopted
 
 
 def make_record(**kwargs: Any) -> CommitRecord:

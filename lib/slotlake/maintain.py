@@ -50,15 +50,20 @@ layout marker) stands in for record *B-1*. Taking the oldest ``created_at`` of t
 window, not the record *B-1* alone, covers records replaced by ``reprocess --in-place``.
 
 The argument needs the version the newest record names to be the table's newest, and
-maintain's own OPTIMIZE breaks that until a batch writes the table again: a table with no
-change since keeps the version its records name (the batches carry it forward), whose
-files the OPTIMIZE removed, and readers read that version. VACUUM would delete those
-files once their removal is older than the retention, however many records since still
-name them. So a table whose commits after the version the newest record names removed a
-file before the retention's cutoff is not vacuumed (the run says so): its next batch
-names a version past them, and a later maintain vacuums it as above. Until then it keeps
-the files it had before its compaction; a quiet table costs at most that. (An OPTIMIZE of
-this run removes files now, within any retention: the VACUUM after it runs.)
+maintain's own OPTIMIZE breaks that for a table that no batch writes after it: a batch
+carries a quiet table's version forward, whose files the OPTIMIZE removed, and readers
+read that version. So maintain says which tables it left at a compacted version past the
+one the newest record names, with only OPTIMIZEs between (``_commits/compacted.json``,
+:meth:`Lake.write_compacted`), and the next batch's record names those versions, the
+same rows (:func:`slotlake.lake.adopt_compacted`). Before that record, the window
+argument holds as it is: the OPTIMIZE came after every record of the window. As a net
+for a record that still names such a version (a lake whose next batch did not adopt it:
+an in-place reprocess drops the note, as it restores the tables), a table whose commits
+after the version the newest record names removed a file before the retention's cutoff
+is not vacuumed (the run says so), and a table whose newest version is not the one the
+newest record names has no expired log entries removed (a checkpoint past that version
+would let the cleanup take the entries its readers need). An OPTIMIZE of the same run
+removes files now, within any retention: the VACUUM after it runs.
 
 The minimum age protects what the window does not: a reader that pinned a version which
 has since left the window (a long job, a dashboard's cached snapshot), or one reading
@@ -158,6 +163,9 @@ class TableMaintenance:
     # Steps a local table's check found nothing for (optimize_may_change, vacuum_may_delete)
     optimize_skipped: bool = False
     gone: bool = False  # a table gone from the source: not compacted (maintain_table)
+    # (the version the newest record names, the newest) when only OPTIMIZEs came between:
+    # the next batch's record names the newest (Lake.write_compacted).
+    compacted_from: tuple[int, int] | None = None
     vacuum_skipped: bool = False
     note: str = ""  # why the table was not vacuumed
     seconds: float = 0.0
@@ -366,7 +374,10 @@ def maintain_table(
             out.optimize_skipped = True
         out.optimize_seconds = time.monotonic() - t0
         t1 = time.monotonic()
-        removed = removed_after(session, path, local, named_version)
+        since = None if named_version is None else since_named(session, path, local, named_version)
+        if since is not None and since.newest != named_version and since.compactions_only:
+            out.compacted_from = (named_version, since.newest)  # type: ignore[assignment]
+        removed = since.first_removal if since is not None else None
         if removed is not None and removed < time.time() - retention.hours * 3600 + SLACK_S:
             out.note = (
                 f"a commit after version {named_version}, which the newest commit record "
@@ -384,7 +395,9 @@ def maintain_table(
             t1 = time.monotonic()
             out.key_indexes = dv_merge.make_key_indexes(local, key_columns)
             out.index_seconds = time.monotonic() - t1
-        if local is not None:
+        # Not below a version the records name that is not the newest: a checkpoint past
+        # it would let the cleanup take the log entries its readers need.
+        if local is not None and (since is None or since.newest == named_version):
             out.log_files_removed = clean_up_log(local)
     except Exception as exc:
         log.debug("maintaining %s failed", path, exc_info=True)
@@ -393,38 +406,59 @@ def maintain_table(
     return out
 
 
-def removed_after(
-    session: SparkSession, path: str, local: str | None, version: int | None
-) -> float | None:
-    """When the table's commits after ``version`` first removed a file (epoch seconds;
-    None: no commit since, or ``version`` unknown). A local log is read for the removals'
-    own times; other file systems, and a local log whose entries since are gone, answer
-    with the oldest such commit's time, which is no later."""
-    if version is None:
-        return None
+@dataclass
+class SinceNamed:
+    """A table's commits after the version the newest commit record names."""
+
+    newest: int  # the table's newest version
+    first_removal: float | None  # when they first removed a file (epoch seconds)
+    compactions_only: bool  # all OPTIMIZE: the newest holds the named version's rows
+
+
+def since_named(
+    session: SparkSession | None, path: str, local: str | None, version: int
+) -> SinceNamed:
+    """What the table's commits after ``version`` did. A local log is read for the
+    removals' own times; other file systems, and a local log whose entries since are
+    gone, are read through Delta's history (``session``), whose commit times are no
+    later. Without a session such a log counts as changed since (not compactions only)."""
     if local is not None:
         log_dir = os.path.join(local, "_delta_log")
         try:
             newest = delta_log.snapshot(local).version
-            stamps = [
-                int(action["remove"].get("deletionTimestamp") or 0)
-                for v in range(version + 1, newest + 1)
-                for action in delta_log.entry_actions(log_dir, v)
-                if "remove" in action
-            ]
-            return min(stamps) / 1000 if stamps else None
+            stamps, operations = [], set()
+            for v in range(version + 1, newest + 1):
+                for action in delta_log.entry_actions(log_dir, v):
+                    if "remove" in action:
+                        stamps.append(int(action["remove"].get("deletionTimestamp") or 0))
+                    elif "commitInfo" in action:
+                        operations.add(action["commitInfo"].get("operation"))
+            return SinceNamed(
+                newest, min(stamps) / 1000 if stamps else None, operations <= {"OPTIMIZE"}
+            )
         except (LookupError, OSError, ValueError):
-            pass
+            if session is None:
+                return SinceNamed(version + 1, 0.0, False)
+    from slotlake import delta
+
+    assert session is not None, "a table off the local disk is read through Spark"
+    newest = delta.last_commit(session, path).version
+    if newest == version:
+        return SinceNamed(newest, None, True)
     from delta.tables import DeltaTable
 
-    row = (
+    rows = (
         DeltaTable.forPath(session, path)
         .history()
         .where(f"version > {int(version)}")
-        .selectExpr("min(unix_millis(timestamp)) AS first")
-        .first()
+        .selectExpr("unix_millis(timestamp) AS at", "operation")
+        .collect()
     )
-    return None if row is None or row["first"] is None else row["first"] / 1000
+    return SinceNamed(
+        newest,
+        min(r["at"] for r in rows) / 1000 if rows else None,
+        all(r["operation"] == "OPTIMIZE" for r in rows),
+    )
 
 
 def _vacuum_within(
@@ -643,6 +677,9 @@ def run_maintain(
                     result.tables.append(done)
                     progress(done.describe())
             result.tables.sort(key=lambda t: t.path)
+            lake.write_compacted(
+                last.batch, {t.path: t.compacted_from for t in result.tables if t.compacted_from}
+            )
             result.raw_expired = lake.expire_raw(cfg.lake.raw_retention_batches)
             for removed in result.raw_expired:
                 progress(f"expired raw batch {removed}")

@@ -74,6 +74,7 @@ from slotlake.lake import (
     Lake,
     OldLayoutError,
     TableCommit,
+    adopt_compacted,
     link_or_copy,
     local_path,
     make_record,
@@ -430,6 +431,15 @@ def _seed_output(
 # -- in place -----------------------------------------------------------------------------------
 
 
+def _compacted_since(spark: LazySession, lake: Lake, rel: str, version: int) -> bool:
+    """Whether every commit of the table after ``version`` is an OPTIMIZE."""
+    from slotlake.maintain import since_named
+
+    path = lake.path(rel)
+    local = str(local_path(path)) if lake.on_local_disk else None
+    return since_named(spark() if local is None else None, path, local, version).compactions_only
+
+
 def _restore_all(
     spark: LazySession,
     lake: Lake,
@@ -452,6 +462,11 @@ def _restore_all(
         ref = table_ref(lake.path(rel))
         path = str(local_path(lake.path(rel))) if lake.on_local_disk else None
         if target is not None:
+            if current != target.version and _compacted_since(spark, lake, rel, target.version):
+                # Only maintain's OPTIMIZE since: the newest holds the target's rows, and
+                # the records go on naming it (slotlake.lake.adopt_compacted).
+                out[rel] = current
+                continue
             if current != target.version:
                 done = _on_driver(path, delta_log.restore, target.version)
                 if done is None:
@@ -779,10 +794,20 @@ def _in_place(
         lake,
         {"first": first, "last": last, "txn_app_id": app_id, "started_at": utcnow_iso()},
     )
+    # The tables go back to older versions: no compacted one is the newest any more.
+    lake.drop_compacted()
     try:
         result.restored = _restore_all(spark, lake, targets, first, progress)
+        # Tables left at a compacted version (only OPTIMIZE since their target): the
+        # rebuilt records name it where they carry the target.
+        compacted = {
+            rel: (target.version, result.restored[rel])
+            for rel, target in targets.items()
+            if target is not None and result.restored.get(rel, target.version) != target.version
+        }
         for rec in records:
             record = _rebuild(spark, lake, rec, app_id, prior, raw_files, progress, workers)
+            adopt_compacted(record, compacted)
             if spark.started is not None:  # Spark's files are not listed: the whole disk
                 durability.unlisted()
             lake.replace_commit(record)

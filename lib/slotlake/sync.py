@@ -30,6 +30,7 @@ from slotlake.lake import (
     BatchPlan,
     CommitRecord,
     Lake,
+    adopt_compacted,
     drop_torn_entries,
     is_local,
     local_path,
@@ -540,8 +541,12 @@ def _run_batch(
         timings={k: round(v, 3) for k, v in timings.items()},
         snapshot=snap_record,
     )
+    compacted = lake.compacted(last.batch) if last is not None else {}
+    adopt_compacted(record, compacted)
     t2 = time.monotonic()
     lake.write_commit(record)
+    if compacted:
+        lake.drop_compacted()
     lake.drop_plans(batch)  # the record supersedes the plan
     snapshot.drop_requests(lake, snap_record.get("requests", []))
     if snap_record.get("tables"):

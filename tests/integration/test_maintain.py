@@ -30,14 +30,14 @@ from slotlake.maintain import (
     SPARK_DEFAULT_LISTING_PARALLELISM,
     bound_listing,
     interval_hours,
-    removed_after,
     run_maintain,
+    since_named,
     vacuum_retention,
 )
 from slotlake.source import lock_key
 from slotlake.sync import run_sync
 
-from .sync_helpers import assert_mirror, key_indexes_made, make_config
+from .sync_helpers import assert_mirror, key_indexes_made, make_config, off_record
 
 SCHEMA = """
 CREATE TABLE kv (id int PRIMARY KEY, txt text, n int);
@@ -379,17 +379,20 @@ def _age_removals(table: str, version: int, hours: float) -> list[str]:
 
 
 @pytest.mark.one_pg_version  # upkeep of the lake's files: the source's version is not seen
-def test_vacuum_keeps_the_files_of_the_version_a_quiet_table_is_read_at(
+def test_a_quiet_tables_compacted_version_is_named_by_the_next_batch(
     pg_dsn: str, slot: str, spark, tmp_path: Path
 ) -> None:
-    """A table that no batch wrote since maintain compacted it: the commit records still
-    name its version from before the OPTIMIZE, whose files the OPTIMIZE removed, and
-    readers of the lake read that version. A later maintain's VACUUM must keep those files
-    however old their removal (before, once it was older than the retention, VACUUM
-    deleted them and reading the table failed); once a batch writes the table, they go."""
+    """A table that no batch writes after maintain compacted it: the next batch's record
+    names the compacted version (the same rows). Before, the records kept naming the
+    version before the OPTIMIZE, whose files it removed, and a VACUUM past their removal's
+    retention deleted what readers read (reading the table failed until a batch wrote it
+    again). Until that batch, VACUUM leaves a table alone whose commits since the version
+    the newest record names removed files before its cutoff. A table gone from the source
+    is not compacted at all."""
     import copy
 
     from slotlake.lake import read_changes
+    from slotlake.reprocess import run_reprocess
 
     root = str(tmp_path / "lake")
     cfg = make_config(pg_dsn, root, slot)
@@ -409,6 +412,7 @@ def test_vacuum_keeps_the_files_of_the_version_a_quiet_table_is_read_at(
         q_log = lake.read_commit(3).tables["public.q"].changes
         assert q_log is not None
         named = lake.read_commit(3).tables["public.q"].changes_version
+        assert named is not None
         expected = _rows(read_changes(root, "public.q"))
         assert len(expected) == 3
 
@@ -417,39 +421,60 @@ def test_vacuum_keeps_the_files_of_the_version_a_quiet_table_is_read_at(
         (q_done,) = [t for t in first.tables if t.path == q_log]
         assert q_done.files_compacted == 3
         compacted = DeltaTable(lake.path(q_log)).version()
-        assert compacted > named  # OPTIMIZE's commit, which no record names
+        assert lake.compacted(3)[q_log] == (named, compacted) == q_done.compacted_from
 
-        c.execute("UPDATE kv SET n = n + 1")  # q stays quiet
-        assert run_sync(cfg, spark=spark).batch == 4
-        assert lake.read_commit(4).tables["public.q"].changes_version == named
+        # No batch since, and the OPTIMIZE's removals made to look 3 hours old: past the
+        # retention (the window's, 1 hour), yet the newest record still names the
+        # version they belong to.
         removed = _age_removals(lake.path(q_log), compacted, hours=3)
         assert len(removed) == 3
-
         second = run_maintain(mcfg, spark=spark)
         assert second.status == "done" and second.retention is not None
-        assert second.retention.hours < 3  # past it: only the rule below keeps them
+        assert second.retention.hours < 3
         assert all((Path(lake.path(q_log)) / rel).exists() for rel in removed)
         assert _rows(read_changes(root, "public.q")) == expected
-        assert_mirror(c, root, ["public.kv", "public.q"])
         (q_done,) = [t for t in second.tables if t.path == q_log]
         assert not q_done.vacuumed and "readers still read" in q_done.note, q_done
-        # Off a local disk, when the removals came is read from the table's history.
-        removals = removed_after(spark, lake.path(q_log), lake.path(q_log), named)
-        history = removed_after(spark, lake.path(q_log), None, named)
-        assert removals is not None and history is not None
-        assert abs(history - removals) < 60 and removals < time.time() - 2.9 * 3600
+        # Off a local disk, the same answers come from the table's history.
+        local = since_named(spark, lake.path(q_log), lake.path(q_log), named)
+        history = since_named(spark, lake.path(q_log), None, named)
+        assert local.first_removal is not None and history.first_removal is not None
+        assert abs(history.first_removal - local.first_removal) < 60
+        assert local.first_removal < time.time() - 2.9 * 3600
+        assert (local.newest, local.compactions_only) == (compacted, True)
+        assert (history.newest, history.compactions_only) == (compacted, True)
 
-        # Written again: the records name a version past the OPTIMIZE, and once no record
-        # of the window names the old one, the files it alone used go.
-        c.execute("INSERT INTO q VALUES (4)")
-        assert run_sync(cfg, spark=spark).batch == 5
-        for _ in range(3):
-            c.execute("UPDATE kv SET n = n + 1")
-            run_sync(cfg, spark=spark)
+        # The next batch, q quiet: its record names the compacted version.
+        c.execute("UPDATE kv SET n = n + 1")
+        assert run_sync(cfg, spark=spark).batch == 4
+        assert lake.read_commit(4).tables["public.q"].changes_version == compacted
+        assert lake.compacted(3) == {} == lake.compacted(4)
+        assert _rows(read_changes(root, "public.q")) == expected
+        assert _rows(read_changes(root, "public.q", batch=3)) == expected
+        # Now VACUUM goes on: the files the OPTIMIZE removed are of no version named
+        # since (the aged removals stand for that long ago).
         third = run_maintain(mcfg, spark=spark)
         (q_done,) = [t for t in third.tables if t.path == q_log]
-        assert q_done.vacuumed, q_done
+        assert q_done.vacuumed and q_done.compacted_from is None, q_done
         assert not any((Path(lake.path(q_log)) / rel).exists() for rel in removed)
+        assert _rows(read_changes(root, "public.q")) == expected
+        assert_mirror(c, root, ["public.kv", "public.q"])
+
+        # Compacted again, and the batch q sat out reprocessed in place before any sync:
+        # q is left as it is (only an OPTIMIZE since the version the batch before names),
+        # and the rebuilt record names its compacted version.
+        c.execute("INSERT INTO q VALUES (4)")
+        assert run_sync(cfg, spark=spark).batch == 5
+        c.execute("UPDATE kv SET n = n + 1")
+        assert run_sync(cfg, spark=spark).batch == 6
+        run_maintain(mcfg, spark=spark)
+        again = DeltaTable(lake.path(q_log)).version()
+        assert lake.compacted(6)[q_log][1] == again
+        run_reprocess(root, in_place=True, first=6, spark=spark)
+        assert DeltaTable(lake.path(q_log)).version() == again
+        assert lake.read_commit(6).tables["public.q"].changes_version == again
+        assert off_record(lake) == []
+        assert len(read_changes(root, "public.q")) == 4
         assert_mirror(c, root, ["public.kv", "public.q"])
 
         # Gone from the source: no batch writes it again, so no OPTIMIZE either (its
