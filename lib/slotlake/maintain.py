@@ -374,7 +374,13 @@ def maintain_table(
             out.optimize_skipped = True
         out.optimize_seconds = time.monotonic() - t0
         t1 = time.monotonic()
-        since = None if named_version is None else since_named(session, path, local, named_version)
+        since = (
+            None
+            if named_version is None
+            else since_named(
+                session, path, local, named_version, snap.version if snap is not None else None
+            )
+        )
         if since is not None and since.newest != named_version and since.compactions_only:
             out.compacted_from = (named_version, since.newest)  # type: ignore[assignment]
         removed = since.first_removal if since is not None else None
@@ -416,16 +422,24 @@ class SinceNamed:
 
 
 def since_named(
-    session: SparkSession | None, path: str, local: str | None, version: int
+    session: SparkSession | None,
+    path: str,
+    local: str | None,
+    version: int,
+    newest: int | None = None,
 ) -> SinceNamed:
     """What the table's commits after ``version`` did. A local log is read for the
     removals' own times; other file systems, and a local log whose entries since are
     gone, are read through Delta's history (``session``), whose commit times are no
-    later. Without a session such a log counts as changed since (not compactions only)."""
+    later. Without a session such a log counts as changed since (not compactions only).
+    ``newest``: the local table's newest version when the caller read it already."""
+    if newest == version:
+        return SinceNamed(version, None, True)
     if local is not None:
         log_dir = os.path.join(local, "_delta_log")
         try:
-            newest = delta_log.snapshot(local).version
+            if newest is None:
+                newest = delta_log.snapshot(local).version
             stamps, operations = [], set()
             for v in range(version + 1, newest + 1):
                 for action in delta_log.entry_actions(log_dir, v):
