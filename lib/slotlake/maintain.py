@@ -353,8 +353,9 @@ def maintain_table(
     a keyed state (``key_columns``) on a local lake then has its big files' key indexes
     made. On a local lake either step is left out when its check finds nothing for it
     (:func:`optimize_may_change`, :func:`vacuum_may_delete`), and expired log files go
-    (:func:`clean_up_log`). No VACUUM while the table's newest version is past
-    ``named_version``, the one the newest commit record names (module docstring).
+    (:func:`clean_up_log`). ``named_version``: the version the newest commit record
+    names; no VACUUM while commits after it removed files before the retention's cutoff,
+    and no log cleanup while it is not the newest (module docstring).
     ``compact`` False: no OPTIMIZE (a table gone from the source, whose version the
     records name for good)."""
     out = TableMaintenance(relative)
@@ -381,8 +382,13 @@ def maintain_table(
                 session, path, local, named_version, snap.version if snap is not None else None
             )
         )
-        if since is not None and since.newest != named_version and since.compactions_only:
-            out.compacted_from = (named_version, since.newest)  # type: ignore[assignment]
+        if (
+            named_version is not None
+            and since is not None
+            and since.newest != named_version
+            and since.compactions_only
+        ):
+            out.compacted_from = (named_version, since.newest)
         removed = since.first_removal if since is not None else None
         if removed is not None and removed < time.time() - retention.hours * 3600 + SLACK_S:
             out.note = (
