@@ -431,13 +431,15 @@ def _seed_output(
 # -- in place -----------------------------------------------------------------------------------
 
 
-def _compacted_since(spark: LazySession, lake: Lake, rel: str, version: int) -> bool:
-    """Whether every commit of the table after ``version`` is an OPTIMIZE."""
+def _compacted_since(spark: LazySession, lake: Lake, rel: str, version: int, current: int) -> bool:
+    """Whether every commit of the table after ``version`` up to ``current`` (its newest)
+    is an OPTIMIZE."""
     from slotlake.maintain import since_named
 
     path = lake.path(rel)
     local = str(local_path(path)) if lake.on_local_disk else None
-    return since_named(spark() if local is None else None, path, local, version).compactions_only
+    session = spark() if local is None else None
+    return since_named(session, path, local, version, current).compactions_only
 
 
 def _restore_all(
@@ -462,7 +464,9 @@ def _restore_all(
         ref = table_ref(lake.path(rel))
         path = str(local_path(lake.path(rel))) if lake.on_local_disk else None
         if target is not None:
-            if current != target.version and _compacted_since(spark, lake, rel, target.version):
+            if current != target.version and _compacted_since(
+                spark, lake, rel, target.version, current
+            ):
                 # Only maintain's OPTIMIZE since: the newest holds the target's rows, and
                 # the records go on naming it (slotlake.lake.adopt_compacted).
                 out[rel] = current

@@ -451,7 +451,7 @@ def test_kill_during_the_hand_over_then_rerun_is_exactly_once(
             killed = proc.poll() is None
             if killed:
                 os.killpg(proc.pid, signal.SIGKILL)
-            wait_gone(proc, c, pg_dsn)
+            wait_gone(proc, c)
             print(f"SIGKILL {delay:.1f}s after the copy: killed={killed}")
             if killed:
                 break

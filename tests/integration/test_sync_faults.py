@@ -54,6 +54,7 @@ from .sync_helpers import (
     make_config,
     off_record,
     slot_confirmed,
+    slotlake_backends,
 )
 
 SCHEMA = """
@@ -407,14 +408,10 @@ def start_cli(config: Path, log: Path, fault: str | None = None) -> subprocess.P
         )
 
 
-def wait_gone(proc: subprocess.Popen[bytes], c: psycopg.Connection[Any], dsn: str) -> None:
-    """Until no process of the run's group and no server backend of it is left.
-
-    The server notices a dead client only when it next reads its socket: until then the
-    killed run's backend still holds the advisory lock (and, mid-peek, the slot).
-    """
+def wait_gone(proc: subprocess.Popen[bytes], c: psycopg.Connection[Any]) -> None:
+    """Until no process of the run's group and no server backend of it
+    (:func:`slotlake_backends`, on ``c``'s database) is left."""
     proc.wait(timeout=60)
-    database = dsn.rsplit("dbname=", 1)[1].split()[0]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -422,11 +419,7 @@ def wait_gone(proc: subprocess.Popen[bytes], c: psycopg.Connection[Any], dsn: st
             alive = True
         except ProcessLookupError:
             alive = False
-        (backends,) = c.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = 'slotlake'",
-            (database,),
-        ).fetchone()  # type: ignore[misc]
-        if not alive and backends == 0:
+        if not alive and slotlake_backends(c) == 0:
             return
         time.sleep(0.1)
     raise AssertionError("the killed run's processes or server backend did not go away")
@@ -465,7 +458,7 @@ def test_sigkill_at_a_random_instant_then_rerun(
             killed = proc.poll() is None
             if killed:
                 os.killpg(proc.pid, signal.SIGKILL)
-            wait_gone(proc, c, pg_dsn)
+            wait_gone(proc, c)
             # Shown on failure: where the run was when it died.
             print(f"SIGKILL after {delay:.2f}s (normal run {normal:.1f}s): killed={killed}")
             last = Lake(lake).last_commit()
@@ -489,7 +482,7 @@ def test_sigkill_at_a_random_instant_then_rerun(
         workload(c, next(rounds))
         proc = start_cli(config, log, fault=f"{step}:exit")
         assert proc.wait(timeout=600) == 137, log.read_text()[-3000:]
-        wait_gone(proc, c, pg_dsn)
+        wait_gone(proc, c)
         assert confirmed(c, slot) == end_before
         if step == "after_commit":
             assert Lake(lake).commit_batches() == [*batches, batches[-1] + 1]
