@@ -76,7 +76,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import count, islice
 from types import TracebackType
 from typing import Any, Literal, get_args
 
@@ -365,6 +365,10 @@ class SlotSource:
         self.notes: list[str] = []  # settings that could not be applied, for the run log
         self._conn: psycopg.Connection[Any] | None = None
         self._locked = False
+        # Each split pull's copy gets a name of its own: the copy of the pull before, if
+        # not dropped, lives until its backend exits, which the server does after the
+        # client has moved on.
+        self._copies = count(1)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -1066,7 +1070,7 @@ class SlotSource:
         from adbc_driver_postgresql import dbapi as adbc
 
         second = self._adbc_connect("the second peek")
-        copy = f"{self.slot[:40]}_half_{self._backend_pid()}"
+        copy = f"{self.slot[:40]}_half_{self._backend_pid()}_{next(self._copies)}"
         try:
             with second.cursor() as cur:
                 cur.execute(
@@ -1109,6 +1113,7 @@ class SlotSource:
         second, copy = pair
         cursor = second.cursor()
         failure: list[BaseException] = []
+        drained = False
 
         def start_second() -> None:
             try:
@@ -1134,6 +1139,7 @@ class SlotSource:
             if failure:
                 raise failure[0]
             yield from self._adbc_chunks(cursor, fetch_rows)
+            drained = True
         except (adbc.Error, OSError) as exc:
             raise self._error(
                 f"peek of slot {self.slot!r} (second half, from {mid}) failed on "
@@ -1145,9 +1151,20 @@ class SlotSource:
                 with contextlib.suppress(Exception):
                     second.adbc_cancel()
                 thread.join()
+            if drained:
+                # Dropped here, so that its slot is free when this returns; the session's
+                # end would drop it too, but only once the server has seen the close.
+                with contextlib.suppress(Exception):
+                    cursor.execute(
+                        sql.SQL("SELECT pg_drop_replication_slot({})")
+                        .format(sql.Literal(copy))
+                        .as_string(self._require())
+                    )
+                    cursor.fetchall()
             with contextlib.suppress(Exception):
                 cursor.close()
-            # The copy is temporary: it goes with the session.
+            # The copy is temporary: it goes with the session, if not dropped above (a
+            # pull cut short, whose connection may be mid-COPY).
             second.close()
 
     def _register_loaders(self, cur: psycopg.Cursor[Any]) -> None:

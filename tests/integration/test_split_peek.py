@@ -76,6 +76,16 @@ def temporary_slots(dsn: str, slot: str) -> list[str]:
     return names
 
 
+def copies_now(dsn: str, slot: str) -> list[str]:
+    """The copies of ``slot`` at this instant, without waiting for a backend to exit."""
+    with connect(dsn) as c:
+        rows = c.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s",
+            (f"{slot[:40]}_half_%",),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
 def test_two_peeks_cut_anywhere_return_the_single_peeks_rows(pg_dsn: str, tmp_path: Path) -> None:
     setup(pg_dsn)
     slot = slot_of(pg_dsn)
@@ -110,6 +120,8 @@ def test_two_peeks_cut_anywhere_return_the_single_peeks_rows(pg_dsn: str, tmp_pa
             out = tmp_path / f"cut{k}"
             result = src.pull(upto, RawWriter(out, row_group_rows=64), split_at=cut)
             assert result.split_at == cut
+            # Dropped by the pull itself, so the next pull's copy never meets it.
+            assert copies_now(pg_dsn, slot) == [], f"cut at {cut}"
             assert content(out) == expected, f"cut at {cut}"
             assert result.summary.last_complete_end_lsn == whole.summary.last_complete_end_lsn
             assert result.summary.transactions == whole.summary.transactions
@@ -208,7 +220,7 @@ def test_without_a_free_slot_it_pulls_in_one_peek(
         start = src.check().confirmed_flush_lsn
         upto = src.current_flush_lsn()
         # The copy's name taken: the copy fails as it would with no slot free.
-        taken = f"{slot[:40]}_half_{src._backend_pid()}"
+        taken = f"{slot[:40]}_half_{src._backend_pid()}_1"
         with connect(pg_dsn) as c:
             c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (taken,))
         try:
@@ -217,6 +229,11 @@ def test_without_a_free_slot_it_pulls_in_one_peek(
             assert result.split_at is None
             assert f"pulling in one peek: cannot copy slot {slot}" in caplog.text
             assert result.messages == src.count_floor(upto)
+            # The next pull's copy has a name of its own: a copy of the pull before that
+            # the server has not dropped yet does not stop it.
+            again = src.pull(upto, RawWriter(tmp_path / "again"))
+            assert again.split_at is not None
+            assert content(tmp_path / "again") == content(tmp_path / "raw")
         finally:
             with connect(pg_dsn) as c:
                 c.execute("SELECT pg_drop_replication_slot(%s)", (taken,))
