@@ -141,6 +141,9 @@ def test_maintain_compacts_vacuums_and_keeps_retained_batches(
             assert run_maintain(mcfg, spark=spark).status == "locked"
             args = [f"source.dsn={pg_dsn}", f"source.slot={slot}", f"lake.path={root}"]
             assert cli_main(["maintain", *(x for a in args for x in ("--set", a))]) == 0
+            # Released here: closing the session releases it only once the server's
+            # backend has exited, which the next run may come before (status "locked").
+            holder.execute("SELECT pg_advisory_unlock_all()")
         # An unfinished batch (a plan in _pending/): the next sync must finish it first.
         end = rec[LAST].end_lsn
         plan = BatchPlan(LAST + 1, "0", slot, end, end, end, "_raw/none", 0, 0, "app")
