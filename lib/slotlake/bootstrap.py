@@ -147,7 +147,10 @@ from slotlake.snapshot import SnapshotError, check_lake_names, source_catalog
 from slotlake.source import (
     PUBLICATIONS_SQL,
     SESSION_SETTINGS,
+    keep_alive,
+    lock_holder,
     lock_key,
+    locked_message,
     publication_problem,
     quote_ident,
     relation_sql,
@@ -1452,12 +1455,13 @@ def run_bootstrap(
         try:
             role, _ = preflight(ctl, cfg, parallel)
             version = int(ctl.info.server_version)
+            keep_alive(ctl)
             (locked,) = ctl.execute(
                 "SELECT pg_try_advisory_lock(%s)", (lock_key(slot),)
             ).fetchone() or (False,)
             if not locked:
                 raise BootstrapError(
-                    f"another slotlake run holds the lock for slot {slot}: wait for it to end"
+                    locked_message(slot, lock_holder(ctl, slot), "wait for it to end")
                 )
             last = _check_lake(lake, slot, onto_existing_lake)
             existing = _slot_row(ctl, slot)

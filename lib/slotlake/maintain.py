@@ -112,6 +112,7 @@ from slotlake.delta_checkpoint import (
     interval_hours,
 )
 from slotlake.lake import CommitRecord, Lake, is_local, local_path
+from slotlake.source import locked_message
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -617,9 +618,7 @@ def run_maintain(
     layout = lake.layout()
     with open_source(cfg) as source:
         if not source.try_lock():
-            progress(
-                f"another slotlake run holds the lock for slot {cfg.source.slot}; nothing done"
-            )
+            progress(locked_message(cfg.source.slot, source.lock_holder(), "nothing done"))
             return MaintainResult(status="locked")
         try:
             # Only the records the retention needs: a lake's history grows by a record a

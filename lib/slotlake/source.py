@@ -78,7 +78,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count, islice
 from types import TracebackType
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 import psycopg
@@ -112,6 +112,26 @@ SESSION_SETTINGS: dict[str, str] = {
     "bytea_output": "hex",
     "lc_monetary": "C",
 }
+
+# The server's TCP keepalives for slotlake's sessions (ignored over a Unix socket). The
+# operating system's default probes an idle connection first after two hours: a run whose
+# host vanished (a node lost, a network cut: nothing closed its sockets) would hold the
+# slot's advisory lock, and with it every later run, that long. With these the server
+# ends such a session within about 90 s. ``source.settings`` may set others.
+KEEPALIVE_SETTINGS: dict[str, str] = {
+    "tcp_keepalives_idle": "30",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "6",
+}
+
+
+def keep_alive(conn: psycopg.Connection[Any]) -> None:
+    """Set :data:`KEEPALIVE_SETTINGS` on a session that holds the slot's lock."""
+    conn.execute(
+        "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(KEEPALIVE_SETTINGS)),
+        [x for item in KEEPALIVE_SETTINGS.items() for x in item],
+    )
+
 
 # Highest pgoutput proto_version per server major version.
 _MAX_PROTO = {14: 2, 15: 3, 16: 4}
@@ -221,6 +241,81 @@ def lock_key(slot: str) -> int:
     """Stable signed 64-bit advisory-lock key for a slot (same on every host and run)."""
     digest = hashlib.blake2b(f"slotlake:{slot}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+# The session holding a bigint advisory lock in this database: pg_locks splits the key
+# into its high and low 32 bits (classid, objid), objsubid 1. No query text: another
+# session's statement may carry secrets.
+_LOCK_HOLDER = """
+SELECT l.pid, a.application_name,
+       CASE WHEN a.client_port = -1 THEN 'local' ELSE host(a.client_addr) END, a.state,
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),
+       extract(epoch FROM now() - a.state_change)::bigint
+  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid
+"""
+
+
+class LockHolder(NamedTuple):
+    """The session holding a slot's advisory lock, as pg_stat_activity shows it."""
+
+    pid: int
+    application: str | None
+    client: str | None  # an address, "local" (a Unix socket) or None (not shown)
+    connected: str | None  # UTC
+    state: str | None
+    seconds_in_state: int | None
+
+    def describe(self) -> str:
+        parts = [f"PID {self.pid}"]
+        if self.application:
+            parts.append(f"application {self.application!r}")
+        if self.client == "local":
+            parts.append("over a local socket")
+        elif self.client:
+            parts.append(f"from {self.client}")
+        if self.connected is not None:
+            parts.append(f"connected {self.connected} UTC")
+        if self.state is not None and self.seconds_in_state is not None:
+            parts.append(f"{self.state} for {_duration(self.seconds_in_state)}")
+        return ", ".join(parts)
+
+
+def lock_holder(conn: psycopg.Connection[Any], slot: str) -> LockHolder | None:
+    """Who holds ``slot``'s advisory lock: what an operator needs to tell a live run from
+    a session its vanished host left behind, and to end the latter. None when no session
+    holds it any more, or on any error (it only adds to a message)."""
+    key = lock_key(slot) & 0xFFFF_FFFF_FFFF_FFFF
+    try:
+        rows = conn.execute(_LOCK_HOLDER, (key >> 32, key & 0xFFFF_FFFF)).fetchall()
+    except psycopg.Error:
+        return None
+    if not rows:
+        return None
+    pid, app, addr, state, started, seconds = rows[0]
+    return LockHolder(
+        int(pid), app, addr, started, state, None if seconds is None else int(seconds)
+    )
+
+
+def locked_message(slot: str, holder: LockHolder | None, then: str) -> str:
+    """The line of a run that found ``slot``'s lock held; ``then``: what it does about it."""
+    if holder is None:
+        return f"another slotlake run holds the lock for slot {slot}; {then}"
+    return (
+        f"another slotlake run holds the lock for slot {slot} ({holder.describe()}); {then}. "
+        f"If that run is gone, end its session: SELECT pg_terminate_backend({holder.pid})"
+    )
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(max(0, seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 # What a publication must publish for the mirror to equal the source.
@@ -451,7 +546,16 @@ class SlotSource:
                 f"proto_version {self.proto_version} is not supported by PostgreSQL {major} "
                 f"(highest: {max_proto})"
             )
-        for name, value in self._settings().items():
+        settings = self._settings()
+        try:  # one round trip; setting by setting only when one of them is refused
+            conn.execute(
+                "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings)),
+                [x for item in settings.items() for x in item],
+            )
+            settings = {}
+        except psycopg.errors.InsufficientPrivilege:
+            pass
+        for name, value in settings.items():
             try:
                 conn.execute("SELECT set_config(%s, %s, false)", (name, value))
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -463,7 +567,7 @@ class SlotSource:
     def _settings(self) -> dict[str, str]:
         """The session settings of every connection that peeks: the decoder's, then the
         configuration's."""
-        return {**SESSION_SETTINGS, **self.session_settings}
+        return {**SESSION_SETTINGS, **KEEPALIVE_SETTINGS, **self.session_settings}
 
     def close(self) -> None:
         if self._conn is not None:
@@ -518,6 +622,11 @@ class SlotSource:
         )[0]
         self._locked = bool(got)
         return self._locked
+
+    def lock_holder(self) -> LockHolder | None:
+        """Who holds the slot's advisory lock (:func:`lock_holder`), after ``try_lock``
+        returned False."""
+        return lock_holder(self._require(), self.slot)
 
     def unlock(self) -> None:
         if self._locked:

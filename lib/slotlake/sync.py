@@ -45,7 +45,7 @@ from slotlake.preload import Preload
 from slotlake.raw import RawWriter
 from slotlake.redact import redact_text
 from slotlake.reprocess import IN_PLACE_MARKER
-from slotlake.source import SlotSource
+from slotlake.source import SlotSource, locked_message
 from slotlake.spark import LazySession
 
 if TYPE_CHECKING:
@@ -225,9 +225,7 @@ def _run(
 ) -> SyncResult:
     with open_source(cfg) as source:
         if not source.try_lock():
-            progress(
-                f"another slotlake run holds the lock for slot {cfg.source.slot}; nothing done"
-            )
+            progress(locked_message(cfg.source.slot, source.lock_holder(), "nothing done"))
             return SyncResult(status="locked")
         try:
             # The sweeps below remove no record: the last one is still the one read here.

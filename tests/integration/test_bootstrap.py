@@ -28,6 +28,7 @@ from slotlake.ddl import installed as ddl_installed
 from slotlake.lake import COPIES, Lake, OldLayoutError, read_changes, read_delta, read_state
 from slotlake.localpg import LocalPostgres
 from slotlake.lsn import Lsn
+from slotlake.source import lock_key
 from slotlake.sync import run_sync
 from slotlake.verify import compare_table
 
@@ -477,6 +478,18 @@ def test_refusals(pg_dsn: str, slot: str, spark, tmp_path: Path, capsys, monkeyp
         assert c.execute(
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
         ).fetchone() == (0,)
+
+        # Another run holds the slot's lock: refused, naming the holder's session.
+        with psycopg.connect(pg_dsn, autocommit=True, application_name="holder") as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (lock_key(slot),))
+            pid = holder.info.backend_pid
+            with pytest.raises(
+                BootstrapError,
+                match=rf"holds the lock for slot {slot} \(PID {pid}, application 'holder', "
+                rf".*\); wait for it to end\. .* SELECT pg_terminate_backend\({pid}\)$",
+            ):
+                run_bootstrap(cfg, spark=spark)
+            holder.execute("SELECT pg_advisory_unlock_all()")
 
         # A failure after the slot was created drops that slot again (the lake is a file).
         blocker = tmp_path / "not_a_dir"

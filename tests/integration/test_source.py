@@ -302,8 +302,18 @@ def test_try_lock_is_exclusive_per_slot(pg_dsn: str, slot: str) -> None:
         assert a.try_lock()
         assert a.try_lock()  # idempotent for the holder
         assert not b.try_lock()
+        # Who holds it, as the server lists the holder's session.
+        holder = b.lock_holder()
+        assert holder is not None
+        assert holder.pid == a._backend_pid() and holder.application == "slotlake"
+        assert holder.client == "127.0.0.1" and holder.state == "idle"
+        assert holder.connected is not None and holder.seconds_in_state is not None
+        assert holder.describe().startswith(f"PID {holder.pid}, application 'slotlake', from ")
         assert other.try_lock()
+        own = other.lock_holder()  # its own session: the lock of another slot
+        assert own is not None and own.pid == other._backend_pid()
         a.unlock()
+        assert b.lock_holder() is None
         assert b.try_lock()
         b.close()  # ending the session releases it, once the server backend has exited
         deadline = time.monotonic() + 10
@@ -330,6 +340,21 @@ def test_session_settings_and_slot_info(pg_dsn: str, slot: str, pg_cluster: Any)
         }
         assert conn.execute("SHOW bytea_output").fetchone()[0] == "hex"  # type: ignore[index]
         assert src.notes == []  # superuser: lc_monetary applied too
+        # The server's keepalives for a session whose client may vanish, on the session
+        # and on a peek's connection of its own.
+        keepalives = (
+            "SELECT name, setting FROM pg_settings WHERE name LIKE 'tcp_keepalives_%' ORDER BY 1"
+        )
+        expected = [("tcp_keepalives_count", "6"), ("tcp_keepalives_idle", "30")]
+        expected.append(("tcp_keepalives_interval", "10"))
+        assert conn.execute(keepalives).fetchall() == expected
+        peek = src._adbc_connect("a test")
+        try:
+            with peek.cursor() as cur:
+                cur.execute(keepalives)
+                assert [tuple(r) for r in cur.fetchall()] == expected
+        finally:
+            peek.close()
         info = src.check()
         assert src.server_version_num // 10000 == pg_cluster.version  # type: ignore[operator]
     assert info.slot_name == slot and info.plugin == "pgoutput" and info.slot_type == "logical"
@@ -338,6 +363,10 @@ def test_session_settings_and_slot_info(pg_dsn: str, slot: str, pg_cluster: Any)
     assert info.restart_lsn is not None and info.confirmed_flush_lsn is not None
     assert info.retained_bytes is not None and info.retained_bytes >= 0
     assert info.conflicting is (False if pg_cluster.version >= 16 else None)
+    # The configuration's settings come last: they may set the keepalives otherwise.
+    with SlotSource(pg_dsn, slot, [PUB], session_settings={"tcp_keepalives_idle": "45"}) as src:
+        row = src._require().execute("SELECT current_setting('tcp_keepalives_idle')").fetchone()
+        assert row is not None and row[0] == "45"
 
 
 def _check_error(dsn: str, slot: str, publications: list[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import traceback
@@ -117,7 +118,22 @@ def test_a_second_run_while_one_is_in_flight_is_locked_out(
             said: list[str] = []
             second = run_sync(cfg, spark=spark, progress=said.append)
             assert second.status == "locked" and second.batch is None
-            assert said == [f"another slotlake run holds the lock for slot {slot}; nothing done"]
+            # The line names the session holding the lock (the first run's), as the server
+            # lists it, and how to end it should its run be gone.
+            (pid, app, state), *others = c.execute(
+                "SELECT l.pid, a.application_name, a.state FROM pg_locks l"
+                " JOIN pg_stat_activity a USING (pid)"
+                " WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+            ).fetchall()
+            assert not others and app == "slotlake" and state == "idle"
+            (line,) = said
+            assert re.fullmatch(
+                rf"another slotlake run holds the lock for slot {re.escape(slot)} \(PID {pid}, "
+                r"application 'slotlake', from 127\.0\.0\.1, connected "
+                r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, idle for \d+s\); nothing done\. "
+                rf"If that run is gone, end its session: SELECT pg_terminate_backend\({pid}\)",
+                line,
+            ), line
             assert lake_files(lake) == files
             assert slot_confirmed(c, slot) == slot_before
         finally:
