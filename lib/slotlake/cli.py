@@ -338,10 +338,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     # a scheduler's check notices.
     unreachable: str | None = None
     info = None
+    holder = None
     published: snapshot.Published | None = None
     try:
         with open_source(cfg) as source:
             info = source.slot_info()
+            holder = source.lock_holder()
     except SourceError as exc:
         unreachable = str(exc)
     if unreachable is None:
@@ -355,6 +357,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         except Exception as exc:  # status must still show the lake
             log.warning("could not read the published tables: %s", exc)
     out["source_error"] = unreachable
+    # A sync, bootstrap or maintain running now (or a session a vanished one left behind).
+    out["lock_held_by"] = holder._asdict() if holder is not None else None
     in_progress = snapshot.read_progress(lake)
     plan = lake.read_plan(last.batch + 1 if last else 1)
     if plan is not None:
@@ -412,6 +416,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  confirmed_flush {st['confirmed_flush_lsn']}  restart {st['restart_lsn']}  "
             f"wal retained {st['retained_wal_bytes']} bytes  wal_status {st['wal_status']}"
         )
+    if holder is not None:
+        print(f"  lock: held by {holder.describe()} (a run now)")
     snaps = out["snapshots"]
     assert isinstance(snaps, dict)
     for name, reason in sorted(snaps["waiting"].items()):

@@ -14,7 +14,7 @@ import pytest
 from slotlake.lake import LAYOUT_FILE, Lake, TableCommit, make_record
 from slotlake.localpg import LocalPostgres
 from slotlake.raw import RawWriter
-from slotlake.source import SlotSource
+from slotlake.source import SlotSource, lock_key
 
 from .sync_helpers import slot_confirmed
 
@@ -145,8 +145,21 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
     assert after["last_batch"]["transactions_version"] == rec.transactions_version
     assert after["slot_state"]["confirmed_flush_lsn"] == after["last_batch"]["end_lsn"]
 
+    assert after["lock_held_by"] is None
     text = slotlake("status", "--config", str(conf))
     assert "public.t: 1 rows (4 changes in the last batch)" in text.stdout
+    assert "lock:" not in text.stdout
+    # A run holding the slot's lock meanwhile: its session, as the server lists it.
+    with psycopg.connect(pg_dsn, autocommit=True, application_name="a run") as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (lock_key(slot),))
+        held = json.loads(slotlake("status", "--config", str(conf), "--json").stdout)
+        pid = holder.info.backend_pid
+        assert held["lock_held_by"]["pid"] == pid
+        assert held["lock_held_by"]["application"] == "a run"
+        assert held["lock_held_by"]["state"] == "idle"
+        line = f"  lock: held by PID {pid}, application 'a run', from 127.0.0.1, connected "
+        assert line in slotlake("status", "--config", str(conf)).stdout
+        holder.execute("SELECT pg_advisory_unlock_all()")
     assert f"Delta state v{t.state_version}, changes v{t.changes_version}" in text.stdout
     assert "batch 1 (sync)" in text.stdout
 
