@@ -243,23 +243,32 @@ def lock_key(slot: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-# The session holding a bigint advisory lock in this database: pg_locks splits the key
-# into its high and low 32 bits (classid, objid), objsubid 1. No query text: another
-# session's statement may carry secrets.
-_LOCK_HOLDER = """
-SELECT l.pid, a.application_name,
+# A backend as pg_stat_activity shows it. No query text: another session's statement may
+# carry secrets. (Another role's session shows its PID only, without pg_read_all_stats.)
+_BACKEND_COLUMNS = """
+SELECT p.pid, a.application_name,
        CASE WHEN a.client_port = -1 THEN 'local' ELSE host(a.client_addr) END, a.state,
        to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),
        extract(epoch FROM now() - a.state_change)::bigint
-  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
- WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid
 """
+# The session holding a bigint advisory lock in this database: pg_locks splits the key
+# into its high and low 32 bits (classid, objid), objsubid 1.
+_LOCK_HOLDER = (
+    _BACKEND_COLUMNS
+    + """  FROM pg_locks p LEFT JOIN pg_stat_activity a ON a.pid = p.pid
+ WHERE p.locktype = 'advisory' AND p.granted AND p.objsubid = 1
+   AND p.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND p.classid = %s::bigint::oid AND p.objid = %s::bigint::oid
+"""
+)
+_BACKEND = (
+    _BACKEND_COLUMNS
+    + """  FROM (SELECT %s::int AS pid) p LEFT JOIN pg_stat_activity a ON a.pid = p.pid"""
+)
 
 
-class LockHolder(NamedTuple):
-    """The session holding a slot's advisory lock, as pg_stat_activity shows it."""
+class Backend(NamedTuple):
+    """A server session (one holding the slot's lock, or the slot), for a message."""
 
     pid: int
     application: str | None
@@ -283,24 +292,27 @@ class LockHolder(NamedTuple):
         return ", ".join(parts)
 
 
-def lock_holder(conn: psycopg.Connection[Any], slot: str) -> LockHolder | None:
-    """Who holds ``slot``'s advisory lock: what an operator needs to tell a live run from
-    a session its vanished host left behind, and to end the latter. None when no session
-    holds it any more, or on any error (it only adds to a message)."""
-    key = lock_key(slot) & 0xFFFF_FFFF_FFFF_FFFF
+def _backend(conn: psycopg.Connection[Any], query: str, params: Sequence[Any]) -> Backend | None:
+    # Best effort: this only adds to a message.
     try:
-        rows = conn.execute(_LOCK_HOLDER, (key >> 32, key & 0xFFFF_FFFF)).fetchall()
+        rows = conn.execute(query, params).fetchall()
     except psycopg.Error:
         return None
     if not rows:
         return None
     pid, app, addr, state, started, seconds = rows[0]
-    return LockHolder(
-        int(pid), app, addr, started, state, None if seconds is None else int(seconds)
-    )
+    return Backend(int(pid), app, addr, started, state, None if seconds is None else int(seconds))
 
 
-def locked_message(slot: str, holder: LockHolder | None, then: str) -> str:
+def lock_holder(conn: psycopg.Connection[Any], slot: str) -> Backend | None:
+    """Who holds ``slot``'s advisory lock: what an operator needs to tell a live run from
+    a session its vanished host left behind, and to end the latter. None when no session
+    holds it any more (or it could not be read)."""
+    key = lock_key(slot) & 0xFFFF_FFFF_FFFF_FFFF
+    return _backend(conn, _LOCK_HOLDER, (key >> 32, key & 0xFFFF_FFFF))
+
+
+def locked_message(slot: str, holder: Backend | None, then: str) -> str:
     """The line of a run that found ``slot``'s lock held; ``then``: what it does about it."""
     if holder is None:
         return f"another slotlake run holds the lock for slot {slot}; {then}"
@@ -623,7 +635,7 @@ class SlotSource:
         self._locked = bool(got)
         return self._locked
 
-    def lock_holder(self) -> LockHolder | None:
+    def lock_holder(self) -> Backend | None:
         """Who holds the slot's advisory lock (:func:`lock_holder`), after ``try_lock``
         returned False."""
         return lock_holder(self._require(), self.slot)
@@ -737,9 +749,11 @@ class SlotSource:
                 "two_phase"
             )
         if info.active and info.active_pid != self._backend_pid():
+            user = _backend(self._require(), _BACKEND, (info.active_pid,))
+            who = user.describe() if user is not None else f"PID {info.active_pid}"
             raise SourceError(
-                f"replication slot {slot!r} is in use by another process (PID "
-                f"{info.active_pid}): stop that consumer or wait until it finishes"
+                f"replication slot {slot!r} is in use by another process ({who}): stop that "
+                "consumer or wait until it finishes"
             )
         rows = self._query("reading publications", PUBLICATIONS_SQL, (self.publications,))
         problem = publication_problem(rows, self.publications, self.database)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 import traceback
@@ -431,7 +432,9 @@ def test_check_refuses_a_slot_in_use_by_another_process(pg_dsn: str, slot: str) 
 
     setup_source(pg_dsn)
     # A walsender streaming from the slot (as a subscriber would) keeps it active.
-    walsender = pq.PGconn.connect(f"{pg_dsn} replication=database".encode())
+    walsender = pq.PGconn.connect(
+        f"{pg_dsn} replication=database application_name=subscriber".encode()
+    )
     try:
         assert walsender.status == pq.ConnStatus.OK
         walsender.send_query(
@@ -442,8 +445,16 @@ def test_check_refuses_a_slot_in_use_by_another_process(pg_dsn: str, slot: str) 
             deadline = time.monotonic() + 10
             while not src.slot_info().active and time.monotonic() < deadline:  # type: ignore[union-attr]
                 time.sleep(0.05)
-            with pytest.raises(SourceError, match=r"is in use by another process \(PID \d+\)"):
+            # Named as the server lists its session: which consumer it is, from where.
+            with pytest.raises(SourceError) as err:
                 src.check()
+            assert re.fullmatch(
+                rf"replication slot '{slot}' is in use by another process \(PID \d+, "
+                r"application 'subscriber', from 127\.0\.0\.1, connected \d{4}-\d\d-\d\d "
+                r"\d\d:\d\d:\d\d UTC, \w+ for \d+s\): stop that consumer or wait until it "
+                "finishes",
+                str(err.value),
+            ), str(err.value)
     finally:
         walsender.finish()
 
