@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -87,15 +88,19 @@ def pg_dsn(pg_cluster: LocalPostgres, request: pytest.FixtureRequest) -> Iterato
     dsn = pg_cluster.create_database(name)
     yield dsn
     with psycopg.connect(pg_cluster.dsn(), autocommit=True) as conn:
+        # The timeout waits for each backend to exit: a slot is active until then.
         conn.execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots "
             "WHERE database = %s AND active_pid IS NOT NULL",
             (name,),
         )
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
-            (name,),
-        )
+        slots = conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)
+        ).fetchall()
+        for (slot_name,) in slots:
+            # A temporary slot goes with its session, which may be exiting right now.
+            with contextlib.suppress(psycopg.errors.UndefinedObject):
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
     # Dropped, not kept for the session: ~450 databases of 7.5 MB each a run otherwise.
     try:
         pg_cluster.drop_database(name)
