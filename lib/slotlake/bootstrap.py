@@ -900,8 +900,23 @@ def _slot_row(conn: psycopg.Connection[Any], slot: str) -> tuple[Any, ...] | Non
     ).fetchone()
 
 
-def _drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:
-    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+# How long a drop waits for the slot's last user to let go of it.
+DROP_WAIT_S = 10.0
+
+
+def _drop_slot(conn: psycopg.Connection[Any], slot: str, wait_s: float = DROP_WAIT_S) -> None:
+    """Drop ``slot`` once no session uses it: the replication connection that created it
+    (closed just before, when a bootstrap gives up) keeps it active until its backend has
+    exited, which the server does after the client has moved on."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _create_slot(dsn: str, slot: str, version: int) -> tuple[psycopg.Connection[Any], Lsn, str]:
