@@ -1096,12 +1096,12 @@ class SlotSource:
         from adbc_driver_postgresql import dbapi as adbc
 
         conn = self._require()
-        statements = [
-            sql.SQL("SELECT set_config({}, {}, false)")
-            .format(sql.Literal(name), sql.Literal(value))
-            .as_string(conn)
+        calls = [
+            sql.SQL("set_config({}, {}, false)").format(sql.Literal(name), sql.Literal(value))
             for name, value in self._settings().items()
         ]
+        together = sql.SQL("SELECT {}").format(sql.SQL(", ").join(calls)).as_string(conn)
+        one_by_one = [sql.SQL("SELECT {}").format(c).as_string(conn) for c in calls]
         conninfo = psycopg.conninfo.make_conninfo(
             self._dsn,
             application_name=self.application_name,
@@ -1113,13 +1113,18 @@ class SlotSource:
             raise self._error(f"cannot connect to {self.dsn_redacted} for {what}", exc) from None
         try:
             with peek.cursor() as cur:
-                for statement in statements:
-                    try:
-                        cur.execute(statement)
-                        cur.fetchall()
-                    except adbc.ProgrammingError as exc:
-                        # The main session noted it already (lc_monetary and the like).
-                        log.debug("peek session: %s", redact_text(str(exc), self._secrets))
+                # One round trip; setting by setting only when one of them is refused.
+                try:
+                    cur.execute(together)
+                    cur.fetchall()
+                except adbc.ProgrammingError:
+                    for single in one_by_one:
+                        try:
+                            cur.execute(single)
+                            cur.fetchall()
+                        except adbc.ProgrammingError as exc:
+                            # The main session noted it already (lc_monetary and the like).
+                            log.debug("peek session: %s", redact_text(str(exc), self._secrets))
         except BaseException:
             peek.close()
             raise

@@ -370,6 +370,38 @@ def test_session_settings_and_slot_info(pg_dsn: str, slot: str, pg_cluster: Any)
         assert row is not None and row[0] == "45"
 
 
+def test_a_refused_setting_is_noted_and_the_others_applied(
+    pg_dsn: str, slot: str, pg_cluster: Any
+) -> None:
+    """The settings go in one statement; one the role may not set fails it, and they are
+    then set one by one: that one noted, every other applied, on the session and on a
+    peek's connection of its own."""
+    role = f"ry_{slot}"[:63]
+    with connect(pg_dsn) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+    dsn = pg_dsn.replace(f"user={pg_cluster.superuser}", f"user={role}")
+    query = (
+        "SELECT name, setting FROM pg_settings"
+        " WHERE name IN ('DateStyle', 'tcp_keepalives_idle', 'log_min_duration_statement')"
+        " ORDER BY 1"
+    )
+    # log_min_duration_statement: superuser-only.
+    with SlotSource(dsn, slot, [PUB], session_settings={"log_min_duration_statement": "5"}) as src:
+        assert len(src.notes) == 1 and src.notes[0].startswith(
+            "could not SET log_min_duration_statement='5'"
+        ), src.notes
+        expected = [("DateStyle", "ISO, YMD"), ("log_min_duration_statement", "-1")]
+        expected.append(("tcp_keepalives_idle", "30"))
+        assert src._require().execute(query).fetchall() == expected
+        peek = src._adbc_connect("a test")
+        try:
+            with peek.cursor() as cur:
+                cur.execute(query)
+                assert [tuple(r) for r in cur.fetchall()] == expected
+        finally:
+            peek.close()
+
+
 def _check_error(dsn: str, slot: str, publications: list[str]) -> str:
     with SlotSource(dsn, slot, publications) as src, pytest.raises(SourceError) as err:
         src.check()
