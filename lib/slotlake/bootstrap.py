@@ -1461,7 +1461,7 @@ def run_bootstrap(
     # touched.
     lake.layout()
     try:
-        ctl = psycopg.connect(dsn, autocommit=True, application_name="slotlake")
+        ctl = psycopg.connect(dsn, autocommit=True, application_name=APPLICATION_NAME)
     except psycopg.Error as exc:
         raise BootstrapError(
             redact_text(_one_line(f"cannot connect to {describe_dsn(dsn)}: {exc}"), secrets)

@@ -341,7 +341,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     holder = None
     published: snapshot.Published | None = None
     try:
-        with open_source(cfg) as source:
+        with open_source(cfg, "status") as source:
             info = source.slot_info()
             holder = source.lock_holder()
     except SourceError as exc:

@@ -185,7 +185,7 @@ def inspect_live(cfg: Config, limit: int = 0) -> Iterator[str]:
     """Peek (never consume) the slot and render what it would deliver now."""
     from slotlake.sync import open_source
 
-    with open_source(cfg) as source:
+    with open_source(cfg, "inspect") as source:
         source.check()
         rows = source.peek_rows(source.current_flush_lsn(), limit=limit or None)
         yield from format_rows((Lsn(lsn), xid, data) for lsn, xid, data in rows)

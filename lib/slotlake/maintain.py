@@ -616,7 +616,7 @@ def run_maintain(
         spark = _session(cfg)
     lake = Lake(cfg.lake.path)
     layout = lake.layout()
-    with open_source(cfg) as source:
+    with open_source(cfg, "maintain") as source:
         if not source.try_lock():
             progress(locked_message(cfg.source.slot, source.lock_holder(), "nothing done"))
             return MaintainResult(status="locked")

@@ -117,12 +117,16 @@ def _session(cfg: Config) -> SparkSession:
     return build_session("slotlake-sync", cfg.spark)
 
 
-def open_source(cfg: Config) -> SlotSource:
+def open_source(cfg: Config, command: str = "sync") -> SlotSource:
+    """The configured source; its sessions' application_name says which command holds
+    them (``slotlake-sync``, ``slotlake-maintain``…), as a run that finds the slot's lock
+    held reports it."""
     src = cfg.source
     return SlotSource(
         src.dsn,
         src.slot,
         src.publications,
+        application_name=f"slotlake-{command}",
         proto_version=src.proto_version,
         binary=src.binary,
         messages=src.pulls_messages,

@@ -125,11 +125,11 @@ def test_a_second_run_while_one_is_in_flight_is_locked_out(
                 " JOIN pg_stat_activity a USING (pid)"
                 " WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
             ).fetchall()
-            assert not others and app == "slotlake" and state == "idle"
+            assert not others and app == "slotlake-sync" and state == "idle"
             (line,) = said
             assert re.fullmatch(
                 rf"another slotlake run holds the lock for slot {re.escape(slot)} \(PID {pid}, "
-                r"application 'slotlake', from 127\.0\.0\.1, connected "
+                r"application 'slotlake-sync', from 127\.0\.0\.1, connected "
                 r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, idle for \d+s\); nothing done\. "
                 rf"If that run is gone, end its session: SELECT pg_terminate_backend\({pid}\)",
                 line,
