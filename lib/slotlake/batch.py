@@ -807,6 +807,10 @@ class _Steps:
         self.t, self.jobs = now, jobs
 
 
+# DriverWrites.take's ``size`` when the caller does not know the state's bytes.
+SIZE_UNREAD = -1
+
+
 @dataclass(frozen=True)
 class DriverWrites:
     """Which tables are done on the driver (:mod:`slotlake.local_table`): tables
@@ -889,12 +893,13 @@ class DriverWrites:
         cat: TableCatalog,
         state_path: str,
         expected_rows: int,
-        size: int | None = -1,
+        size: int | None = SIZE_UNREAD,
         appends: bool = False,
         unique: bool = False,
     ) -> StateMerge | None:
         """None when Spark does the whole table, else who merges its state. ``size``: the
-        state's bytes when the caller knows them (a snapshot's copy), else read here.
+        state's bytes when the caller knows them (a snapshot's copy; None: no state yet),
+        else :data:`SIZE_UNREAD`: read here.
         ``appends``: an INSERT-only multiset (:func:`appends_only`), whose state is not
         read, whatever it weighs; ``unique``: a multiset MERGEd by the key its state is
         unique on (:func:`slotlake.unique_multiset.unique_key`), as a keyed table."""
@@ -902,9 +907,9 @@ class DriverWrites:
             return None
         if not lake.on_local_disk:
             return None  # object stores and HDFS: Spark's Hadoop file systems write
-        if appends and (cat.versions or size != -1):  # (a copy's size is known)
+        if appends and (cat.versions or size != SIZE_UNREAD):  # (a copy's size is known)
             return "append"
-        if size == -1:
+        if size == SIZE_UNREAD:
             if not cat.versions:
                 return None  # nothing in the batch to write the table from (nor a copy)
             size = table_bytes(str(local_path(state_path)))
@@ -940,7 +945,7 @@ class DriverWrites:
             if not self.holds(total + rows):
                 break
             state = lake.path(Lake.table_path(STATE, cat.name))
-            size = (sizes or {}).get(cat.name, -1)
+            size = (sizes or {}).get(cat.name, SIZE_UNREAD)
             merge = self.take(lake, cat, state, rows, size, cat.name in appends, cat.name in unique)
             if merge is not None:
                 picked[cat.name] = merge
