@@ -14,6 +14,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 [ -f /usr/include/postgresql/libpq-fe.h ] || need_apt+=(libpq-dev)
 command -v pg_config >/dev/null 2>&1 || need_apt+=(libpq-dev)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+# `ip netns` (tests/integration/test_vanished_host.py: a client host that vanishes).
+if [ "$(id -u)" -eq 0 ]; then command -v ip >/dev/null 2>&1 || need_apt+=(iproute2); fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
