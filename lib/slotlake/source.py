@@ -125,12 +125,18 @@ KEEPALIVE_SETTINGS: dict[str, str] = {
 }
 
 
+def set_all(conn: psycopg.Connection[Any], settings: Mapping[str, str]) -> None:
+    """Every one of ``settings`` on the session, in one round trip."""
+    if settings:
+        conn.execute(
+            "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings)),
+            [x for item in settings.items() for x in item],
+        )
+
+
 def keep_alive(conn: psycopg.Connection[Any]) -> None:
-    """Set :data:`KEEPALIVE_SETTINGS` on a session that holds the slot's lock."""
-    conn.execute(
-        "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(KEEPALIVE_SETTINGS)),
-        [x for item in KEEPALIVE_SETTINGS.items() for x in item],
-    )
+    """:data:`KEEPALIVE_SETTINGS` on a session that holds the slot's lock."""
+    set_all(conn, KEEPALIVE_SETTINGS)
 
 
 # Highest pgoutput proto_version per server major version.
@@ -559,11 +565,8 @@ class SlotSource:
                 f"(highest: {max_proto})"
             )
         settings = self._settings()
-        try:  # one round trip; setting by setting only when one of them is refused
-            conn.execute(
-                "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(settings)),
-                [x for item in settings.items() for x in item],
-            )
+        try:  # setting by setting only when one of them is refused
+            set_all(conn, settings)
             settings = {}
         except psycopg.errors.InsufficientPrivilege:
             pass
