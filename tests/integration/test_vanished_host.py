@@ -65,6 +65,24 @@ class Host:
     def run(self, *command: str) -> list[str]:
         return ["ip", "netns", "exec", self.namespace, *command]
 
+    def settled(self, port: int, timeout: float = 10.0) -> None:
+        """Wait until the server's sockets to this host have nothing unacknowledged."""
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = subprocess.run(
+                ["ss", "-tnH", "state", "established", f"( sport = :{port} and dst {self.far} )"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            # Without a state column: Recv-Q, Send-Q, local, peer.
+            sockets = [listed[i : i + 4] for i in range(0, len(listed), 4)]
+            unacked = [s for s in sockets if s[1] != "0"]
+            if sockets and not unacked:
+                return
+            assert time.monotonic() < deadline, unacked
+            time.sleep(0.05)
+
     def vanish(self) -> None:
         """Its end of the pair down: nothing reaches it, and nothing closes its sockets."""
         _ip("-n", self.namespace, "link", "set", self.link, "down")
@@ -140,6 +158,10 @@ def test_the_lock_of_a_run_whose_host_vanished_is_released_by_the_keepalives(
                     holder = run.lock_holder()
                     assert holder is not None and holder.pid == kept and holder.client == host.far
 
+                # Once the client has acknowledged all the server sent (delayed ACKs):
+                # keepalives probe an idle connection, TCP's retransmissions one with data
+                # in flight.
+                host.settled(pg.port)
                 host.vanish()
                 gone_at = time.monotonic()
                 while _holder_pid(c, "kept_alive") is not None:
