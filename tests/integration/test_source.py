@@ -349,13 +349,7 @@ def test_session_settings_and_slot_info(pg_dsn: str, slot: str, pg_cluster: Any)
         expected = [("tcp_keepalives_count", "6"), ("tcp_keepalives_idle", "30")]
         expected.append(("tcp_keepalives_interval", "10"))
         assert conn.execute(keepalives).fetchall() == expected
-        peek = src._adbc_connect("a test")
-        try:
-            with peek.cursor() as cur:
-                cur.execute(keepalives)
-                assert [tuple(r) for r in cur.fetchall()] == expected
-        finally:
-            peek.close()
+        assert _on_a_peeks_connection(src, keepalives) == expected
         info = src.check()
         assert src.server_version_num // 10000 == pg_cluster.version  # type: ignore[operator]
     assert info.slot_name == slot and info.plugin == "pgoutput" and info.slot_type == "logical"
@@ -393,13 +387,18 @@ def test_a_refused_setting_is_noted_and_the_others_applied(
         expected = [("DateStyle", "ISO, YMD"), ("log_min_duration_statement", "-1")]
         expected.append(("tcp_keepalives_idle", "30"))
         assert src._require().execute(query).fetchall() == expected
-        peek = src._adbc_connect("a test")
-        try:
-            with peek.cursor() as cur:
-                cur.execute(query)
-                assert [tuple(r) for r in cur.fetchall()] == expected
-        finally:
-            peek.close()
+        assert _on_a_peeks_connection(src, query) == expected
+
+
+def _on_a_peeks_connection(src: SlotSource, query: str) -> list[tuple[Any, ...]]:
+    """``query``'s rows on an ADBC connection as a peek opens it (its settings applied)."""
+    peek = src._adbc_connect("a test")
+    try:
+        with peek.cursor() as cur:
+            cur.execute(query)
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        peek.close()
 
 
 def _check_error(dsn: str, slot: str, publications: list[str]) -> str:
