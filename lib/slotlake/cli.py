@@ -338,12 +338,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     # a scheduler's check notices.
     unreachable: str | None = None
     info = None
-    holder = None
+    holder = user = None
     published: snapshot.Published | None = None
     try:
         with open_source(cfg, "status") as source:
             info = source.slot_info()
             holder = source.lock_holder()
+            if info is not None and info.active and info.active_pid is not None:
+                user = source.backend(info.active_pid)
     except SourceError as exc:
         unreachable = str(exc)
     if unreachable is None:
@@ -382,6 +384,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             "retained_wal_bytes": info.retained_bytes,
             "wal_status": info.wal_status,
             "active": info.active,
+            # The session peeking or streaming from it now.
+            "active_by": user._asdict() if user is not None else None,
         }
     if last is None:
         out["last_batch"] = None
@@ -416,6 +420,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  confirmed_flush {st['confirmed_flush_lsn']}  restart {st['restart_lsn']}  "
             f"wal retained {st['retained_wal_bytes']} bytes  wal_status {st['wal_status']}"
         )
+    if user is not None:
+        print(f"  slot in use by {user.describe()}")
     if holder is not None:
         print(f"  lock: held by {holder.describe()} (a run now)")
     snaps = out["snapshots"]

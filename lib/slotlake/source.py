@@ -643,6 +643,10 @@ class SlotSource:
         returned False."""
         return lock_holder(self._require(), self.slot)
 
+    def backend(self, pid: int) -> Backend | None:
+        """Server session ``pid`` as pg_stat_activity shows it (the slot's user, say)."""
+        return _backend(self._require(), _BACKEND, (pid,))
+
     def unlock(self) -> None:
         if self._locked:
             self._query(
@@ -752,7 +756,7 @@ class SlotSource:
                 "two_phase"
             )
         if info.active and info.active_pid != self._backend_pid():
-            user = _backend(self._require(), _BACKEND, (info.active_pid,))
+            user = self.backend(info.active_pid) if info.active_pid is not None else None
             who = user.describe() if user is not None else f"PID {info.active_pid}"
             raise SourceError(
                 f"replication slot {slot!r} is in use by another process ({who}): stop that "
