@@ -423,7 +423,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if user is not None:
         print(f"  slot in use by {user.describe()}")
     if holder is not None:
-        print(f"  lock: held by {holder.describe()} (a run now)")
+        print(f"  lock: held by {holder.describe()}")
     snaps = out["snapshots"]
     assert isinstance(snaps, dict)
     for name, reason in sorted(snaps["waiting"].items()):
