@@ -1470,7 +1470,7 @@ def run_bootstrap(
         try:
             role, _ = preflight(ctl, cfg, parallel)
             version = int(ctl.info.server_version)
-            keep_alive(ctl)
+            keep_alive(ctl, cfg.source.settings)
             (locked,) = ctl.execute(
                 "SELECT pg_try_advisory_lock(%s)", (lock_key(slot),)
             ).fetchone() or (False,)

@@ -134,9 +134,10 @@ def set_all(conn: psycopg.Connection[Any], settings: Mapping[str, str]) -> None:
         )
 
 
-def keep_alive(conn: psycopg.Connection[Any]) -> None:
-    """:data:`KEEPALIVE_SETTINGS` on a session that holds the slot's lock."""
-    set_all(conn, KEEPALIVE_SETTINGS)
+def keep_alive(conn: psycopg.Connection[Any], configured: Mapping[str, str]) -> None:
+    """:data:`KEEPALIVE_SETTINGS` on a session that holds the slot's lock, as
+    ``configured`` (``source.settings``) sets them."""
+    set_all(conn, {k: configured.get(k, v) for k, v in KEEPALIVE_SETTINGS.items()})
 
 
 # Highest pgoutput proto_version per server major version.

@@ -16,7 +16,14 @@ import pytest
 
 from slotlake.lsn import Lsn
 from slotlake.raw import RawWriter, read_raw
-from slotlake.source import PullProgress, SlotSource, SourceError, lock_key, session_transport
+from slotlake.source import (
+    PullProgress,
+    SlotSource,
+    SourceError,
+    keep_alive,
+    lock_key,
+    session_transport,
+)
 
 
 def slot_of(dsn: str, suffix: str = "") -> str:
@@ -362,6 +369,14 @@ def test_session_settings_and_slot_info(pg_dsn: str, slot: str, pg_cluster: Any)
     with SlotSource(pg_dsn, slot, [PUB], session_settings={"tcp_keepalives_idle": "45"}) as src:
         row = src._require().execute("SELECT current_setting('tcp_keepalives_idle')").fetchone()
         assert row is not None and row[0] == "45"
+    # The bootstrap's own session (keep_alive), the configuration's settings likewise.
+    with connect(pg_dsn) as c:
+        keep_alive(c, {"tcp_keepalives_idle": "45", "DateStyle": "SQL"})
+        assert c.execute(keepalives).fetchall() == [
+            ("tcp_keepalives_count", "6"),
+            ("tcp_keepalives_idle", "45"),
+            ("tcp_keepalives_interval", "10"),
+        ]
 
 
 def test_a_refused_setting_is_noted_and_the_others_applied(
