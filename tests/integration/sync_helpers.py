@@ -252,6 +252,45 @@ def slotlake_backends(c: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def slot_active(c: psycopg.Connection[Any], slot: str) -> bool:
+    row = c.execute(
+        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@contextlib.contextmanager
+def streaming_from(
+    dsn: str, slot: str, publication: str = "pub", application: str = "subscriber"
+) -> Iterator[Any]:
+    """A walsender streaming from ``slot``, as a subscriber's would (its ``pq.PGconn``):
+    the slot is active when the body starts, and free again after it (the walsender's
+    backend has exited, or the slot is gone)."""
+    from psycopg import pq
+
+    def until(active: bool) -> None:
+        deadline = time.monotonic() + 10
+        while slot_active(c, slot) != active:
+            assert time.monotonic() < deadline, f"slot {slot} still {'in' * active}active"
+            time.sleep(0.05)
+
+    walsender = pq.PGconn.connect(
+        f"{dsn} replication=database application_name={application}".encode()
+    )
+    with psycopg.connect(dsn, autocommit=True) as c:
+        try:
+            assert walsender.status == pq.ConnStatus.OK
+            walsender.send_query(
+                f"START_REPLICATION SLOT {slot} LOGICAL 0/0"
+                f" (proto_version '1', publication_names '{publication}')".encode()
+            )
+            until(True)
+            yield walsender
+        finally:
+            walsender.finish()
+        until(False)
+
+
 def published_as_leaves(c: psycopg.Connection, slot: str) -> list[str]:
     """Table ``l`` partitioned into ``l1`` and ``l2`` (itself partitioned: ``l2a``), 12
     rows, published as its leaves (publication ``pub``), and slot ``slot``: the leaves'

@@ -32,7 +32,7 @@ from slotlake.source import lock_key
 from slotlake.sync import run_sync
 from slotlake.verify import compare_table
 
-from .sync_helpers import make_config, slot_confirmed
+from .sync_helpers import make_config, slot_confirmed, streaming_from
 
 SCHEMA = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
@@ -424,50 +424,26 @@ def _role_dsn(dsn: str, role: str) -> str:
 def test_a_slot_is_dropped_once_its_last_user_lets_go(pg_dsn: str, slot: str) -> None:
     """A bootstrap that gives up drops the slot it created right after closing the
     replication connection that created it, whose backend may not have exited yet."""
-    from psycopg import pq
-
-    def streaming(name: str) -> pq.PGconn:
-        walsender = pq.PGconn.connect(f"{pg_dsn} replication=database".encode())
-        assert walsender.status == pq.ConnStatus.OK
-        walsender.send_query(
-            f"START_REPLICATION SLOT {name} LOGICAL 0/0"
-            " (proto_version '1', publication_names 'pub')".encode()
-        )
-        return walsender
-
-    def active(c: psycopg.Connection, name: str) -> bool:
-        row = c.execute(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (name,)
-        ).fetchone()
-        return bool(row and row[0])
-
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         for name in (slot, f"{slot}_2"):
             c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
-        walsender = streaming(slot)
-        deadline = time.monotonic() + 10
-        while not active(c, slot) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert active(c, slot)
-        closer = threading.Timer(0.5, walsender.finish)
-        closer.start()
-        try:
-            bootstrap_module._drop_slot(c, slot)  # active when asked: waits for it
-        finally:
-            closer.join()
+        with streaming_from(pg_dsn, slot) as walsender:
+            closer = threading.Timer(0.5, walsender.finish)
+            closer.start()
+            try:
+                bootstrap_module._drop_slot(c, slot)  # active when asked: waits for it
+            finally:
+                closer.join()
         assert c.execute(
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
         ).fetchone() == (0,)
         # In use past the wait: the server's error, and the slot stays.
-        other = streaming(f"{slot}_2")
-        try:
-            while not active(c, f"{slot}_2") and time.monotonic() < deadline + 10:
-                time.sleep(0.05)
-            with pytest.raises(psycopg.errors.ObjectInUse, match="is active for PID"):
-                bootstrap_module._drop_slot(c, f"{slot}_2", wait_s=0.3)
-        finally:
-            other.finish()
+        with (
+            streaming_from(pg_dsn, f"{slot}_2"),
+            pytest.raises(psycopg.errors.ObjectInUse, match="is active for PID"),
+        ):
+            bootstrap_module._drop_slot(c, f"{slot}_2", wait_s=0.3)
         bootstrap_module._drop_slot(c, f"{slot}_2")
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -17,7 +16,7 @@ from slotlake.localpg import LocalPostgres
 from slotlake.raw import RawWriter
 from slotlake.source import SlotSource, lock_key
 
-from .sync_helpers import slot_confirmed
+from .sync_helpers import slot_confirmed, streaming_from
 
 
 def slotlake(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -163,30 +162,11 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
         holder.execute("SELECT pg_advisory_unlock_all()")
     assert after["slot_state"]["active_by"] is None
     # A consumer streaming from the slot meanwhile: its session, as the server lists it.
-    from psycopg import pq
-
-    walsender = pq.PGconn.connect(f"{pg_dsn} replication=database application_name=rival".encode())
-    try:
-        walsender.send_query(
-            f"START_REPLICATION SLOT {slot} LOGICAL 0/0"
-            " (proto_version '1', publication_names 'pub')".encode()
-        )
-        for _ in range(200):
-            busy = json.loads(slotlake("status", "--config", str(conf), "--json").stdout)
-            if busy["slot_state"]["active"]:
-                break
+    with streaming_from(pg_dsn, slot, application="rival"):
+        busy = json.loads(slotlake("status", "--config", str(conf), "--json").stdout)
         assert busy["slot_state"]["active_by"]["application"] == "rival"
         shown = slotlake("status", "--config", str(conf)).stdout
         assert f"  slot in use by PID {busy['slot_state']['active_by']['pid']}, " in shown
-    finally:
-        walsender.finish()
-    with psycopg.connect(pg_dsn, autocommit=True) as c:  # free once its backend has exited
-        for _ in range(200):
-            if not c.execute(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-            ).fetchone()[0]:  # type: ignore[index]
-                break
-            time.sleep(0.05)
     assert f"Delta state v{t.state_version}, changes v{t.changes_version}" in text.stdout
     assert "batch 1 (sync)" in text.stdout
 

@@ -25,6 +25,8 @@ from slotlake.source import (
     session_transport,
 )
 
+from .sync_helpers import streaming_from
+
 
 def slot_of(dsn: str, suffix: str = "") -> str:
     # Slots are cluster-wide and the cluster is shared by the session: name them per database.
@@ -474,35 +476,20 @@ def test_check_errors(pg_dsn: str, slot: str) -> None:
 
 
 def test_check_refuses_a_slot_in_use_by_another_process(pg_dsn: str, slot: str) -> None:
-    from psycopg import pq
 
     setup_source(pg_dsn)
     # A walsender streaming from the slot (as a subscriber would) keeps it active.
-    walsender = pq.PGconn.connect(
-        f"{pg_dsn} replication=database application_name=subscriber".encode()
-    )
-    try:
-        assert walsender.status == pq.ConnStatus.OK
-        walsender.send_query(
-            f"START_REPLICATION SLOT {slot} LOGICAL 0/0"
-            f" (proto_version '1', publication_names '{PUB}')".encode()
-        )
-        with SlotSource(pg_dsn, slot, [PUB]) as src:
-            deadline = time.monotonic() + 10
-            while not src.slot_info().active and time.monotonic() < deadline:  # type: ignore[union-attr]
-                time.sleep(0.05)
-            # Named as the server lists its session: which consumer it is, from where.
-            with pytest.raises(SourceError) as err:
-                src.check()
-            assert re.fullmatch(
-                rf"replication slot '{slot}' is in use by another process \(PID \d+, "
-                r"application 'subscriber', from 127\.0\.0\.1, connected \d{4}-\d\d-\d\d "
-                r"\d\d:\d\d:\d\d UTC, \w+ for \d+s\): stop that consumer or wait until it "
-                "finishes",
-                str(err.value),
-            ), str(err.value)
-    finally:
-        walsender.finish()
+    with streaming_from(pg_dsn, slot, PUB), SlotSource(pg_dsn, slot, [PUB]) as src:
+        # Named as the server lists its session: which consumer it is, from where.
+        with pytest.raises(SourceError) as err:
+            src.check()
+        assert re.fullmatch(
+            rf"replication slot '{slot}' is in use by another process \(PID \d+, "
+            r"application 'subscriber', from 127\.0\.0\.1, connected \d{4}-\d\d-\d\d "
+            r"\d\d:\d\d:\d\d UTC, \w+ for \d+s\): stop that consumer or wait until it "
+            "finishes",
+            str(err.value),
+        ), str(err.value)
 
 
 def test_check_refuses_a_slot_of_another_database(pg_dsn: str, slot: str, pg_cluster: Any) -> None:
