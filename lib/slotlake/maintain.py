@@ -376,20 +376,12 @@ def maintain_table(
             out.optimize_skipped = True
         out.optimize_seconds = time.monotonic() - t0
         t1 = time.monotonic()
-        since = (
-            None
-            if named_version is None
-            else since_named(
-                session, path, local, named_version, snap.version if snap is not None else None
-            )
-        )
-        if (
-            named_version is not None
-            and since is not None
-            and since.newest != named_version
-            and since.compactions_only
-        ):
-            out.compacted_from = (named_version, since.newest)
+        since = None
+        if named_version is not None:
+            newest = snap.version if snap is not None else None
+            since = since_named(session, path, local, named_version, newest)
+            if since.newest != named_version and since.compactions_only:
+                out.compacted_from = (named_version, since.newest)
         removed = since.first_removal if since is not None else None
         if removed is not None and removed < time.time() - retention.hours * 3600 + SLACK_S:
             out.note = (
