@@ -113,6 +113,8 @@ def vanishing_host() -> Iterator[Host]:
 
 
 def _holder_pid(conn: psycopg.Connection, slot: str) -> int | None:
+    # Not slotlake.source.lock_holder: that one answers None on any error, which would let
+    # the wait for the release below pass on a failed query.
     key = lock_key(slot) & 0xFFFF_FFFF_FFFF_FFFF
     row = conn.execute(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
@@ -123,9 +125,7 @@ def _holder_pid(conn: psycopg.Connection, slot: str) -> int | None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace needs root (CI runs as root)")
-def test_the_lock_of_a_run_whose_host_vanished_is_released_by_the_keepalives(
-    tmp_path: Path,
-) -> None:
+def test_the_lock_of_a_run_whose_host_vanished_is_released_by_the_keepalives() -> None:
     with vanishing_host() as host:
         pg = LocalPostgres(
             version=max(PG_VERSIONS), settings={"listen_addresses": f"'127.0.0.1,{host.near}'"}
