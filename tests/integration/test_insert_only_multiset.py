@@ -315,7 +315,11 @@ def test_an_append_interrupted_and_run_again_is_written_once(
             # the run a batch 3 of no change.
             assert result.status == "up_to_date" or result.batch == 3, result
         else:
-            assert (result.status, result.batch) == ("committed", 2)
+            # Batch 2 finished from its first attempt's plan; the WAL the cluster wrote
+            # meanwhile (a checkpoint, the bgwriter's running-transactions record) can make
+            # the run go on to a batch 3 of no change.
+            assert result.status == "committed" and result.resumed == 2, result
+            assert result.batch in (2, 3), result
         t = lake.last_commit().tables[TABLE]  # type: ignore[union-attr]
         assert t.spread and t.state_rows == 4
         assert _stored(root, t.state_version) == Counter(
