@@ -4,8 +4,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (1: one process). Two on the 2-core machine: the
 # driver-path tests (Python, PostgreSQL) and the Spark-path ones (the JVM) each leave part
-# of a core idle: 15.8 minutes against 20.5 in one process (2026-12-05). Three leave no core idle and
-# contend: 20.2 minutes against 17.0 with two (2026-12-06).
+# of a core idle: 15.8 minutes against 20.5 in one process (2026-12-05). Three leave no
+# core idle and contend: 20.2 minutes against 17.0 with two (2026-12-06).
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-unit lint bench-decode dist clean
