@@ -478,7 +478,12 @@ def test_a_table_with_columns_named_like_slotlakes_stops_syncs_until_renamed_or_
         )
         assert all(o is None or o.startswith("x") for o in ops)
         assert "_op__dropped" not in read_state(root, "public.u").column_names
-        assert run_sync(cfg).status == "up_to_date"
+        # Nothing is left over. The server's own WAL meanwhile (a checkpoint, the
+        # bgwriter's record of running transactions) can make the run a batch of none.
+        rest = run_sync(cfg)
+        assert rest.status == "up_to_date" or (
+            rest.status == "committed" and not any(n for n, _ in rest.tables.values())
+        ), rest
 
 
 def test_two_published_tables_with_one_lake_name_are_refused(
