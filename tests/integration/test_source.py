@@ -476,7 +476,6 @@ def test_check_errors(pg_dsn: str, slot: str) -> None:
 
 
 def test_check_refuses_a_slot_in_use_by_another_process(pg_dsn: str, slot: str) -> None:
-
     setup_source(pg_dsn)
     # A walsender streaming from the slot (as a subscriber would) keeps it active.
     with streaming_from(pg_dsn, slot, PUB), SlotSource(pg_dsn, slot, [PUB]) as src:
