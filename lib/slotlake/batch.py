@@ -2243,8 +2243,8 @@ def process_batch(
                 tables[name] = out
                 timings[f"table:{name}"] = seconds
                 progress(
-                    f"batch {batch}: {name}: {out.change_rows} changes, "
-                    f"{out.state_rows} rows in state ({seconds:.1f}s)"
+                    f"batch {batch}: {name}: {out.change_rows} changes, state "
+                    f"{out.state_rows_text()} ({seconds:.1f}s)"
                 )
         except BaseException:
             for f in [*forked, *threaded]:

@@ -441,14 +441,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{last.start_lsn}..{last.end_lsn}, {last.raw_messages} messages, {last.transaction_count} transactions"
         )
         for name, t in sorted(last.tables.items()):
-            if not t.multiset:
-                rows = f"{t.state_rows} rows"
-            elif t.spread:  # an INSERT-only table's batches, each appended as rows of its own
-                rows = f"{t.state_rows} rows with their copies (multiset)"
-            elif t.unique_on:  # FULL identity, MERGEd by its primary key
-                rows = f"{t.state_rows} rows (multiset unique on {', '.join(t.unique_on)})"
-            else:
-                rows = f"{t.state_rows} distinct rows (multiset)"
             gone = (
                 ""
                 if t.gone_since is None
@@ -459,7 +451,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f", {t.missing_toast} without an unchanged TOAST value" if t.missing_toast else ""
             )
             print(
-                f"  {name}: {gone}{rows} ({t.change_rows} changes in the last batch{missing}); "
+                f"  {name}: {gone}{t.state_rows_text()} ({t.change_rows} changes in the last batch{missing}); "
                 f"Delta state v{_version(t.state_version)}, changes v{_version(t.changes_version)}"
             )
     return done

@@ -131,6 +131,17 @@ class TableCommit:
     def multiset(self) -> bool:
         return self.replica_identity == "f" or not self.key_columns
 
+    def state_rows_text(self) -> str:
+        """:attr:`state_rows` with what they count: a multiset's state rows are its
+        distinct values, not the source's rows (those add up their ``_copies``)."""
+        if not self.multiset:
+            return f"{self.state_rows} rows"
+        if self.spread:  # an INSERT-only table's batches, each appended as rows of its own
+            return f"{self.state_rows} rows with their copies (multiset)"
+        if self.unique_on:  # FULL identity, MERGEd by its primary key
+            return f"{self.state_rows} rows (multiset unique on {', '.join(self.unique_on)})"
+        return f"{self.state_rows} distinct rows (multiset)"
+
 
 @dataclass
 class CommitRecord:

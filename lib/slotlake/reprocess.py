@@ -408,7 +408,7 @@ def _seed_output(
                 else:
                     ensure_table(session, out.path(t.changes), schema)
                     seeded.changes_version = last_commit(session, out.path(t.changes)).version
-        progress(f"{name}: starting state as of batch {prior.batch} ({t.state_rows} rows)")
+        progress(f"{name}: starting state as of batch {prior.batch} ({t.state_rows_text()})")
         return name, seeded
 
     items = sorted(prior.tables.items(), key=lambda kv: (-kv[1].state_rows, kv[0]))

@@ -348,6 +348,24 @@ def test_mark_gone_marks_unwritten_unpublished_tables_from_their_first_batch() -
     assert tables["public.left"].gone_since == 7 and tables["public.kept"].gone_since is None
 
 
+def test_state_rows_say_what_they_count() -> None:
+    def table(**kw: object) -> TableCommit:
+        return TableCommit("c", "s", state_rows=5, **kw)  # type: ignore[arg-type]
+
+    assert table(key_columns=["id"], replica_identity="d").state_rows_text() == "5 rows"
+    full = {"key_columns": ["id"], "replica_identity": "f"}
+    assert table(**full).state_rows_text() == "5 distinct rows (multiset)"
+    assert table(replica_identity="d").state_rows_text() == "5 distinct rows (multiset)"
+    assert (
+        table(**full, unique_on=["id", "k"]).state_rows_text()
+        == "5 rows (multiset unique on id, k)"
+    )
+    assert (
+        table(replica_identity="n", spread=True).state_rows_text()
+        == "5 rows with their copies (multiset)"
+    )
+
+
 def test_a_root_that_is_no_lake_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """A new, empty or first-attempt root (``_raw`` …) is a lake to be; a file, or a
     directory holding other files, is refused naming them, and left as it was."""
