@@ -224,7 +224,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
         cfg, target_lsn=args.target_lsn, accept_slot_ahead=args.accept_slot_ahead or None
     )
     for name, (changes, rows) in sorted(result.tables.items()):
-        print(f"{name}: {changes} changes, {rows} rows")
+        print(f"{name}: {changes} changes, {result.state_rows_text.get(name, f'{rows} rows')}")
     if result.followed is not None:
         print(f"batch {result.followed} named tables for a copy, which batch {result.batch} took")
     print(
@@ -286,8 +286,9 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
         spark_conf=cfg.spark,
     )
     for batch, tables in sorted(result.tables.items()):
+        texts = result.state_rows_text.get(batch, {})
         for name, (changes, rows) in sorted(tables.items()):
-            print(f"batch {batch}: {name}: {changes} changes, {rows} rows")
+            print(f"batch {batch}: {name}: {changes} changes, {texts.get(name, f'{rows} rows')}")
     span = f"{result.batches[0]}..{result.batches[-1]}" if result.batches else "none"
     start = (
         f"the state of batch {result.from_batch_state}"

@@ -109,6 +109,8 @@ class ReprocessResult:
     batches: list[int] = field(default_factory=list)
     from_batch_state: int | None = None  # the commit whose state the run started from
     tables: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    # batch → name → the state's rows with what they count (TableCommit.state_rows_text)
+    state_rows_text: dict[int, dict[str, str]] = field(default_factory=dict)
     txn_app_id: str = ""  # the Delta txnAppId the rebuilt batches were written with
     # In place: Delta table → the version it was restored to before the first batch.
     restored: dict[str, int] = field(default_factory=dict)
@@ -753,6 +755,9 @@ def _account(result: ReprocessResult, record: CommitRecord) -> None:
     result.batches.append(record.batch)
     result.tables[record.batch] = {
         n: (t.change_rows, t.state_rows) for n, t in record.tables.items() if t.written
+    }
+    result.state_rows_text[record.batch] = {
+        n: t.state_rows_text() for n, t in record.tables.items() if t.written
     }
 
 

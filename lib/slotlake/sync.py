@@ -102,6 +102,8 @@ class SyncResult:
     messages: int = 0
     raw_bytes: int = 0
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (changes, state rows)
+    # name → the state's rows with what they count (TableCommit.state_rows_text)
+    state_rows_text: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     # Where this run's pull was cut in two peeks decoded at once (None: one peek, or none).
     split_at: Lsn | None = None
@@ -568,6 +570,7 @@ def _run_batch(
         messages=plan.raw_messages,
         raw_bytes=plan.raw_bytes,
         tables={n: (t.change_rows, t.state_rows) for n, t in out.tables.items() if t.written},
+        state_rows_text={n: t.state_rows_text() for n, t in out.tables.items() if t.written},
         timings=timings,
         split_at=split_at,
     )

@@ -116,7 +116,7 @@ def test_sync_then_status(pg_dsn: str, slot: str, tmp_path: Path) -> None:
 
     run = slotlake("sync", "--config", str(conf), "--set", "spark.spark.sql.shuffle.partitions=2")
     assert run.returncode == 0, run.stderr
-    assert "public.t: 4 changes, 1 rows" in run.stdout
+    assert "public.t: 4 changes, 1 rows\n" in run.stdout
     assert "status: committed, batch 1" in run.stdout
     assert "pulling" in run.stderr and "committed" in run.stderr  # progress goes to stderr
 

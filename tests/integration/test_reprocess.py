@@ -221,7 +221,7 @@ def test_parse_range() -> None:
 # Generous: on two cores shared with other Spark runs a batch can take minutes.
 @pytest.mark.timeout(3600)  # includes building the synced lake (five batches)
 def test_reprocess_every_batch_into_a_fresh_root(
-    synced_lake: str, spark, spark_reads, tmp_path: Path
+    synced_lake: str, spark, spark_reads, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
     out = str(tmp_path / "rebuilt")
     conf = tmp_path / "job.toml"
@@ -231,6 +231,16 @@ def test_reprocess_every_batch_into_a_fresh_root(
     )
     assert cli.main(["reprocess", "--config", str(conf), "--output", out]) == 0
     assert Lake(out).commit_batches() == [1, 2, 3, 4, 5]
+    # Each table a batch wrote, its state's rows as the record counts them: a multiset's
+    # are its distinct values.
+    printed = capsys.readouterr().out
+    first = Lake(out).read_commit(1).tables
+    assert first["public.full_t"].multiset and not first["public.kv"].multiset
+    for name, t in first.items():
+        if t.written:
+            line = f"batch 1: {name}: {t.change_rows} changes, {t.state_rows_text()}\n"
+            assert line in printed
+    assert "batch 1: public.full_t: " in printed and "distinct rows (multiset)" in printed
     # A lake of its own: its own lake_id, so its own Delta txnAppId.
     assert Lake(out).app_id() != Lake(synced_lake).app_id()
     assert {Lake(out).read_commit(b).txn_app_id for b in range(1, 6)} == {Lake(out).app_id()}

@@ -246,8 +246,19 @@ def test_varied_workload_in_batches(
 
         for step in (_batch1, _batch2, _batch3):
             step(c)
-            result = run_sync(cfg, spark=spark)
+            lines: list[str] = []
+            result = run_sync(cfg, spark=spark, progress=lines.append)
             assert result.status == "committed"
+            if step is _batch1:
+                # A state's rows say what they count: a multiset's are its distinct values.
+                rec = Lake(lake).read_commit(result.batch).tables  # type: ignore[arg-type]
+                texts = {n: t.state_rows_text() for n, t in rec.items() if t.written}
+                assert result.state_rows_text == texts
+                assert texts["public.kv"] == f"{rec['public.kv'].state_rows} rows"
+                assert "(multiset" in texts["public.full_t"]
+                full = rec["public.full_t"]
+                line = f"batch 1: public.full_t: {full.change_rows} changes, state {texts['public.full_t']} ("
+                assert any(x.startswith(line) for x in lines), lines
             if step is _batch3:
                 # Batch 3's ALTER COLUMN TYPE rewrote evolve (a new relfilenode, no
                 # TRUNCATE): the run re-bases it on a snapshot in one more batch, which
