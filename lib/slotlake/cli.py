@@ -223,8 +223,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     result = run_sync(
         cfg, target_lsn=args.target_lsn, accept_slot_ahead=args.accept_slot_ahead or None
     )
-    for name, (changes, rows) in sorted(result.tables.items()):
-        print(f"{name}: {changes} changes, {result.state_rows_text.get(name, f'{rows} rows')}")
+    for name, (changes, _) in sorted(result.tables.items()):
+        print(f"{name}: {changes} changes, {result.state_rows_text[name]}")
     if result.followed is not None:
         print(f"batch {result.followed} named tables for a copy, which batch {result.batch} took")
     print(
@@ -286,9 +286,9 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
         spark_conf=cfg.spark,
     )
     for batch, tables in sorted(result.tables.items()):
-        texts = result.state_rows_text.get(batch, {})
-        for name, (changes, rows) in sorted(tables.items()):
-            print(f"batch {batch}: {name}: {changes} changes, {texts.get(name, f'{rows} rows')}")
+        texts = result.state_rows_text[batch]
+        for name, (changes, _) in sorted(tables.items()):
+            print(f"batch {batch}: {name}: {changes} changes, {texts[name]}")
     span = f"{result.batches[0]}..{result.batches[-1]}" if result.batches else "none"
     start = (
         f"the state of batch {result.from_batch_state}"
